@@ -1,0 +1,32 @@
+"""Installable package for the speech recipe toolkit (import name: ``toolkit``)."""
+from setuptools import find_packages, setup
+
+# Every range below is satisfied by torch 2.13.0 (CPU build on this machine's disk),
+# so installing never pulls a CUDA build of torch.
+INSTALL_REQUIRES = [
+    "torch>=2.4,<2.15",
+    "kaldi-native-fbank>=1.20",
+    "kaldiio>=2.18",
+    "numpy>=1.24",
+    "pyyaml>=6.0",
+    "soundfile>=0.12",
+    "tensorboardX>=2.6",
+    "tqdm>=4.60",
+    "matplotlib>=3.7",
+    "onnx>=1.16",
+    "onnxruntime>=1.18",
+    "safetensors>=0.4",
+]
+
+setup(
+    name="toolkit",
+    version="0.1.0",
+    description="Kaldi-style recipe toolkit for keyword spotting and speaker models",
+    python_requires=">=3.10",
+    packages=find_packages(include=["toolkit", "toolkit.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout>=2.1"],
+        "tts": ["espeakng-loader>=0.2"],
+    },
+)

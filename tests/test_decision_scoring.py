@@ -1,0 +1,325 @@
+"""Decision rule (streaming == whole utterance) and DET scoring, by hand-made cases."""
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import kaldiio
+import numpy as np
+import pytest
+
+from toolkit import scoring
+from toolkit.bin import score_kws
+from toolkit.decision import Detection, DecisionState, detect, smooth_scores
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def col(values, T=None):
+    """[T, 1] float32 posteriors from a list (zero-padded to T)."""
+    x = np.zeros((T or len(values), 1), dtype=np.float32)
+    x[:len(values), 0] = values
+    return x
+
+
+def spikes(T, peaks, K=1, kw=0):
+    """Zero posteriors with single-frame peaks {frame: value} on keyword kw."""
+    x = np.zeros((T, K), dtype=np.float32)
+    for t, v in peaks.items():
+        x[t, kw] = v
+    return x
+
+
+# ----------------------------------------------------------------------------- decision rule
+
+def test_threshold_crossing_and_refractory():
+    x = col([0.1, 0.2, 0.6, 0.7, 0.8, 0.9, 0.4, 0.6, 0.1])
+    dets = detect(x, 0.5, refractory_frames=3)
+    # Fires at 2; 3..5 are refractory even though over threshold; 6 is below;
+    # 7 fires again (no re-arming needed).  Onset: run >= 0.25 after the
+    # previous firing; score: peak over the onset run.
+    assert dets == [
+        Detection(keyword=0, start_s=0.02, end_s=0.03, score=pytest.approx(0.6)),
+        Detection(keyword=0, start_s=0.03, end_s=0.08, score=pytest.approx(0.9)),
+    ]
+    assert [d.end_s for d in detect(x, 0.5, refractory_frames=0)] == \
+        pytest.approx([0.03, 0.04, 0.05, 0.06, 0.08])
+    assert [d.end_s for d in detect(x, 0.5, refractory_frames=100)] == pytest.approx([0.03])
+    assert detect(x, 0.95) == []
+    # Threshold is inclusive (score >= threshold).
+    assert len(detect(col([0.0, 0.5]), 0.5)) == 1
+
+
+def test_onset_limited_by_max_keyword_frames_and_frame_shift():
+    x = col([0.3] * 10 + [0.9])
+    (d,) = detect(x, 0.5, max_keyword_frames=4, frame_shift_ms=20)
+    assert (d.start_s, d.end_s) == pytest.approx((7 * 0.02, 11 * 0.02))
+    (d,) = detect(x, 0.5, max_keyword_frames=100, onset_fraction=0.8)
+    assert d.start_s == pytest.approx(0.10)  # 0.3 < 0.4: onset at the 0.9 frame
+
+
+def test_smoothing_is_causal_and_averages_seen_frames():
+    x = col([0.0, 0.0, 0.9, 0.9, 0.0, 0.0])
+    np.testing.assert_allclose(smooth_scores(x, 3)[:, 0], [0, 0, 0.3, 0.6, 0.6, 0.3], atol=1e-6)
+    (d,) = detect(x, 0.5, smooth_frames=3)
+    assert d.end_s == pytest.approx(0.04)  # smoothed crosses at frame 3, not 2
+    # At the start the mean is over the frames seen so far, not zero-diluted.
+    np.testing.assert_allclose(smooth_scores(col([0.9, 0.3]), 3)[:, 0], [0.9, 0.6], atol=1e-6)
+    assert detect(col([0.9, 0.3]), 0.5, smooth_frames=3)[0].end_s == pytest.approx(0.01)
+    assert detect(x, 0.7, smooth_frames=3) == []
+
+
+def test_multi_keyword_argmax_and_shared_refractory():
+    x = np.zeros((30, 2), dtype=np.float32)
+    x[5] = [0.6, 0.7]  # both over: the higher (keyword 1) wins
+    x[10, 0] = 0.9  # within keyword 1's refractory period: suppressed
+    x[20, 0] = 0.9
+    dets = detect(x, 0.5, refractory_frames=10)
+    assert [(d.keyword, round(d.end_s, 3)) for d in dets] == [(1, 0.06), (0, 0.21)]
+    # Per-keyword thresholds: keyword 1 needs 0.8, so keyword 0 wins frame 5.
+    dets = detect(x, [0.5, 0.8], refractory_frames=10)
+    assert [(d.keyword, round(d.end_s, 3)) for d in dets] == [(0, 0.06), (0, 0.21)]
+
+
+@pytest.mark.parametrize("smooth,refractory,max_kw", [(1, 0, 1), (4, 7, 12), (9, 3, 30)])
+def test_streaming_equals_whole_for_every_chunk_size(smooth, refractory, max_kw):
+    rng = np.random.default_rng(smooth)
+    T = 70
+    x = (rng.random((T, 3)) ** 3).astype(np.float32)  # sparse high values
+    kw = dict(smooth_frames=smooth, refractory_frames=refractory, max_keyword_frames=max_kw)
+    whole = detect(x, 0.4, **kw)
+    assert len(whole) >= 3  # the case must exercise firing and refractory
+    for chunk in range(1, T + 1):
+        state = DecisionState(0.4, **kw)
+        got = []
+        for i in range(0, T, chunk):
+            got += state.step(x[i:i + chunk])
+        assert got == whole, f"chunk size {chunk}"
+    # Irregular chunks (including empty ones) and reuse after reset().
+    state.reset()
+    cuts = np.sort(rng.integers(0, T, size=15))
+    got = []
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, T]):
+        got += state.step(x[a:b])
+    assert got == whole
+
+
+# ----------------------------------------------------------------------------- DET
+
+# Single keyword.  Positives (label 0, 1 s each) peak at 0.9, 0.8, 0.3, 0.1.
+# Negatives: 1 h in total; N1 peaks at 0.25; N2 peaks at 0.75 (frame 10),
+# 0.625 (frame 20, inside a 20-frame refractory period) and 0.375 (frame 50).
+# Dyadic negative peaks are exact in float32, so the boundaries are crisp.
+POS_PEAKS = [0.9, 0.8, 0.3, 0.1]
+
+
+def hand_made():
+    probs = [spikes(100, {50: p}) for p in POS_PEAKS]
+    probs += [spikes(100, {30: 0.25}), spikes(100, {10: 0.75, 20: 0.625, 50: 0.375})]
+    labels = [0, 0, 0, 0, -1, -1]
+    durations = [1.0] * 4 + [1800.0, 1800.0]
+    return probs, labels, durations
+
+
+def at(det, thr):
+    g = int(np.argmin(np.abs(det.thresholds - thr)))
+    assert det.thresholds[g] == pytest.approx(thr)
+    return float(det.frr[g, 0]), float(det.fa_per_hour[g, 0])
+
+
+def test_det_hand_made_frr_fa_and_refractory():
+    det = scoring.compute_det(*hand_made(), num_keywords=1, thresholds=scoring.threshold_grid(),
+                              refractory_frames=20)
+    assert det.num_positives.tolist() == [4]
+    assert det.negative_hours[0] == pytest.approx(1.0)
+    expected = {  # threshold: (FRR, FA/h)
+        0.05: (0.0, 3), 0.2: (0.25, 3), 0.3: (0.25, 2), 0.35: (0.5, 2),
+        0.5: (0.5, 1), 0.6: (0.5, 1),  # 0.625 peak suppressed by refractory
+        0.7: (0.5, 1), 0.76: (0.5, 0), 0.85: (0.75, 0), 0.95: (1.0, 0), 1.0: (1.0, 0),
+    }
+    for thr, (frr, fa) in expected.items():
+        assert at(det, thr) == pytest.approx((frr, fa)), thr
+    # Without the refractory period the 0.625 peak counts too.
+    det5 = scoring.compute_det(*hand_made(), num_keywords=1, refractory_frames=5)
+    assert at(det5, 0.6) == pytest.approx((0.5, 2))
+    # Threshold 0: zero scores count too, every refractory_frames + 1 frames.
+    assert det.fa_count[0, 0] == 2 * 5  # two 100-frame negatives, firings at 0,21,42,63,84
+
+
+def test_operating_points_and_target_threshold():
+    det = scoring.compute_det(*hand_made(), num_keywords=1, refractory_frames=20)
+    fa, frr = det.fa_per_hour[:, 0], det.frr[:, 0]
+    got = {t: scoring.operating_point(det.thresholds, fa, frr, t) for t in (0.5, 1, 2, 3)}
+    assert (got[0.5].threshold, got[0.5].frr, got[0.5].fa_per_hour) == pytest.approx((0.751, 0.5, 0))
+    assert (got[1].threshold, got[1].frr, got[1].fa_per_hour) == pytest.approx((0.376, 0.5, 1))
+    assert (got[2].threshold, got[2].frr, got[2].fa_per_hour) == pytest.approx((0.251, 0.25, 2))
+    # 3 FA/h admits every threshold but 0 (zero scores fire there): FRR 0 from 0.001.
+    assert (got[3].threshold, got[3].frr, got[3].fa_per_hour) == pytest.approx((0.001, 0.0, 3))
+    assert scoring.operating_point(det.thresholds, fa, frr, 0.0).threshold == pytest.approx(0.751)
+    none = scoring.operating_point(det.thresholds, np.full_like(fa, 5.0), frr, 1.0)
+    assert none.threshold is None and none.frr is None
+
+
+def test_det_multi_keyword_attribution():
+    # Labelled 0: keyword 1 peaks 0.6 at frame 10 and keyword 0 0.8 at 15.
+    x = np.zeros((100, 2), dtype=np.float32)
+    x[10, 1], x[15, 0] = 0.6, 0.8
+    det = scoring.compute_det([x], [0], [3600.0], num_keywords=2, refractory_frames=20)
+    g5, g7 = 500, 700
+    assert det.thresholds[g5] == 0.5 and det.thresholds[g7] == 0.7
+    # At 0.5 keyword 1 fires first (a false alarm for it) and its refractory
+    # period hides keyword 0: a miss.  At 0.7 only keyword 0 fires: a hit.
+    assert det.miss_count[g5].tolist() == [1, 0] and det.fa_count[g5].tolist() == [0, 1]
+    assert det.miss_count[g7].tolist() == [0, 0] and det.fa_count[g7].tolist() == [0, 0]
+    assert np.isnan(det.frr[g5, 1])  # no positives for keyword 1
+
+
+def test_det_matches_decision_rule_at_every_threshold():
+    """Scoring replays deployment: brute force with detect() at each grid value."""
+    rng = np.random.default_rng(7)
+    K, probs, labels, durations = 2, [], [], []
+    for i in range(24):
+        T = int(rng.integers(20, 60))
+        probs.append((rng.random((T, K)) ** 4).astype(np.float32))
+        labels.append(int(rng.integers(-1, K)))
+        durations.append(T / 100)
+    thresholds = scoring.threshold_grid(0.02)
+    for smooth, refractory in [(1, 0), (3, 6), (5, 25)]:
+        det = scoring.compute_det(probs, labels, durations, K, thresholds, smooth, refractory)
+        for g, thr in enumerate(thresholds):
+            fa, miss = np.zeros(K, int), np.zeros(K, int)
+            for x, label in zip(probs, labels):
+                fired = [d.keyword for d in detect(x, thr, smooth_frames=smooth,
+                                                   refractory_frames=refractory)]
+                for k in fired:
+                    fa[k] += k != label
+                if label >= 0 and label not in fired:
+                    miss[label] += 1
+            assert det.fa_count[g].tolist() == fa.tolist(), (smooth, refractory, thr)
+            assert det.miss_count[g].tolist() == miss.tolist(), (smooth, refractory, thr)
+        # One keyword at a time: firing count never rises with the threshold
+        # (greedy earliest-first selection is maximal for a superset).
+        single = scoring.compute_det([p[:, :1] for p in probs], [-1] * len(probs), durations,
+                                     1, thresholds, smooth, refractory)
+        assert np.all(np.diff(single.fa_count[:, 0]) <= 0)
+
+
+def test_det_speed_realistic_size():
+    rng = np.random.default_rng(3)
+    probs = [(rng.beta(0.5, 20, size=(400, 1))).astype(np.float32) for _ in range(500)]
+    for x in probs[:100]:
+        x[200:230, 0] = rng.uniform(0.3, 1.0)
+    import time
+    t0 = time.perf_counter()
+    scoring.compute_det(probs, [0] * 100 + [-1] * 400, [4.0] * 500, 1, refractory_frames=100)
+    assert time.perf_counter() - t0 < 5.0  # 500 x 400 frames x 1001 thresholds
+
+
+# ----------------------------------------------------------------------------- files and CLI
+
+def write_inputs(tmp, probs, labels, durations, keywords=("hey snips",), scp=False):
+    keys = [f"utt{i:03d}" for i in range(len(probs))]
+    ark = str(tmp / "probs.ark")
+    kaldiio.save_ark(ark, dict(zip(keys, probs)), scp=str(tmp / "probs.scp") if scp else None)
+    with open(tmp / "data.list", "w") as f:
+        for k, lab, dur in zip(keys, labels, durations):
+            f.write(json.dumps({"key": k, "duration": dur, "label": lab, "wav": f"/x/{k}.wav"}) + "\n")
+    (tmp / "keywords.txt").write_text("\n".join(keywords) + "\n")
+    return str(tmp / "data.list"), ark, str(tmp / "keywords.txt")
+
+
+EXPECTED_SUMMARY = ("hey_snips: FRR 50.00% @0.5 FA/h (thr 0.751), 50.00% @1 FA/h (thr 0.376), "
+                    "25.00% @2 FA/h (thr 0.251); 4 positives, 1.00 h negatives")
+
+
+def test_cli_end_to_end(tmp_path):
+    data, ark, kws = write_inputs(tmp_path, *hand_made())
+    out = tmp_path / "score"
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolkit.bin.score_kws", "--data-list", data, "--posteriors", ark,
+         "--keywords", kws, "--out-dir", str(out), "--refractory-s", "0.2"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == EXPECTED_SUMMARY
+    assert (out / "summary.txt").read_text().strip() == EXPECTED_SUMMARY
+
+    rows = (out / "det_hey_snips.txt").read_text().splitlines()
+    assert rows[0].startswith("#") and rows[0].split()[1:] == ["threshold", "fa_per_hour", "frr"]
+    table = np.loadtxt(out / "det_hey_snips.txt")
+    assert table.shape == (1001, 3)
+    assert table[600].tolist() == pytest.approx([0.6, 1.0, 0.5])
+
+    doc = json.loads((out / "det.json").read_text())
+    curve = doc["curves"]["hey snips"]
+    assert len(doc["thresholds"]) == len(curve["frr"]) == len(curve["fa_per_hour"]) == 1001
+    assert curve["selected"]["threshold"] == pytest.approx(0.376)
+    assert doc["config"]["refractory_frames"] == 20 and doc["missing_keys"] == 0
+
+    png = (out / "det.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_scp_input_and_missing_keys(tmp_path, caplog):
+    probs, labels, durations = hand_made()
+    data, ark, kws = write_inputs(tmp_path, probs, labels, durations, scp=True)
+    res = scoring.score(data, str(tmp_path / "probs.scp"), kws, refractory_frames=20)
+    assert res.summary == [EXPECTED_SUMMARY]
+
+    # 1 of 6 missing: over 1% -> error; allowed fraction raised -> warning, scored without it.
+    with open(data, "a") as f:
+        f.write(json.dumps({"key": "gone", "duration": 1.0, "label": 0}) + "\n")
+    with pytest.raises(ValueError, match="1 of 7 utterances"):
+        scoring.score(data, ark, kws)
+    with caplog.at_level(logging.WARNING):
+        res = scoring.score(data, ark, kws, refractory_frames=20, max_missing_fraction=0.2)
+    assert res.missing_keys == 1 and "1 of 7" in caplog.text
+    assert res.summary == [EXPECTED_SUMMARY]
+
+    # 1 of 101 missing (<= 1%): only a warning with the default limit.
+    big = tmp_path / "big"
+    big.mkdir()
+    data, ark, kws = write_inputs(big, [spikes(5, {})] * 100, [-1] * 100, [1.0] * 100)
+    with open(data, "a") as f:
+        f.write(json.dumps({"key": "gone", "duration": 1.0, "label": -1}) + "\n")
+    assert scoring.score(data, ark, kws).missing_keys == 1
+
+
+@pytest.mark.parametrize("bad,message", [
+    ('{"key": "b", "duration": 1.0, "label": 0', "malformed JSON"),
+    ('{"key": "b", "label": 0}', "missing field(s) duration"),
+    ('{"key": "b", "duration": 1.0, "label": 3}', "'label' must be an integer in [-1, 0]"),
+    ('{"key": "b", "duration": -1, "label": 0}', "'duration' must be a positive"),
+])
+def test_malformed_data_list_names_the_line(tmp_path, caplog, bad, message):
+    data, ark, kws = write_inputs(tmp_path, *hand_made())
+    lines = open(data).read().splitlines()
+    lines.insert(2, bad)
+    with open(data, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with pytest.raises(ValueError) as err:
+        scoring.read_data_list(data, num_keywords=1)
+    assert f"{data}:3:" in str(err.value) and message in str(err.value)
+    with caplog.at_level(logging.ERROR):
+        rc = score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
+                             "--out-dir", str(tmp_path / "out")])
+    assert rc == 1 and f"{data}:3:" in caplog.text
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_posteriors_and_keywords(tmp_path):
+    probs, labels, durations = hand_made()
+    probs[0] = np.log(probs[0] + 1e-3)  # log-probabilities by mistake
+    data, ark, kws = write_inputs(tmp_path, probs, labels, durations)
+    with pytest.raises(ValueError, match="outside \\[0, 1\\]"):
+        scoring.score(data, ark, kws)
+    (tmp_path / "kw2.txt").write_text("a\n\nb\n")
+    with pytest.raises(ValueError, match="kw2.txt:2: blank line"):
+        scoring.read_keywords(str(tmp_path / "kw2.txt"))
+
+
+def test_help_runs():
+    with pytest.raises(SystemExit) as exit_:
+        score_kws.get_args(["--help"])
+    assert exit_.value.code == 0

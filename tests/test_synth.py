@@ -1,0 +1,281 @@
+"""Tests of the synthetic wake-word data generator (toolkit.data.synth)."""
+import hashlib
+import os
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from toolkit.data import synth as S
+
+pytest.importorskip("espeakng_loader")
+
+KW = "hey snips"
+SIZES = S.Sizes(train_pos=10, train_neg=30, dev_pos=6, dev_neg=10, test_pos=6, test_neg=14)
+FILES = ("wav.scp", "text", "utt2dur", "utt2spk", "spk2utt", "utt2kind")
+
+
+def _generate(path, seed=777, nj=2, keywords=(KW,), sizes=SIZES):
+    S.generate_corpus(list(keywords), str(path), seed=seed, sizes=sizes, nj=nj)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return _generate(tmp_path_factory.mktemp("a") / "data", nj=2)
+
+
+@pytest.fixture(scope="module")
+def corpus_nj1(tmp_path_factory):
+    return _generate(tmp_path_factory.mktemp("b") / "data", nj=1)
+
+
+def _table(path):
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n").split(" ", 1) for line in f]
+
+
+def _dict(path):
+    return {k: v for k, v in _table(path)}
+
+
+def _digest(out_dir):
+    """sha256 of every output file; absolute paths in wav.scp made relative."""
+    out = {}
+    for root, _, names in os.walk(out_dir):
+        for n in names:
+            p = os.path.join(root, n)
+            data = open(p, "rb").read()
+            if n == "wav.scp":
+                data = data.replace(os.path.abspath(out_dir).encode(), b"OUT")
+            out[os.path.relpath(p, out_dir)] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def test_data_dirs_well_formed(corpus):
+    assert open(os.path.join(corpus, "dict", "keywords.txt")).read() == KW + "\n"
+    for split in S.SPLITS:
+        d = os.path.join(corpus, split)
+        tables = {n: _table(os.path.join(d, n)) for n in FILES}
+        keys = [k for k, _ in tables["wav.scp"]]
+        pos, neg = SIZES.of(split)
+        assert len(keys) == pos + neg
+        assert keys == sorted(keys) and len(set(keys)) == len(keys)   # C-locale order
+        for n in ("text", "utt2dur", "utt2spk", "utt2kind"):
+            assert [k for k, _ in tables[n]] == keys, n
+        spk_of = dict(tables["utt2spk"])
+        spks = [spk_of[k] for k in keys]
+        assert spks == sorted(spks), "Kaldi: speakers must be sorted when utterances are"
+        assert all(k.startswith(spk_of[k] + "-") for k in keys)
+        spk2utt = {s: u.split() for s, u in tables["spk2utt"]}
+        assert list(spk2utt) == sorted(spk2utt)
+        assert sorted(u for us in spk2utt.values() for u in us) == keys
+        assert all(spk_of[u] == s for s, us in spk2utt.items() for u in us)
+        durs = dict(tables["utt2dur"])
+        for k, path in tables["wav.scp"]:
+            assert os.path.isabs(path) and path.endswith(f"wavs/{split}/{k}.wav")
+            info = sf.info(path)
+            assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
+            assert abs(info.frames / 16000 - float(durs[k])) < 0.0006
+            assert 0.8 < info.frames / 16000 < 6.0
+
+
+def test_voices_disjoint(corpus):
+    spk = {s: set(_dict(os.path.join(corpus, s, "utt2spk")).values()) for s in S.SPLITS}
+    assert not spk["test"] & (spk["train"] | spk["dev"])
+    assert not spk["dev"] & spk["train"]
+    voices = S.split_voices(S.espeak_voices(), 777)
+    names = {s: {v.spk for v in vs} for s, vs in voices.items()}
+    assert not names["test"] & (names["train"] | names["dev"]) and not names["dev"] & names["train"]
+    assert sum(len(v) for v in names.values()) == len(S.ACCENTS) * len(S.VARIANTS)
+    for split in S.SPLITS:   # every split hears every accent
+        assert {n.split("_")[0] for n in names[split]} == set(S.ACCENTS)
+
+
+def test_texts(corpus):
+    kw = KW.split()
+    conf_texts = set()
+    for split in S.SPLITS:
+        text = _dict(os.path.join(corpus, split, "text"))
+        kind = _dict(os.path.join(corpus, split, "utt2kind"))
+        assert sorted(set(kind.values())) == ["conf", "neg", "noise", "pos"]
+        for k, t in text.items():
+            words = t.split()
+            if kind[k] == "pos":
+                assert S.contains_phrase(words, kw), t
+            else:
+                assert not S.contains_phrase(words, kw), t
+            if kind[k] == "noise":
+                assert t == S.NOISE_TEXT
+            else:
+                assert t == t.lower() and t == " ".join(words)
+            if kind[k] == "conf":
+                conf_texts.add(t)
+    assert {"hey", "snips"} <= conf_texts   # each keyword word alone is a confusable
+
+
+def test_confusable_generator():
+    sims = S.similar_words("snips")
+    assert {"snaps", "ships", "snip", "tips"} <= set(sims)
+    assert {"hay", "hi", "say"} <= set(S.similar_words("hey"))
+    assert "computrs" not in S.similar_words("computer")
+    cats = S.confusable_categories("hey snips")
+    assert cats["alone"] == ["hey", "snips"] and cats["reorder"] == ["snips hey"]
+    # a generic word not in the table still gets rule-based neighbours
+    assert {"marble", "marbles"} & set(S.similar_words("marbles")) == {"marble"}
+    keywords = ["hey snips", "ok computer", "alexa"]
+    filt = S.TextFilter(keywords, {})          # words only: no espeak needed
+    cats = {k: S.confusable_categories(k) for k in keywords}
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        words = S._confusable_text(i, rng, keywords, cats, filt).split()
+        assert not any(S.contains_phrase(words, k.split()) for k in keywords)
+    for i in range(50):
+        words = S._negative_text(rng, filt).split()
+        assert 2 <= len(words) <= 8
+
+
+def test_sound_filter_rejects_homophones():
+    filt = S.TextFilter(["hey snips"], {"en": {"hey": "heI", "hay": "heI", "snips": "snIps",
+                                                "snaps": "snaps"}})
+    assert not filt.is_negative("hay snips")       # sounds like the keyword
+    assert filt.is_negative("hay snaps") and filt.is_negative("snips hey")
+
+
+def test_plan_is_deterministic_and_in_range():
+    voices = S.split_voices(S.espeak_voices(), 5)["train"]
+    filt = S.TextFilter([KW], {})
+    cats = {KW: S.confusable_categories(KW)}
+
+    def plan(seed):
+        return S.plan_split("train", 50, 150, [KW], voices, filt, cats, seed, (5.0, 30.0))
+
+    a, b, c = plan(1), plan(1), plan(2)
+    assert [g.specs for g in a] == [g.specs for g in b] != [g.specs for g in c]
+    assert [len(g.specs) for g in a] == [64, 64, 64, 8]
+    specs = [s for g in a for s in g.specs]
+    assert len({s.utt for s in specs}) == 200
+    speech = [s for s in specs if s.kind != "noise"]
+    assert all(5.0 <= s.snr_db <= 30.0 for s in speech)
+    assert all(s.voice in voices for s in speech)
+    assert {s.noise for s in specs} == set(S.NOISE_TYPES)
+    assert sum(s.kind == "noise" for s in specs) == 15
+
+
+def test_determinism_across_nj_and_seed(corpus, corpus_nj1, tmp_path):
+    a, b = _digest(corpus), _digest(corpus_nj1)
+    assert a == b and len(a) == sum(sum(SIZES.of(s)) for s in S.SPLITS) + 6 * 3 + 2
+    other = _digest(_generate(tmp_path / "c", seed=778, sizes=S.Sizes(3, 3, 2, 2, 2, 2)))
+    small = _digest(_generate(tmp_path / "d", seed=777, sizes=S.Sizes(3, 3, 2, 2, 2, 2)))
+    assert other["train/text"] != small["train/text"]
+    assert other["train/wav.scp"] != small["train/wav.scp"]
+
+
+def test_rerun_is_quick_and_args_change_regenerates(tmp_path):
+    out = _generate(tmp_path / "e", sizes=S.Sizes(3, 3, 2, 2, 2, 2))
+    wav = _table(os.path.join(out, "train", "wav.scp"))[0][1]
+    mtime = os.stat(wav).st_mtime_ns
+    t0 = time.time()
+    _generate(out, nj=1, sizes=S.Sizes(3, 3, 2, 2, 2, 2))      # nj is not an output argument
+    assert time.time() - t0 < 1.0 and os.stat(wav).st_mtime_ns == mtime
+    _generate(out, sizes=S.Sizes(2, 2, 2, 2, 2, 2))
+    assert len(_table(os.path.join(out, "train", "wav.scp"))) == 4
+    assert len(os.listdir(os.path.join(out, "wavs", "train"))) == 4   # old wavs removed
+
+
+def test_noise_and_levels(corpus):
+    for split in S.SPLITS:
+        kind = _dict(os.path.join(corpus, split, "utt2kind"))
+        for k, path in _table(os.path.join(corpus, split, "wav.scp")):
+            x, _ = sf.read(path)
+            rms_db = 10 * np.log10(np.mean(x ** 2) + 1e-20)
+            assert rms_db > -60, (k, rms_db)                   # never silent
+            assert np.max(np.abs(x)) < 0.99                    # no clipping
+            if kind[k] == "noise":
+                # stationary noise: both halves at about the same level
+                h = len(x) // 2
+                assert abs(10 * np.log10(np.mean(x[:h] ** 2) / np.mean(x[h:] ** 2))) < 6
+
+
+def test_mix_at_snr():
+    sr = 16000
+    rng = np.random.default_rng(0)
+    t = np.arange(sr * 2) / sr
+    # speech-like: 200 Hz harmonics in 4 Hz syllables, with a silent gap
+    speech = np.sin(2 * np.pi * 200 * t) * np.maximum(0, np.sin(2 * np.pi * 4 * t)) ** 2
+    speech[sr // 2: sr] = 0
+    speech = np.concatenate([np.zeros(sr // 2), speech, np.zeros(sr // 2)]).astype(np.float32)
+    for color in ("white", "pink", "brown"):
+        for snr in (5.0, 17.5, 30.0):
+            noise = S.colored_noise(len(speech), color, rng, sr)
+            mixed, scaled = S.mix_at_snr(speech, noise, snr)
+            measured = 10 * np.log10(S.active_power(speech) / np.mean(scaled.astype(np.float64) ** 2))
+            assert abs(measured - snr) < 0.05
+            np.testing.assert_allclose(mixed, speech + scaled, atol=1e-6)
+    pool = [speech, speech[::-1].copy(), np.roll(speech, 1234)]
+    babble = S.babble_noise(len(speech), pool, rng)
+    assert abs(np.sqrt(np.mean(babble.astype(np.float64) ** 2)) - 1) < 1e-3
+    # noise colours: pink falls ~3 dB/octave, brown ~6 dB/octave
+    for color, slope in (("white", 0), ("pink", -3), ("brown", -6)):
+        x = S.colored_noise(sr * 4, color, rng, sr)
+        f = np.fft.rfftfreq(len(x), 1 / sr)
+        p = np.abs(np.fft.rfft(x)) ** 2
+        band = [10 * np.log10(p[(f >= lo) & (f < 2 * lo)].mean()) for lo in (250, 500, 1000, 2000)]
+        assert abs(np.mean(np.diff(band)) - slope) < 1.0, (color, band)
+
+
+def test_resample():
+    sr1, sr2 = 22050, 16000
+    t = np.arange(sr1) / sr1
+    for f in (200, 3000, 6500):
+        y = S.resample(np.sin(2 * np.pi * f * t), sr1, sr2)
+        assert len(y) == sr2
+        ref = np.sin(2 * np.pi * f * np.arange(len(y)) / sr2)
+        assert np.max(np.abs(y - ref)[300:-300]) < 2e-3
+    y = S.resample(np.sin(2 * np.pi * 9500 * t), sr1, sr2)     # above 8 kHz: removed
+    assert np.sqrt(np.mean(y[300:-300] ** 2)) < 1e-3
+    y = S.resample(np.sin(2 * np.pi * 1000 * t[:8000] * sr1 / 8000), 8000, 16000)  # upsampling
+    assert np.max(np.abs(y[300:-300] - np.sin(2 * np.pi * 1000 * np.arange(16000) / 16000)[300:-300])) < 2e-3
+
+
+def test_errors(tmp_path, monkeypatch, capsys):
+    with pytest.raises(S.SynthError, match="empty keyword"):
+        S.generate_corpus(["  "], str(tmp_path / "x"))
+    with pytest.raises(S.SynthError, match="duplicate"):
+        S.generate_corpus(["hey snips", "Hey  Snips"], str(tmp_path / "x"))
+    from toolkit.bin import synth_kws_data as cli
+    assert cli.main(["--keyword", "", "--out-dir", str(tmp_path / "x")]) == 1
+    assert "empty keyword" in capsys.readouterr().err
+    import espeakng_loader
+    empty = tmp_path / "no_data"
+    empty.mkdir()
+    monkeypatch.setattr(espeakng_loader, "get_data_path", lambda: str(empty))
+    with pytest.raises(S.SynthError, match=r"failed to initialise.*pip install -e \.\[tts\]"):
+        _generate(tmp_path / "y", sizes=S.Sizes(1, 1, 1, 1, 1, 1))
+    assert not os.path.exists(tmp_path / "y" / S.STAMP_NAME)
+    monkeypatch.setattr(espeakng_loader, "get_library_path", lambda: str(empty / "nope.so"))
+    with pytest.raises(S.SynthError, match=r"library missing.*pip install -e \.\[tts\]"):
+        _generate(tmp_path / "y", sizes=S.Sizes(1, 1, 1, 1, 1, 1))
+
+
+def test_cli_args():
+    from toolkit.bin import synth_kws_data as cli
+    a = cli.get_args(["--keyword", "hey snips", "--keyword", "ok computer", "--out-dir", "d"])
+    assert a.keyword == ["hey snips", "ok computer"] and a.nj == 2 and a.seed == 777
+    assert (a.train_pos, a.train_neg, a.test_neg) == (2000, 6000, 1800)
+
+
+def test_multiple_keywords(tmp_path):
+    out = _generate(tmp_path / "m", keywords=("hey snips", "ok computer"),
+                    sizes=S.Sizes(8, 12, 2, 2, 2, 2))
+    assert open(os.path.join(out, "dict", "keywords.txt")).read() == "hey snips\nok computer\n"
+    text = _dict(os.path.join(out, "train", "text"))
+    kind = _dict(os.path.join(out, "train", "utt2kind"))
+    hits = {k: sum(S.contains_phrase(t.split(), k.split()) for u, t in text.items()
+                   if kind[u] == "pos") for k in ("hey snips", "ok computer")}
+    assert hits == {"hey snips": 4, "ok computer": 4}
+    for u, t in text.items():
+        if kind[u] != "pos":
+            assert not any(S.contains_phrase(t.split(), k.split())
+                           for k in ("hey snips", "ok computer"))

@@ -1,0 +1,65 @@
+"""Checkpoint averaging: best N by dev loss or last N by step."""
+import logging
+from typing import Dict, List
+
+import torch
+
+from toolkit.trainer import checkpoint as ckpt
+
+logger = logging.getLogger(__name__)
+
+
+def select_checkpoints(exp_dir: str, num: int, mode: str) -> List[ckpt.CheckpointInfo]:
+    infos = [c for c in ckpt.list_checkpoints(exp_dir) if ckpt.verify(c) is None]
+    if mode == "best":
+        infos = sorted((c for c in infos if c.dev_loss is not None),
+                       key=lambda c: (c.dev_loss, -c.step))
+    elif mode == "last":
+        infos = sorted(infos, key=lambda c: -c.step)
+    else:
+        raise ValueError(f"unknown averaging mode {mode!r} (best or last)")
+    if not infos:
+        raise FileNotFoundError(f"{exp_dir}: no usable checkpoints"
+                                + (" with a dev loss" if mode == "best" else ""))
+    return infos[:num]
+
+
+def average_states(states: List[Dict[str, torch.Tensor]], names: List[str]) -> Dict[str, torch.Tensor]:
+    """Mean of floating tensors. Integer buffers (BatchNorm's num_batches_tracked) are
+    counters, not weights: they take the maximum instead of a truncated mean."""
+    reference = states[0]
+    for state, name in zip(states[1:], names[1:]):
+        if set(state) != set(reference):
+            raise ValueError(f"{name} has different parameters than {names[0]} "
+                             f"(differs in {sorted(set(state) ^ set(reference))[:5]}); "
+                             "refusing to average different architectures")
+        for key, value in state.items():
+            if value.shape != reference[key].shape:
+                raise ValueError(f"{name}: {key} has shape {tuple(value.shape)}, {names[0]} has "
+                                 f"{tuple(reference[key].shape)}; refusing to average "
+                                 "different architectures")
+    out = {}
+    for key, value in reference.items():
+        if value.is_floating_point():
+            acc = torch.zeros_like(value, dtype=torch.float64)
+            for state in states:
+                acc += state[key].to(torch.float64)
+            out[key] = (acc / len(states)).to(value.dtype)
+        else:
+            out[key] = torch.stack([s[key] for s in states]).max(dim=0).values
+    return out
+
+
+def average_checkpoints(exp_dir: str, num: int, mode: str = "best") -> dict:
+    chosen = select_checkpoints(exp_dir, num, mode)
+    payloads = [ckpt.load_payload(c.path) for c in chosen]
+    configs = [p.get("model_config") for p in payloads]
+    if any(c != configs[0] for c in configs[1:]):
+        raise ValueError("checkpoints come from different model configurations; refusing "
+                         "to average different architectures")
+    names = [c.path for c in chosen]
+    averaged = average_states([p["model"] for p in payloads], names)
+    logger.info("averaged %d checkpoints (%s): %s", len(chosen), mode,
+                ", ".join(f"step {c.step} dev_loss {c.dev_loss}" for c in chosen))
+    return {"model": averaged, "model_config": configs[0],
+            "averaged_from": [{"step": c.step, "dev_loss": c.dev_loss} for c in chosen]}

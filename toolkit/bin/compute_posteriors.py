@@ -1,0 +1,64 @@
+"""Frame posteriors of a data list through a deployable model (ONNX, TorchScript or a
+checkpoint), written as a Kaldi ark (key -> frames x keywords) for scoring. The model
+runs in streaming form with its cache, exactly as the detector runs it."""
+import argparse
+import logging
+import os
+import sys
+
+import numpy as np
+
+from toolkit.logging_utils import setup_logging
+
+logger = logging.getLogger("compute_posteriors")
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", required=True, help="model.onnx, model.zip or checkpoint .pt")
+    p.add_argument("--data-list", required=True)
+    p.add_argument("--output", required=True, help="posteriors ark to write")
+    p.add_argument("--chunk-frames", type=int, default=0,
+                   help="frames per model call (0: whole utterance; same result)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = get_args(argv)
+    setup_logging()
+    import kaldiio
+    from toolkit.config import DatasetConfig
+    from toolkit.data.audio import BadEntry
+    from toolkit.data.datalist import BadCounter, DataList
+    from toolkit.data.dataset import UtteranceProcessor
+    from toolkit.detector import load_backend
+
+    backend = load_backend(args.model)
+    feature = backend.metadata["feature"]
+    cfg = DatasetConfig(sample_rate=int(feature["sample_rate"]))
+    cfg.feature.num_mel_bins = int(feature["num_mel_bins"])
+    cfg.feature.frame_length_ms = float(feature["frame_length_ms"])
+    cfg.feature.frame_shift_ms = float(feature["frame_shift_ms"])
+    datalist = DataList.load(args.data_list, require_label=False)
+    processor = UtteranceProcessor(cfg, seed=0, train=False, from_features=datalist.has_features())
+    bad = BadCounter()
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with kaldiio.WriteHelper(f"ark:{args.output}") as writer:
+        for i in range(len(datalist)):
+            entry = datalist.entry(i)
+            try:
+                feats = processor(entry, 0)
+            except BadEntry as err:
+                bad.add(err.reason, entry["key"], err.detail)
+                continue
+            backend.reset()
+            chunk = args.chunk_frames or len(feats)
+            probs = [backend.step(feats[s:s + chunk]) for s in range(0, len(feats), chunk)]
+            writer(entry["key"], np.concatenate(probs).astype(np.float32))
+    logger.info("wrote %s: %d utterances, %d skipped%s", args.output, len(datalist) - bad.total(),
+                bad.total(), f" ({bad.summary()})" if bad.total() else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Kaldi data dir -> data list (one JSON object per line: key, wav, txt, duration, label).
+
+Labels come from the inventory: `--label-mode keyword` gives the index of the keyword
+whose words occur in the transcript (else -1, filler); `--label-mode class` needs the
+transcript to be a class name. Utterances whose label cannot be resolved are reported.
+"""
+import argparse
+import logging
+import sys
+
+from toolkit.data.datalist import read_inventory, write_datalist
+from toolkit.data.kaldi import LABELERS, load_data_dir
+from toolkit.logging_utils import setup_logging
+
+logger = logging.getLogger("make_datalist")
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data_dir", help="Kaldi data dir with wav.scp and text")
+    p.add_argument("output", help="data list to write")
+    p.add_argument("--inventory", required=True, help="keyword/class inventory, one per line")
+    p.add_argument("--label-mode", default="keyword", choices=LABELERS.names())
+    p.add_argument("--nj", type=int, default=2, help="parallel jobs for missing durations")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = get_args(argv)
+    setup_logging()
+    inventory = read_inventory(args.inventory)
+    labeler = LABELERS.get(args.label_mode)(inventory)
+    entries, unlabeled = [], []
+    for entry in load_data_dir(args.data_dir, nj=args.nj):
+        label = labeler(entry.get("txt", ""))
+        if label is None:
+            unlabeled.append(entry["key"])
+            continue
+        entry["label"] = label
+        entries.append(entry)
+    if unlabeled:
+        logger.warning("%s: %d utterances have no label in %s and were left out (e.g. %s)",
+                       args.data_dir, len(unlabeled), args.inventory, ", ".join(unlabeled[:3]))
+    n = write_datalist(args.output, entries)
+    counts = {}
+    for e in entries:
+        counts[e["label"]] = counts.get(e["label"], 0) + 1
+    names = {i: name for i, name in enumerate(inventory)}
+    summary = ", ".join(f"{names.get(k, 'filler')}={v}" for k, v in sorted(counts.items()))
+    logger.info("wrote %s: %d utterances (%s)", args.output, n, summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Score keyword-spotting posteriors: DET curves, operating points, plot.
+
+Replays the deployment decision rule (toolkit.decision) for every threshold of
+a grid and writes, into --out-dir:
+  det_<keyword>.txt  threshold, FA/h, FRR columns
+  det.json           all curves, operating points, config
+  det.png            FRR vs FA/h, one curve per keyword
+  summary.txt        one line per keyword (also printed to stdout)
+
+Example:
+  python -m toolkit.bin.score_kws --data-list data/test/data.list \\
+      --posteriors exp/x/test_probs.ark --keywords data/dict/keywords.txt \\
+      --out-dir exp/x/score
+"""
+import argparse
+import logging
+import sys
+
+from toolkit import decision, scoring
+
+
+def _float_list(text: str):
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
+    return values
+
+
+def get_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m toolkit.bin.score_kws",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-list", required=True,
+                        help="JSON-lines list with key, duration (s), label (keyword index or -1)")
+    parser.add_argument("--posteriors", required=True,
+                        help="Kaldi .ark (or .scp) of key -> frame posteriors [T, K]")
+    parser.add_argument("--keywords", required=True,
+                        help="keywords.txt, one phrase per line; line index = keyword index")
+    parser.add_argument("--out-dir", required=True, help="directory for the outputs")
+    parser.add_argument("--frame-shift-ms", type=float, default=decision.DEFAULT_FRAME_SHIFT_MS,
+                        help="posterior frame shift (default %(default)s)")
+    parser.add_argument("--smooth-frames", type=int, default=decision.DEFAULT_SMOOTH_FRAMES,
+                        help="causal moving-average window in frames, 1 = none (default %(default)s)")
+    parser.add_argument("--refractory-s", type=float,
+                        default=decision.DEFAULT_REFRACTORY_FRAMES * decision.DEFAULT_FRAME_SHIFT_MS / 1000,
+                        help="no new detection for this long after one (default %(default)s)")
+    parser.add_argument("--target-fa-per-hour", type=float, default=1.0,
+                        help="FA/h at which to select the deployment threshold (default %(default)s)")
+    parser.add_argument("--fa-targets", type=_float_list, default=list(scoring.DEFAULT_FA_TARGETS),
+                        help="comma-separated FA/h values to report FRR at (default 0.5,1,2)")
+    parser.add_argument("--threshold-step", type=float, default=0.001,
+                        help="threshold grid step over [0, 1] (default %(default)s)")
+    parser.add_argument("--max-missing-fraction", type=float,
+                        default=scoring.DEFAULT_MAX_MISSING_FRACTION,
+                        help="fail if more than this fraction of utterances lack posteriors "
+                             "(default %(default)s)")
+    parser.add_argument("--plot-max-fa-per-hour", type=float, default=None,
+                        help="x-axis limit of det.png (default max(5, 2.5 x largest target))")
+    args = parser.parse_args(argv)
+    if args.frame_shift_ms <= 0:
+        parser.error("--frame-shift-ms must be > 0")
+    if args.smooth_frames < 1:
+        parser.error("--smooth-frames must be >= 1")
+    if args.refractory_s < 0:
+        parser.error("--refractory-s must be >= 0")
+    if not 0 < args.threshold_step <= 1:
+        parser.error("--threshold-step must be in (0, 1]")
+    if args.target_fa_per_hour < 0:
+        parser.error("--target-fa-per-hour must be >= 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = get_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # Same rounding a deployment config should use to turn seconds into frames.
+    refractory_frames = int(round(args.refractory_s * 1000.0 / args.frame_shift_ms))
+    thresholds = scoring.threshold_grid(args.threshold_step)
+    try:
+        result = scoring.score(args.data_list, args.posteriors, args.keywords,
+                               thresholds=thresholds, smooth_frames=args.smooth_frames,
+                               refractory_frames=refractory_frames, fa_targets=args.fa_targets,
+                               target_fa_per_hour=args.target_fa_per_hour,
+                               max_missing_fraction=args.max_missing_fraction)
+    except (ValueError, OSError) as err:
+        logging.error("%s", err)
+        return 1
+    config = {
+        "data_list": args.data_list, "posteriors": args.posteriors, "keywords": args.keywords,
+        "frame_shift_ms": args.frame_shift_ms, "smooth_frames": args.smooth_frames,
+        "refractory_s": args.refractory_s, "refractory_frames": refractory_frames,
+        "threshold_step": args.threshold_step, "target_fa_per_hour": args.target_fa_per_hour,
+        "fa_targets": args.fa_targets,
+    }
+    scoring.write_outputs(args.out_dir, result, config, args.plot_max_fa_per_hour)
+    for line in result.summary:
+        print(line)
+    logging.info("wrote DET outputs to %s", args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Augmentations. Each takes an explicit numpy Generator: the pipeline derives it from
+(seed, epoch, utterance key), so the result never depends on worker count or timing."""
+import zlib
+from typing import Optional
+
+import numpy as np
+
+from toolkit.data.audio import BadEntry, check_and_mix, read_audio, resample
+
+
+def utterance_rng(seed: int, epoch: int, key: str) -> np.random.Generator:
+    return np.random.default_rng([seed & 0xFFFFFFFF, epoch, zlib.crc32(key.encode("utf-8"))])
+
+
+def speed_perturb(wave: np.ndarray, rate: int, factor: float) -> np.ndarray:
+    """Plays the audio `factor` times faster (pitch moves too, like sox `speed`)."""
+    if factor == 1.0:
+        return wave
+    return resample(wave, int(round(rate * factor)), rate)
+
+
+def apply_volume(wave: np.ndarray, rng: np.random.Generator, low: float, high: float) -> np.ndarray:
+    return wave * np.float32(rng.uniform(low, high))
+
+
+def _power(x: np.ndarray) -> float:
+    return float(np.mean(x.astype(np.float64) ** 2)) + 1e-12
+
+
+def add_noise(wave: np.ndarray, noise: np.ndarray, snr_db: float,
+              rng: np.random.Generator) -> np.ndarray:
+    """Mixes a random stretch of `noise` (tiled when shorter) at `snr_db`."""
+    if len(noise) < len(wave):
+        noise = np.tile(noise, int(np.ceil(len(wave) / len(noise))))
+    start = int(rng.integers(0, len(noise) - len(wave) + 1))
+    segment = noise[start:start + len(wave)]
+    scale = np.sqrt(_power(wave) / (_power(segment) * 10.0 ** (snr_db / 10.0)))
+    return (wave + scale * segment).astype(np.float32)
+
+
+def add_reverb(wave: np.ndarray, rir: np.ndarray) -> np.ndarray:
+    """Convolves with a room impulse response, aligned on its direct path so labels and
+    timing stay put, and rescaled to the dry signal's level."""
+    rir = rir / (np.sqrt(np.sum(rir.astype(np.float64) ** 2)) + 1e-12)
+    peak = int(np.argmax(np.abs(rir)))
+    n = len(wave) + len(rir) - 1
+    size = 1 << (n - 1).bit_length()
+    wet = np.fft.irfft(np.fft.rfft(wave, size) * np.fft.rfft(rir, size), size)[peak:peak + len(wave)]
+    wet *= np.sqrt(_power(wave) / _power(wet))
+    return wet.astype(np.float32)
+
+
+def spec_augment(feats: np.ndarray, rng: np.random.Generator, num_time_masks: int,
+                 max_time_width: int, num_freq_masks: int, max_freq_width: int) -> np.ndarray:
+    """Masks random time and frequency stripes. Features are raw fbank here (CMVN lives
+    in the model), so stripes get the utterance's mean rather than zero, which would
+    read as a very loud or very quiet band after normalisation."""
+    feats = feats.copy()
+    frames, bins = feats.shape
+    fill = feats.mean(axis=0) if frames else 0.0
+    for _ in range(num_time_masks):
+        width = int(rng.integers(0, max_time_width + 1))
+        if 0 < width < frames:
+            start = int(rng.integers(0, frames - width + 1))
+            feats[start:start + width, :] = fill
+    for _ in range(num_freq_masks):
+        width = int(rng.integers(0, max_freq_width + 1))
+        if 0 < width < bins:
+            start = int(rng.integers(0, bins - width + 1))
+            feats[:, start:start + width] = fill[start:start + width] if frames else 0.0
+    return feats
+
+
+def load_mono(source: str, rate: int, channel: int = -1,
+              start: float = 0.0, end: float = -1.0) -> np.ndarray:
+    """Decode + channel handling + resampling to `rate` (another rate is not an error)."""
+    audio, file_rate = read_audio(source, start, end)
+    wave = check_and_mix(audio, source, channel)
+    if file_rate != rate:
+        wave = resample(wave, file_rate, rate)
+    return wave
+
+
+def pick_and_load(entries, rng: np.random.Generator, rate: int) -> Optional[np.ndarray]:
+    """Loads one random entry (noise or RIR list); a broken one yields None (skipped)."""
+    if entries is None or len(entries) == 0:
+        return None
+    item = entries.entry(int(rng.integers(0, len(entries))))
+    try:
+        return load_mono(item["wav"], rate)
+    except BadEntry:
+        return None

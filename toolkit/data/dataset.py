@@ -1,0 +1,221 @@
+"""The data pipeline shared by every recipe: batch plan -> per-utterance processing ->
+padding, served by a torch DataLoader.
+
+Determinism contract (exact resume depends on it):
+- the batch plan of an epoch depends only on (seed, epoch, data list, config);
+- batch i of the plan goes to rank i % world_size, so each utterance is seen exactly once
+  per epoch across ranks, and every rank gets the same number of steps (a rank short of
+  a batch gets an empty one and takes a zero-weight step, so collectives never hang);
+- augmentation randomness per utterance comes from (seed, epoch, key);
+- resuming at step k of an epoch starts the sampler at k: the skipped batches are never
+  decoded or featurized.
+"""
+import logging
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from toolkit.data import augment
+from toolkit.data.audio import BadEntry
+from toolkit.data.datalist import BadCounter, DataList
+from toolkit.data.features import compute_fbank, num_frames, options_from_config
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- batch plan
+
+def estimated_frames(durations: np.ndarray, dataset_cfg) -> np.ndarray:
+    f = dataset_cfg.feature
+    rate = dataset_cfg.sample_rate
+    win = int(rate * f.frame_length_ms / 1000)
+    hop = int(rate * f.frame_shift_ms / 1000)
+    samples = np.round(durations.astype(np.float64) * rate)
+    return np.maximum(0, 1 + (samples - win) // hop).astype(np.int64)
+
+
+def plan_batches(datalist: DataList, dataset_cfg, seed: int, epoch: int,
+                 train: bool) -> List[np.ndarray]:
+    """Global list of batches (arrays of entry indices) for one epoch."""
+    d = dataset_cfg
+    dur = datalist.durations
+    keep = np.nonzero((dur >= d.min_duration) & (dur <= d.max_duration))[0]
+    rng = np.random.default_rng([seed & 0xFFFFFFFF, epoch, 0x5EED])
+    order = rng.permutation(keep) if (train and d.shuffle) else keep
+    frames = estimated_frames(dur, d)
+    # Bucketing: sort by length inside windows, so padding stays small but the order
+    # still varies between epochs.
+    window = max(1, d.sort_window)
+    parts = []
+    for start in range(0, len(order), window):
+        chunk = order[start:start + window]
+        parts.append(chunk[np.argsort(frames[chunk], kind="stable")])
+    order = np.concatenate(parts) if parts else order
+    batches: List[np.ndarray] = []
+    if d.max_frames_in_batch > 0:
+        start, longest = 0, 0
+        for i, idx in enumerate(order):
+            longest_if_added = max(longest, int(frames[idx]))
+            count = i - start + 1
+            too_many = d.batch_size > 0 and count > d.batch_size
+            if i > start and (longest_if_added * count > d.max_frames_in_batch or too_many):
+                batches.append(order[start:i])
+                start, longest_if_added = i, int(frames[idx])
+            longest = longest_if_added
+        if start < len(order):
+            batches.append(order[start:])
+    else:
+        batches = [order[i:i + d.batch_size] for i in range(0, len(order), d.batch_size)]
+    if train and d.shuffle and batches:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def rank_batches(batches: List[np.ndarray], rank: int, world_size: int) -> List[np.ndarray]:
+    """Round-robin share of one rank, padded with empty batches to the common length."""
+    steps = math.ceil(len(batches) / world_size) if batches else 0
+    mine = batches[rank::world_size]
+    empty = np.zeros(0, dtype=np.int64)
+    return mine + [empty] * (steps - len(mine))
+
+
+# --------------------------------------------------------------------------- processing
+
+class UtteranceProcessor:
+    """Entry -> feature matrix (frames, bins), with the configured augmentation chain."""
+
+    def __init__(self, dataset_cfg, seed: int, train: bool,
+                 noise: Optional[DataList] = None, rirs: Optional[DataList] = None,
+                 from_features: bool = False):
+        self.cfg = dataset_cfg
+        self.seed = seed
+        self.train = train
+        self.noise = noise
+        self.rirs = rirs
+        self.from_features = from_features
+        self.opts = options_from_config(dataset_cfg.feature, dataset_cfg.sample_rate)
+        self.min_frames = 1
+
+    def waveform(self, entry: dict, rng: np.random.Generator) -> np.ndarray:
+        d = self.cfg
+        wave = augment.load_mono(entry["wav"], d.sample_rate, d.channel,
+                                 float(entry.get("start", 0.0)), float(entry.get("end", -1.0)))
+        if not self.train:
+            return wave
+        if d.speed_perturb:
+            factor = float(d.speed_perturb[int(rng.integers(0, len(d.speed_perturb)))])
+            wave = augment.speed_perturb(wave, d.sample_rate, factor)
+        if d.volume_range:
+            wave = augment.apply_volume(wave, rng, *d.volume_range)
+        if self.rirs is not None and rng.random() < d.reverb.prob:
+            rir = augment.pick_and_load(self.rirs, rng, d.sample_rate)
+            if rir is not None:
+                wave = augment.add_reverb(wave, rir)
+        if self.noise is not None and rng.random() < d.noise.prob:
+            noise = augment.pick_and_load(self.noise, rng, d.sample_rate)
+            if noise is not None:
+                wave = augment.add_noise(wave, noise, float(rng.uniform(*d.noise.snr_db)), rng)
+        return wave
+
+    def __call__(self, entry: dict, epoch: int) -> np.ndarray:
+        rng = augment.utterance_rng(self.seed, epoch, entry["key"])
+        if self.from_features:
+            import kaldiio
+            try:
+                feats = np.asarray(kaldiio.load_mat(entry["feat"]), dtype=np.float32)
+            except Exception as err:
+                raise BadEntry("unreadable_features", f"{entry['feat']}: {err}") from None
+            if not np.all(np.isfinite(feats)):
+                raise BadEntry("nonfinite_samples", entry["feat"])
+        else:
+            feats = compute_fbank(self.waveform(entry, rng), self.opts)
+        if len(feats) < self.min_frames:
+            raise BadEntry("too_short_after_processing", f"{len(feats)} frames")
+        sa = self.cfg.spec_aug
+        if self.train and sa.enabled:
+            feats = augment.spec_augment(feats, rng, sa.num_time_masks, sa.max_time_width,
+                                         sa.num_freq_masks, sa.max_freq_width)
+        return feats
+
+
+@dataclass
+class Batch:
+    keys: List[str]
+    feats: torch.Tensor        # (B, T, D) float32, zero padded
+    lengths: torch.Tensor      # (B,) int64
+    labels: torch.Tensor       # (B,) int64
+    audio_seconds: float
+    bad: BadCounter
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def collate(keys, feats_list, labels, audio_seconds, bad, dim: int) -> Batch:
+    lengths = np.array([len(f) for f in feats_list], dtype=np.int64)
+    longest = int(lengths.max()) if len(lengths) else 0
+    padded = np.zeros((len(feats_list), longest, dim), dtype=np.float32)
+    for i, f in enumerate(feats_list):
+        padded[i, :len(f)] = f
+    return Batch(keys, torch.from_numpy(padded), torch.from_numpy(lengths),
+                 torch.tensor(labels, dtype=torch.int64), audio_seconds, bad)
+
+
+class BatchDataset(Dataset):
+    """Item i = the i-th batch of this rank's plan, fully processed and padded."""
+
+    def __init__(self, datalist: DataList, batches: Sequence[np.ndarray],
+                 processor: UtteranceProcessor, epoch: int):
+        self.datalist = datalist
+        self.batches = batches
+        self.processor = processor
+        self.epoch = epoch
+        self.dim = processor.opts.mel_opts.num_bins
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> Batch:
+        keys, feats, labels = [], [], []
+        bad = BadCounter()
+        seconds = 0.0
+        for idx in self.batches[i]:
+            entry = self.datalist.entry(int(idx))
+            try:
+                f = self.processor(entry, self.epoch)
+            except BadEntry as err:
+                bad.add(err.reason, entry["key"], err.detail)
+                continue
+            keys.append(entry["key"])
+            feats.append(f)
+            labels.append(int(self.datalist.labels[int(idx)]))
+            seconds += float(self.datalist.durations[int(idx)])
+        return collate(keys, feats, labels, seconds, bad, self.dim)
+
+
+def _identity(x):
+    return x
+
+
+def make_loader(dataset: BatchDataset, start: int, num_workers: int, prefetch_factor: int,
+                seed: int) -> DataLoader:
+    """Loader over batches [start:]. Its own generator keeps DataLoader from drawing on
+    the global torch RNG, which the training step's RNG state must not depend on."""
+    kwargs = {}
+    if num_workers > 0:
+        kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=False,
+                      multiprocessing_context="fork")
+    return DataLoader(dataset, batch_size=None, sampler=range(start, len(dataset)),
+                      num_workers=num_workers, collate_fn=_identity, pin_memory=False,
+                      generator=torch.Generator().manual_seed(seed), **kwargs)
+
+
+def workers_per_rank(configured: int, local_world_size: int) -> int:
+    """The configured worker count is per node; share it among the local ranks."""
+    if configured <= 0:
+        return 0
+    return max(1, configured // max(1, local_world_size))

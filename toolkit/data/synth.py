@@ -1,0 +1,1070 @@
+"""Synthetic wake-word corpus: espeak-ng (and optionally flite) speech mixed with noise.
+
+Produces Kaldi data dirs ``{train,dev,test}`` (wav.scp, text, utt2dur, utt2spk,
+spk2utt, utt2kind), the WAVs under ``wavs/<split>/`` and ``dict/keywords.txt``.
+
+Determinism: libespeak-ng keeps internal waveform state from one utterance to the next
+and nothing resets it, so the corpus is planned in the parent (all text/voice/parameter
+choices) and rendered in fixed groups, each in a freshly forked child that loads
+espeak-ng itself.  Group composition never depends on ``nj``, so output files are
+byte-identical for any ``nj``.  The parent process never loads espeak-ng.
+"""
+import ctypes
+import hashlib
+import json
+import logging
+import math
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1           # bump when the rendering changes, so old stamps are stale
+SPLITS = ("train", "dev", "test")
+GROUP_SIZE = 64              # utterances per forked renderer; fixed => nj-independent
+STAMP_NAME = ".synth_kws_data.json"
+NOISE_TEXT = "<noise>"
+INSTALL_HINT = "install the TTS extra: pip install -e .[tts]  (package espeakng-loader)"
+
+# espeak-ng accents whose voices exist in the espeakng-loader data (`en-gb` is not one:
+# it falls back to `en` and ignores the variant).
+ACCENTS = ("en", "en-us", "en-us-nyc", "en-gb-scotland", "en-gb-x-rp",
+           "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-029")
+# Voice variants checked to change the waveform for every accent above (a fresh process
+# per accent+variant, same text: all hashes differ).  Novelty variants (whisper, croak,
+# robosoft, ...) are left out; `fast` is left out because it only changes the rate,
+# which is set per utterance anyway.
+VARIANTS = ("f1", "f2", "f3", "f4", "f5", "m1", "m2", "m3", "m4", "m5", "m6", "m7",
+            "klatt", "klatt2", "klatt3", "klatt4", "Andy", "Annie", "adam", "anika",
+            "belinda", "benjamin", "david", "linda", "max", "michael", "paul", "steph")
+FLITE_VOICES = ("kal16", "awb", "rms", "slt")
+FLITE_SHARE = 0.2            # fraction of utterances spoken by flite when it is present
+VOICE_SPLIT = {"dev": 0.1, "test": 0.2}   # per accent; the rest is train
+
+RATE_WPM = (120, 220)        # espeak default is 175
+PITCH = (20, 80)             # espeak 0-100, default 50
+PITCH_RANGE = (20, 80)
+LEVEL_DBFS = (-32.0, -14.0)  # active-speech RMS level, i.e. the volume gain
+SILENCE_S = (0.1, 1.0)       # leading and trailing, filled with the same noise
+NOISE_ONLY_S = (1.0, 4.0)
+NOISE_TYPES = ("white", "pink", "brown", "babble")
+BABBLE_SOURCES = (3, 6)      # talkers summed into one babble noise
+BABBLE_POOL = 6              # babble sentences synthesized per group
+NEG_MIX = {"noise": 0.1, "conf": 0.3}     # rest of the negatives: random word sequences
+RANDOM_WORDS = (2, 8)
+POS_ALONE = 0.4              # positives with no carrier phrase
+
+CARRIERS = (
+    "{kw} turn on the lights", "okay {kw}", "hmm {kw} what time is it",
+    "{kw} play some music", "{kw} what is the weather like today", "um {kw}",
+    "{kw} set a timer for ten minutes", "{kw} stop", "hello {kw}",
+    "{kw} call my mother", "well {kw} are you there", "{kw} turn it off",
+    "so {kw} how are you", "{kw} open the door", "please {kw} start the music",
+    "{kw} how far is the station", "oh {kw} can you hear me", "{kw} volume up",
+    "right {kw} read my messages", "{kw} good morning",
+)
+
+VOCAB = tuple("""
+a about above across act add after again against age ago air all almost alone along
+already also always am among an and animal another answer any anything appear apple
+are area arm around art as ask at away baby back bad bag ball bank bar base be bear
+beat beautiful became because become bed been before began begin behind being believe
+below best better between big bird bit black blue board boat body book both bottom box
+boy bread break bring brother brown build built burn bus busy but buy by cake call
+came can car card care carry case cat catch cause center certain chair change check
+child children city class clean clear close cloud coffee cold color come common
+complete could country course cover cross cup cut dark day dead deal dear deep did
+different dinner do doctor does dog done door down draw dream dress drink drive dry
+during each early earth east easy eat egg eight either else end enough even evening
+ever every example eye face fact fall family far farm fast father feel feet few field
+fill final find fine fire first fish five floor flower fly follow food foot for force
+form four free friend from front full game garden gave get girl give glass go gold
+gone good got great green ground group grow had hair half hand happen happy hard has
+have he head hear heard heart heat heavy held help her here high hill him his hold
+home hope horse hot hour house how however hundred idea if important in inside into
+is island it its job just keep kept kind king knew know land large last late later
+laugh learn least leave left leg less let letter life light like line list listen
+little live long look lost lot loud love low made make man many map mark market may
+me mean measure meet men might mile milk mind minute miss money month moon more
+morning most mother mountain move much music must my name near need never new next
+nice night nine no north not note nothing now number of off often oil old on once one
+only open or order other our out over own page paper park part party pass past pay
+people person pick picture piece place plan plant play point poor possible power
+pretty problem pull push put question quick quiet rain ran reach read ready real red
+remember rest rich ride right river road rock room round rule run said same sat saw
+say school sea second see seem seen sell send sentence seven several shall she ship
+shop short should show side simple since sing sister sit six size sleep slow small
+snow so some something song soon sound south speak special spring stand star start
+state stay step still stone stood story street strong study such summer sun sure
+table take talk tall tea teacher tell ten than thank that the their them then there
+these they thing think third this those though thought three through time to today
+together told too took top touch tower town train travel tree true try turn twelve
+two under until up upon us use very visit voice wait walk wall want warm was watch
+water way we wear weather week well went were west what wheel when where which while
+white who whole why wide wife will wind window winter with without woman wonder wood
+word work world would write wrong yard year yellow yes yet you young your
+""".split())
+
+# Hand-written near-homophones; the rule-based generator below covers everything else.
+CONFUSION_TABLE = {
+    "hey": ("hay", "hi", "say", "hello", "they", "heya"),
+    "hi": ("hey", "high", "my", "bye"),
+    "ok": ("oak", "okra", "hokey"), "okay": ("ok", "croquet", "hokey", "obey"),
+    "computer": ("commuter", "compute", "competer", "computing"),
+    "alexa": ("alexis", "alexander", "a lexus", "election"),
+    "google": ("goggle", "googly", "noodle", "doodle"),
+    "siri": ("serious", "sierra", "cereal", "series"),
+    "snips": ("snaps", "ships", "snip", "tips", "snipes", "slips"),
+    "jarvis": ("davis", "jars", "harvest", "service"),
+    "marvin": ("marvel", "martin", "marlin", "carving"),
+}
+_ONSETS = ("b", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "w", "ch",
+           "sh", "th", "bl", "br", "cl", "cr", "dr", "fl", "gr", "pl", "sl", "sn", "sp",
+           "st", "tr")
+_VOWELS = ("a", "e", "i", "o", "u", "ee", "ay", "oo", "oa", "ai", "ow", "ie")
+_WORD_RE = re.compile(r"^[a-z0-9']+$")
+
+
+class SynthError(RuntimeError):
+    """A problem the user can fix (bad argument, TTS missing); its message says which."""
+
+
+# --------------------------------------------------------------------------------------
+# Text: keywords, negatives, confusables
+# --------------------------------------------------------------------------------------
+
+def normalize_keyword(keyword: str) -> str:
+    """Lowercase, single-spaced keyword; raises SynthError when empty or unspeakable."""
+    words = str(keyword).lower().replace("-", " ").split()
+    if not words:
+        raise SynthError(f"empty keyword {keyword!r}: give a phrase such as --keyword 'hey snips'")
+    bad = [w for w in words if not _WORD_RE.match(w)]
+    if bad:
+        raise SynthError(f"keyword {keyword!r}: words may only hold letters, digits and "
+                         f"apostrophes, got {bad}")
+    return " ".join(words)
+
+
+def contains_phrase(words: Sequence[str], phrase: Sequence[str]) -> bool:
+    """True when `phrase` occurs in `words` as a contiguous word sequence."""
+    return count_phrase(words, phrase) > 0
+
+
+def count_phrase(words: Sequence[str], phrase: Sequence[str]) -> int:
+    n = len(phrase)
+    if n == 0:
+        return 0
+    return sum(1 for i in range(len(words) - n + 1) if tuple(words[i:i + n]) == tuple(phrase))
+
+
+def similar_words(word: str) -> List[str]:
+    """Spellings that sound close to `word`: table entries, changed first consonant
+    cluster, changed vowel groups, and a dropped or added final `s`. Sorted, deterministic,
+    works for any word (espeak pronounces nonsense spellings by its letter rules)."""
+    out = set(CONFUSION_TABLE.get(word, ()))
+    m = re.match(r"[^aeiou]*", word)
+    onset = m.group(0) if m else ""
+    if onset == "y" or not onset:
+        onset = ""
+    rest = word[len(onset):]
+    for o in _ONSETS:
+        if o != onset and rest:
+            out.add(o + rest)
+    for g in re.finditer(r"[aeiouy]+", word):
+        if g.start() == 0 and g.group(0) == "y":
+            continue                        # a leading y is a consonant (yes, you)
+        for v in _VOWELS:
+            if v != g.group(0):
+                out.add(word[:g.start()] + v + word[g.end():])
+    if word.endswith("s") and len(word) > 3:
+        out.add(word[:-1])
+    else:
+        out.add(word + "s")
+    if len(word) > 3 and word[-1] not in "aeiouy":
+        out.add(word[:-1])                  # dropped final consonant: snips -> snip
+    return sorted(w for w in out if w != word and len(w.replace(" ", "")) >= 2
+                  and all(_WORD_RE.match(p) for p in w.split()))
+
+
+def confusable_categories(keyword: str) -> Dict[str, List[str]]:
+    """Candidate confusable phrases for one keyword, by category (unfiltered).
+    `context` is generated at sampling time (keyword pieces inside random words)."""
+    words = keyword.split()
+    n = len(words)
+    cats: Dict[str, List[str]] = {}
+    cats["alone"] = sorted(set(words)) if n > 1 else []
+    cats["partial"] = sorted({" ".join(words[i:j]) for i in range(n) for j in range(i + 2, n + 1)
+                              if j - i < n})
+    cats["reorder"] = sorted({f"{words[x]} {words[y]}" for x in range(n) for y in range(n)
+                              if x != y and y != x + 1})   # not in keyword order
+    sims = {w: similar_words(w) for w in sorted(set(words))}
+    cats["common"] = sorted({s for w in words for s in CONFUSION_TABLE.get(w, ())})
+    cats["similar"] = sorted({s for lst in sims.values() for s in lst})
+    cats["substitute"] = sorted({" ".join(words[:i] + [s] + words[i + 1:])
+                                 for i, w in enumerate(words) for s in sims[w]} if n > 1 else [])
+    return cats
+
+
+# --------------------------------------------------------------------------------------
+# espeak-ng via ctypes (only ever used inside forked children)
+# --------------------------------------------------------------------------------------
+
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_INIT_DONT_EXIT = 0x8000          # return an error instead of calling exit()
+_CHARS_UTF8 = 1
+_POS_CHARACTER = 1
+_PARAM_RATE, _PARAM_PITCH, _PARAM_RANGE = 1, 3, 4
+_SYNTH_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
+                             ctypes.c_void_p)
+_espeak_pid: Optional[int] = None     # pid of the process that loaded espeak-ng, if any
+
+
+def espeak_paths() -> Tuple[str, str]:
+    """(library, data dir) of the espeakng-loader wheel; SynthError names what is missing."""
+    try:
+        import espeakng_loader
+    except ImportError:
+        raise SynthError(f"espeak-ng is missing (Python package espeakng_loader not found): "
+                         f"{INSTALL_HINT}") from None
+    lib = espeakng_loader.get_library_path()
+    try:
+        data = espeakng_loader.get_data_path()
+    except RuntimeError as err:
+        raise SynthError(f"espeak-ng data dir missing ({err}): {INSTALL_HINT}") from None
+    if not os.path.exists(lib):
+        raise SynthError(f"espeak-ng library missing at {lib}: {INSTALL_HINT}")
+    return lib, data
+
+
+class Espeak:
+    """Synchronous espeak-ng synthesizer returning float32 samples at `self.rate` Hz."""
+
+    def __init__(self):
+        global _espeak_pid
+        lib_path, data_path = espeak_paths()
+        try:
+            lib = ctypes.CDLL(lib_path)
+        except OSError as err:
+            raise SynthError(f"cannot load espeak-ng library {lib_path}: {err}; {INSTALL_HINT}")
+        _espeak_pid = os.getpid()
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint,
+                                     ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
+                                     ctypes.c_void_p, ctypes.c_void_p]
+        lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
+        lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                                              ctypes.c_int]
+        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(),
+                                     _INIT_DONT_EXIT)
+        if rate <= 0:
+            raise SynthError(f"espeak-ng failed to initialise (data dir {data_path}): "
+                             f"{INSTALL_HINT}")
+        self.lib, self.rate = lib, int(rate)
+        self._chunks: List[np.ndarray] = []
+        self._cb = _SYNTH_CB(self._collect)   # keep a reference: C holds the pointer
+        lib.espeak_SetSynthCallback(self._cb)
+
+    def _collect(self, wav, n, _events):
+        if n > 0 and wav:
+            self._chunks.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
+        return 0
+
+    def set_voice(self, voice: str) -> bool:
+        """False when espeak does not know the voice (it would silently fall back)."""
+        return self.lib.espeak_SetVoiceByName(voice.encode()) == 0
+
+    def synth(self, text: str, voice: str, rate: int = 175, pitch: int = 50,
+              prange: int = 50) -> np.ndarray:
+        if not self.set_voice(voice):
+            raise SynthError(f"espeak-ng has no voice {voice!r}")
+        for param, value in ((_PARAM_RATE, rate), (_PARAM_PITCH, pitch), (_PARAM_RANGE, prange)):
+            self.lib.espeak_SetParameter(param, int(value), 0)
+        self._chunks = []
+        data = text.encode()
+        err = self.lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8,
+                                    None, None)
+        self.lib.espeak_Synchronize()
+        if err != 0:
+            raise SynthError(f"espeak_Synth failed ({err}) for {text!r} with voice {voice}")
+        audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
+        return audio.astype(np.float32) / 32768.0
+
+    def phonemes(self, text: str, voice: str) -> str:
+        """espeak's ASCII phoneme string for `text` (all clauses joined)."""
+        if not self.set_voice(voice):
+            raise SynthError(f"espeak-ng has no voice {voice!r}")
+        buf = ctypes.create_string_buffer(text.encode())
+        ptr = ctypes.c_void_p(ctypes.addressof(buf))
+        out = []
+        while ptr.value:
+            res = self.lib.espeak_TextToPhonemes(ctypes.byref(ptr), _CHARS_UTF8, 0)
+            if res:
+                out.append(res.decode("utf-8", "replace"))
+        return " ".join(out)
+
+
+# --------------------------------------------------------------------------------------
+# flite (optional, Debian binary)
+# --------------------------------------------------------------------------------------
+
+def flite_voices() -> List[str]:
+    """FLITE_VOICES that the `flite` on PATH provides; [] when there is no flite."""
+    exe = shutil.which("flite")
+    if not exe:
+        return []
+    try:
+        res = subprocess.run([exe, "-lv"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    listed = set((res.stdout + res.stderr).replace(":", " ").split())
+    return [v for v in FLITE_VOICES if v in listed]
+
+
+def flite_synth(text: str, voice: str, rate: int, tmp_dir: str) -> Tuple[np.ndarray, int]:
+    """One flite clip (fresh process each time, hence deterministic). Pitch is not
+    varied: flite's f0 targets are per voice and not queryable from the CLI."""
+    import soundfile as sf
+    path = os.path.join(tmp_dir, "flite.wav")
+    cmd = ["flite", "-voice", voice, "-t", text, "-o", path,
+           "--setf", f"duration_stretch={175.0 / rate:.3f}"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SynthError(f"flite failed for voice {voice}: {res.stderr.strip()[:200]}")
+    audio, sr = sf.read(path, dtype="float32", always_2d=True)
+    return audio[:, 0], int(sr)
+
+
+# --------------------------------------------------------------------------------------
+# Signal processing (numpy only)
+# --------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=8)
+def _sinc_table(up: int, down: int, zero_crossings: int, rolloff: float,
+                beta: float) -> Tuple[np.ndarray, int]:
+    """Kaiser-windowed sinc taps per output phase, in input-sample units."""
+    fc = 0.5 * rolloff * min(1.0, up / down)          # cutoff, cycles per input sample
+    half = zero_crossings / (2.0 * fc)                 # half width, input samples
+    k = int(math.ceil(half))
+    offs = np.arange(-k + 1, k + 1)                    # taps: base + offs
+    d = (np.arange(up)[:, None] / up) - offs[None, :]  # t_n - tap position
+    win = np.where(np.abs(d) <= half,
+                   np.i0(beta * np.sqrt(np.clip(1.0 - (d / half) ** 2, 0.0, 1.0))) / np.i0(beta),
+                   0.0)
+    taps = 2.0 * fc * np.sinc(2.0 * fc * d) * win
+    taps /= taps.sum(axis=1, keepdims=True)            # exact unity DC gain on every phase
+    return taps.astype(np.float32), k
+
+
+@lru_cache(maxsize=8)
+def _block_matrix(up: int, down: int, zero_crossings: int, rolloff: float,
+                  beta: float) -> np.ndarray:
+    """Dense (up, down + 2k) matrix mapping one input block to `up` output samples:
+    output blocks then come from one BLAS matmul instead of a per-sample gather."""
+    taps, k = _sinc_table(up, down, zero_crossings, rolloff, beta)
+    r = np.arange(up)
+    base = (r * down) // up
+    mat = np.zeros((up, int(base[-1]) + 2 * k), np.float32)
+    cols = base[:, None] + np.arange(2 * k)[None, :]
+    mat[r[:, None], cols] = taps[(r * down) % up]
+    return mat
+
+
+def resample(x: np.ndarray, orig_sr: int, new_sr: int, zero_crossings: int = 32,
+             rolloff: float = 0.93, beta: float = 8.6) -> np.ndarray:
+    """Band-limited rational resampling: polyphase Kaiser-windowed sinc, flat (-0.1 dB) to
+    0.875 x the lower Nyquist, about -90 dB beyond it (checked at 22.05 -> 16 kHz)."""
+    x = np.asarray(x, dtype=np.float32)
+    if orig_sr == new_sr or len(x) == 0:
+        return x.copy()
+    g = math.gcd(int(orig_sr), int(new_sr))
+    up, down = int(new_sr) // g, int(orig_sr) // g
+    taps, k = _sinc_table(up, down, zero_crossings, rolloff, beta)
+    n_out = int(math.ceil(len(x) * up / down))
+    n_blocks = -(-n_out // up)
+    # Padded so that tap j of output n reads xp[floor(n*down/up) + j] (j < 2k).
+    xp = np.zeros(n_blocks * down + 2 * k + up, np.float32)
+    xp[k - 1:k - 1 + len(x)] = x
+    if up <= 1024:
+        mat = _block_matrix(up, down, zero_crossings, rolloff, beta)
+        blocks = np.lib.stride_tricks.as_strided(
+            xp, shape=(n_blocks, mat.shape[1]), strides=(down * xp.strides[0], xp.strides[0]))
+        return (blocks @ mat.T).reshape(-1)[:n_out].copy()
+    out = np.empty(n_out, np.float32)      # unusual rate pairs: per-sample gather
+    for s in range(0, n_out, 8192):
+        pos = np.arange(s, min(s + 8192, n_out), dtype=np.int64) * down
+        win = xp[(pos // up)[:, None] + np.arange(2 * k)[None, :]]
+        out[s:s + len(pos)] = np.einsum("ij,ij->i", win, taps[pos % up])
+    return out
+
+
+def colored_noise(n: int, color: str, rng: np.random.Generator, sr: int = 16000) -> np.ndarray:
+    """Unit-RMS white / pink (1/f power) / brown (1/f^2 power) Gaussian noise."""
+    white = rng.standard_normal(n, dtype=np.float32)
+    if color == "white" or n < 4:
+        noise = white
+    else:
+        exponent = {"pink": 0.5, "brown": 1.0}[color]
+        n_fft = 1 << (n - 1).bit_length()    # odd lengths make pocketfft slow
+        white = np.concatenate([white, rng.standard_normal(n_fft - n, dtype=np.float32)])
+        freqs = np.fft.rfftfreq(n_fft, d=1.0 / sr)
+        # Flat below 20 Hz: a true 1/f^2 slope would make brown noise a slow DC drift.
+        shape = (1.0 / np.maximum(freqs, 20.0) ** exponent).astype(np.float32)
+        noise = np.fft.irfft(np.fft.rfft(white) * shape, n=n_fft)[:n]
+    return (noise / (np.sqrt(np.mean(noise ** 2)) + 1e-12)).astype(np.float32)
+
+
+def babble_noise(n: int, pool: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """Unit-RMS sum of 3-6 talkers from `pool`, each looped from a random offset."""
+    usable = [p for p in pool if len(p) > 0 and np.any(p)]
+    if not usable:
+        return np.zeros(n, np.float32)
+    k = int(rng.integers(BABBLE_SOURCES[0], BABBLE_SOURCES[1] + 1))
+    out = np.zeros(n, np.float64)
+    for _ in range(k):
+        src = usable[int(rng.integers(len(usable)))]
+        src = src / (np.sqrt(active_power(src)) + 1e-12)
+        start = int(rng.integers(len(src)))
+        reps = (start + n) // len(src) + 1
+        out += np.tile(src, reps)[start:start + n] * 10 ** (rng.uniform(-6, 0) / 20)
+    return (out / (np.sqrt(np.mean(out ** 2)) + 1e-12)).astype(np.float32)
+
+
+def active_power(x: np.ndarray, frame: int = 320, floor_db: float = 40.0) -> float:
+    """Mean power over frames within `floor_db` of the loudest: speech level that is not
+    diluted by pauses and padding (the SNR reference)."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) == 0:
+        return 0.0
+    n = max(1, len(x) // frame)
+    p = np.mean(x[:n * frame].reshape(n, -1) ** 2, axis=1) if len(x) >= frame else \
+        np.array([np.mean(x ** 2)])
+    top = p.max()
+    if top <= 0:
+        return 0.0
+    return float(p[p >= top * 10 ** (-floor_db / 10)].mean())
+
+
+def mix_at_snr(speech: np.ndarray, noise: np.ndarray, snr_db: float
+               ) -> Tuple[np.ndarray, np.ndarray]:
+    """Scales `noise` (same length) so active-speech power / noise power = snr_db.
+    Returns (mixture, scaled noise)."""
+    ps, pn = active_power(speech), float(np.mean(np.asarray(noise, np.float64) ** 2))
+    gain = math.sqrt(ps / (pn * 10 ** (snr_db / 10))) if pn > 0 and ps > 0 else 0.0
+    scaled = (noise * gain).astype(np.float32)
+    return (speech + scaled).astype(np.float32), scaled
+
+
+def to_int16(x: np.ndarray) -> np.ndarray:
+    """Peak-protect (scale down whole clip, so the SNR is kept) then quantize."""
+    peak = float(np.max(np.abs(x))) if len(x) else 0.0
+    if peak > 0.98:
+        x = x * (0.98 / peak)
+    return np.round(np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
+
+
+def trim_silence(x: np.ndarray, threshold: float = 1e-3) -> np.ndarray:
+    """Drop the TTS's own leading/trailing near-silence so SILENCE_S controls padding."""
+    idx = np.flatnonzero(np.abs(x) > threshold)
+    return x[idx[0]:idx[-1] + 1] if len(idx) else x[:0]
+
+
+# --------------------------------------------------------------------------------------
+# Planning (parent process): every random choice except the noise waveforms
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Voice:
+    spk: str          # speaker id used as utterance-key prefix, e.g. en-us_f3
+    engine: str       # espeak | flite
+    name: str         # engine voice name, e.g. en-us+f3
+
+
+@dataclass
+class UttSpec:
+    utt: str
+    spk: str
+    kind: str         # pos | neg | conf | noise
+    text: str
+    voice: Optional[Voice]
+    rate: int = 175
+    pitch: int = 50
+    prange: int = 50
+    level_db: float = -20.0
+    noise: str = "white"
+    snr_db: float = 20.0
+    lead_s: float = 0.5
+    trail_s: float = 0.5
+    noise_s: float = 0.0          # duration of pure-noise utterances
+
+
+@dataclass
+class Group:
+    split: str
+    index: int
+    seed: Tuple[int, ...]
+    specs: List[UttSpec]
+    babble: List[UttSpec] = field(default_factory=list)
+
+
+def _rng(seed: int, *stream: int) -> np.random.Generator:
+    return np.random.default_rng([int(seed), *stream])
+
+
+def espeak_voices() -> List[Voice]:
+    return [Voice(f"{a}_{v}", "espeak", f"{a}+{v}") for a in ACCENTS for v in VARIANTS]
+
+
+def split_voices(voices: Sequence[Voice], seed: int) -> Dict[str, List[Voice]]:
+    """Disjoint voice sets per split, stratified by accent (espeak) or engine (flite) so
+    that every split hears every accent, but never a voice of another split."""
+    rng = _rng(seed, 0)
+    strata: Dict[str, List[Voice]] = {}
+    for v in voices:
+        key = v.name.split("+")[0] if v.engine == "espeak" else v.engine
+        strata.setdefault(key, []).append(v)
+    out: Dict[str, List[Voice]] = {s: [] for s in SPLITS}
+    for key in sorted(strata):
+        group = sorted(strata[key], key=lambda v: v.spk)
+        order = [group[i] for i in rng.permutation(len(group))]
+        n = len(order)
+        n_test = max(1, round(VOICE_SPLIT["test"] * n)) if n >= 3 else (1 if n == 2 else 0)
+        n_dev = max(1, round(VOICE_SPLIT["dev"] * n)) if n >= 3 else 0
+        out["test"] += order[:n_test]
+        out["dev"] += order[n_test:n_test + n_dev]
+        out["train"] += order[n_test + n_dev:]
+    return {s: sorted(v, key=lambda x: x.spk) for s, v in out.items()}
+
+
+class TextFilter:
+    """Rejects texts that contain a keyword, by words or by sound (espeak phonemes of
+    each word under every accent, stress marks and word gaps removed)."""
+
+    def __init__(self, keywords: Sequence[str], phonemes: Dict[str, Dict[str, str]]):
+        self.keywords = [k.split() for k in keywords]
+        self.phonemes = phonemes          # accent -> word -> phoneme string
+
+    def _sound(self, words: Sequence[str], accent: str) -> str:
+        table = self.phonemes[accent]
+        return "".join(table.get(w, "?" + w + "?") for w in words)
+
+    def is_negative(self, text: str) -> bool:
+        words = text.split()
+        if any(contains_phrase(words, k) for k in self.keywords):
+            return False
+        for accent in self.phonemes:
+            sound = self._sound(words, accent)
+            if any(self._sound(k, accent) in sound for k in self.keywords):
+                return False
+        return True
+
+
+def _clean_phonemes(s: str) -> str:
+    return re.sub(r"[\s',_]", "", s)
+
+
+def lexicon_words(keywords: Sequence[str]) -> List[str]:
+    """Every word a planned text can contain: vocabulary, carriers, keywords, confusables."""
+    words = set(VOCAB)
+    for c in CARRIERS:
+        words.update(w for w in c.split() if w != "{kw}")
+    for k in keywords:
+        for cat in confusable_categories(k).values():
+            for phrase in cat:
+                words.update(phrase.split())
+        words.update(k.split())
+    return sorted(words)
+
+
+def _sample_params(rng: np.random.Generator, voices: Sequence[Voice], snr: Tuple[float, float],
+                   flite_share: float) -> dict:
+    """Voice, prosody, level, noise, SNR and padding of one utterance."""
+    esp = [v for v in voices if v.engine == "espeak"]
+    fli = [v for v in voices if v.engine == "flite"]
+    pool = fli if fli and (not esp or rng.random() < flite_share) else esp
+    return dict(
+        voice=pool[int(rng.integers(len(pool)))],
+        rate=int(rng.integers(RATE_WPM[0], RATE_WPM[1] + 1)),
+        pitch=int(rng.integers(PITCH[0], PITCH[1] + 1)),
+        prange=int(rng.integers(PITCH_RANGE[0], PITCH_RANGE[1] + 1)),
+        level_db=float(rng.uniform(*LEVEL_DBFS)),
+        noise=NOISE_TYPES[int(rng.integers(len(NOISE_TYPES)))],
+        snr_db=float(rng.uniform(*snr)),
+        lead_s=float(rng.uniform(*SILENCE_S)),
+        trail_s=float(rng.uniform(*SILENCE_S)),
+    )
+
+
+def _random_words(rng: np.random.Generator, lo: int, hi: int) -> List[str]:
+    return [VOCAB[int(i)] for i in rng.integers(len(VOCAB), size=int(rng.integers(lo, hi + 1)))]
+
+
+def _positive_text(rng, kw: str, keywords: Sequence[str]) -> str:
+    """Keyword alone or in a carrier phrase that adds no other keyword."""
+    for _ in range(50):
+        if rng.random() < POS_ALONE:
+            return kw
+        text = CARRIERS[int(rng.integers(len(CARRIERS)))].format(kw=kw)
+        words, kww = text.split(), kw.split()
+        if all(count_phrase(words, o.split()) == count_phrase(kww, o.split()) for o in keywords):
+            return text
+    return kw
+
+
+def _negative_text(rng, filt: TextFilter, lo: int = RANDOM_WORDS[0],
+                   hi: int = RANDOM_WORDS[1]) -> str:
+    """Random vocabulary words that neither contain nor sound like a keyword."""
+    for _ in range(200):
+        text = " ".join(_random_words(rng, lo, hi))
+        if filt.is_negative(text):
+            return text
+    raise SynthError("could not draw a random negative free of the keywords")
+
+
+def _confusable_text(i: int, rng, keywords: Sequence[str], cats: Dict[str, Dict[str, List[str]]],
+                     filt: TextFilter) -> str:
+    """The i-th confusable: keywords and categories taken in turn (so the first ones cover
+    every keyword word alone), the item random within its category."""
+    kw = keywords[i % len(keywords)]
+    j = i // len(keywords)
+    kcats = cats[kw]
+    names = [c for c in ("alone", "reorder", "common", "similar", "substitute", "partial")
+             if kcats[c]]
+    names.append("context")
+    name = names[j % len(names)]
+    words = kw.split()
+    for attempt in range(100):
+        if name == "alone":       # deterministic walk: covers each word early
+            items = kcats["alone"]
+            text = items[(j // len(names) + attempt) % len(items)]
+        elif name == "context":   # a piece of the keyword among random words
+            if len(words) > 1:
+                a = int(rng.integers(len(words)))
+                b = int(rng.integers(a + 1, len(words) + 1))
+                piece = words[a:b - 1] if b - a == len(words) else words[a:b]   # proper part
+            else:
+                sims = kcats["similar"]
+                piece = [sims[int(rng.integers(len(sims)))]] if sims else []
+            text = " ".join(_random_words(rng, 0, 2) + piece + _random_words(rng, 1, 3))
+        else:
+            items = kcats[name]
+            text = items[int(rng.integers(len(items)))]
+        if filt.is_negative(text):
+            return text
+    return _negative_text(rng, filt)
+
+
+def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
+               voices: Sequence[Voice], filt: TextFilter, cats, seed: int,
+               snr: Tuple[float, float], flite_share: float = FLITE_SHARE) -> List[Group]:
+    """All utterances of one split, in fixed groups of GROUP_SIZE."""
+    si = SPLITS.index(split)
+    rng = _rng(seed, 1, si)
+    n_noise = int(round(NEG_MIX["noise"] * n_neg))
+    n_conf = int(round(NEG_MIX["conf"] * n_neg))
+    n_conf = min(n_conf, n_neg - n_noise)
+    kinds = ["pos"] * n_pos + ["conf"] * n_conf + ["noise"] * n_noise + \
+        ["neg"] * (n_neg - n_conf - n_noise)
+    kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+    width = max(5, len(str(len(kinds))))
+    specs: List[UttSpec] = []
+    n_seen = {"pos": 0, "conf": 0}
+    for i, kind in enumerate(kinds):
+        p = _sample_params(rng, voices, snr, flite_share)
+        if kind == "pos":
+            text = _positive_text(rng, keywords[n_seen["pos"] % len(keywords)], keywords)
+        elif kind == "conf":
+            text = _confusable_text(n_seen["conf"], rng, keywords, cats, filt)
+        elif kind == "neg":
+            text = _negative_text(rng, filt)
+        else:
+            text = NOISE_TEXT
+        n_seen[kind] = n_seen.get(kind, 0) + 1
+        if kind == "noise":
+            spk = f"noise_{split}"     # no voice: a per-split pseudo speaker
+            spec = UttSpec(f"{spk}-{kind}-{i:0{width}d}", spk, kind, text, None,
+                           level_db=float(rng.uniform(-50.0, -20.0)), noise=p["noise"],
+                           noise_s=float(rng.uniform(*NOISE_ONLY_S)))
+        else:
+            spk = p["voice"].spk
+            spec = UttSpec(f"{spk}-{kind}-{i:0{width}d}", spk, kind, text, **p)
+        specs.append(spec)
+    groups = []
+    for g, start in enumerate(range(0, len(specs), GROUP_SIZE)):
+        babble = []
+        for _ in range(BABBLE_POOL):
+            p = _sample_params(rng, voices, snr, flite_share)
+            text = _negative_text(rng, filt, 8, 14)
+            babble.append(UttSpec("babble", p["voice"].spk, "babble", text, **p))
+        groups.append(Group(split, g, (int(seed), 2, si, g), specs[start:start + GROUP_SIZE], babble))
+    return groups
+
+
+# --------------------------------------------------------------------------------------
+# Rendering (forked children)
+# --------------------------------------------------------------------------------------
+
+class Renderer:
+    """TTS front end of one child process: speaks a spec at the output rate."""
+
+    def __init__(self, sample_rate: int, tmp_dir: str):
+        self.sr = sample_rate
+        self.tmp_dir = tmp_dir
+        self._espeak: Optional[Espeak] = None
+
+    def speak(self, spec: UttSpec) -> np.ndarray:
+        v = spec.voice
+        if v.engine == "flite":
+            audio, sr = flite_synth(spec.text, v.name, spec.rate, self.tmp_dir)
+        else:
+            if self._espeak is None:
+                self._espeak = Espeak()
+            audio, sr = self._espeak.synth(spec.text, v.name, spec.rate, spec.pitch,
+                                           spec.prange), self._espeak.rate
+        return trim_silence(resample(audio, sr, self.sr))
+
+
+def render_utterance(spec: UttSpec, speech: Optional[np.ndarray], rng: np.random.Generator,
+                     babble_pool: Sequence[np.ndarray], sr: int) -> np.ndarray:
+    """Speech at its level, padded with silence, in noise at the spec's SNR -> int16."""
+    def noise(n):
+        return babble_noise(n, babble_pool, rng) if spec.noise == "babble" \
+            else colored_noise(n, spec.noise, rng, sr)
+
+    level = 10 ** (spec.level_db / 20)
+    if speech is None:
+        return to_int16(noise(max(1, int(round(spec.noise_s * sr)))) * level)
+    lead, trail = int(round(spec.lead_s * sr)), int(round(spec.trail_s * sr))
+    speech = speech / (math.sqrt(active_power(speech)) + 1e-12) * level
+    clean = np.zeros(lead + len(speech) + trail, np.float32)
+    clean[lead:lead + len(speech)] = speech
+    mixed, _ = mix_at_snr(clean, noise(len(clean)), spec.snr_db)
+    return to_int16(mixed)
+
+
+def _single_thread_blas() -> None:
+    """Best effort: one OpenBLAS thread per child. nj children already fill the cores, and
+    idle BLAS threads spinning beside them doubled the CPU time of the resampler matmul."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            libs = sorted({line.split()[-1] for line in f
+                           if "openblas" in line.lower() and ".so" in line.split()[-1]})
+    except OSError:
+        return
+    names = ("openblas_set_num_threads", "openblas_set_num_threads64_",
+             "scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads")
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in names:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn(1)
+                break
+
+
+def _render_group(group: Group, out_dir: str, sr: int) -> List[Tuple[str, int]]:
+    """Child body: babble pool first, then every utterance; writes WAVs, returns lengths."""
+    import soundfile as sf
+    _single_thread_blas()
+    rng = np.random.default_rng(list(group.seed))
+    try:   # espeak's klatt noise uses libc rand(): give it a per-group fixed start
+        ctypes.CDLL(None).srand(ctypes.c_uint(int(rng.integers(2 ** 31))))
+    except (OSError, AttributeError):
+        pass
+    wav_dir = os.path.join(out_dir, "wavs", group.split)
+    with tempfile.TemporaryDirectory(prefix="synth_") as tmp:
+        tts = Renderer(sr, tmp)
+        pool = [tts.speak(b) for b in group.babble]
+        out = []
+        for spec in group.specs:
+            speech = None if spec.kind == "noise" else tts.speak(spec)
+            if speech is not None and len(speech) == 0:
+                raise SynthError(f"{spec.utt}: TTS produced no audio for {spec.text!r}")
+            audio = render_utterance(spec, speech, rng, pool, sr)
+            sf.write(os.path.join(wav_dir, spec.utt + ".wav"), audio, sr, subtype="PCM_16")
+            out.append((spec.utt, len(audio)))
+    return out
+
+
+def _probe(words: Sequence[str], voices: Sequence[Voice]) -> dict:
+    """Child body: checks espeak-ng works, which voices exist, and phonemizes `words`."""
+    es = Espeak()
+    ok = [v for v in voices if v.engine != "espeak" or es.set_voice(v.name)]
+    phon = {a: {w: _clean_phonemes(es.phonemes(w, a)) for w in words}
+            for a in ACCENTS if es.set_voice(a)}
+    return {"voices": ok, "phonemes": phon, "rate": es.rate}
+
+
+def run_forked(fn: Callable, tasks: Sequence, nj: int, tmp_dir: str,
+               progress: Optional[Callable[[int, int], None]] = None) -> List:
+    """fn(task) for each task, each in a freshly forked child (at most nj at once), so
+    no child inherits TTS state from another. Results in task order; a failure in any
+    child stops the others and is raised as SynthError."""
+    results: List = [None] * len(tasks)
+    running: Dict[int, Tuple[int, str]] = {}
+    nxt, done = 0, 0
+    try:
+        while nxt < len(tasks) or running:
+            while nxt < len(tasks) and len(running) < max(1, nj):
+                path = os.path.join(tmp_dir, f"task{nxt}.pkl")
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:   # child: never returns into the caller's code
+                    code = 0
+                    try:
+                        res = ("ok", fn(tasks[nxt]))
+                    except BaseException as err:  # report everything, incl. Ctrl-C
+                        code = 1
+                        res = ("err", str(err) if isinstance(err, SynthError)
+                               else traceback.format_exc())
+                    try:
+                        with open(path, "wb") as f:
+                            pickle.dump(res, f)
+                    finally:
+                        os._exit(code)
+                running[pid] = (nxt, path)
+                nxt += 1
+            finished = []
+            for pid in list(running):
+                wpid, status = os.waitpid(pid, os.WNOHANG)
+                if wpid:
+                    finished.append((pid, status))
+            if not finished:
+                time.sleep(0.005)
+                continue
+            for pid, status in finished:
+                idx, path = running.pop(pid)
+                try:
+                    with open(path, "rb") as f:
+                        kind, value = pickle.load(f)
+                    os.unlink(path)
+                except (OSError, EOFError, pickle.UnpicklingError):
+                    kind, value = "err", f"worker died (wait status {status})"
+                if kind != "ok":
+                    raise SynthError(value)
+                results[idx] = value
+                done += 1
+                if progress:
+                    progress(done, len(tasks))
+    finally:
+        for pid in running:       # only our own children
+            try:
+                os.kill(pid, signal.SIGTERM)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    return results
+
+
+# --------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sizes:
+    train_pos: int = 2000
+    train_neg: int = 6000
+    dev_pos: int = 300
+    dev_neg: int = 900
+    test_pos: int = 400
+    test_neg: int = 1800
+
+    def of(self, split: str) -> Tuple[int, int]:
+        return getattr(self, f"{split}_pos"), getattr(self, f"{split}_neg")
+
+
+DATA_FILES = ("wav.scp", "text", "utt2dur", "utt2spk", "spk2utt", "utt2kind")
+
+
+def _write_lines(path: str, lines: Sequence[str]) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8", newline="\n") as f:
+        f.write("".join(line + "\n" for line in lines))
+    os.replace(path + ".tmp", path)
+
+
+def write_data_dir(data_dir: str, wav_dir: str, specs: Sequence[UttSpec],
+                   lengths: Dict[str, int], sr: int) -> None:
+    """Kaldi data dir; every file sorted by key in C (code point) order."""
+    os.makedirs(data_dir, exist_ok=True)
+    specs = sorted(specs, key=lambda s: s.utt)
+    wav_dir = os.path.abspath(wav_dir)
+    _write_lines(os.path.join(data_dir, "wav.scp"),
+                 [f"{s.utt} {os.path.join(wav_dir, s.utt + '.wav')}" for s in specs])
+    _write_lines(os.path.join(data_dir, "text"), [f"{s.utt} {s.text}" for s in specs])
+    _write_lines(os.path.join(data_dir, "utt2dur"),
+                 [f"{s.utt} {lengths[s.utt] / sr:.3f}" for s in specs])
+    _write_lines(os.path.join(data_dir, "utt2spk"), [f"{s.utt} {s.spk}" for s in specs])
+    _write_lines(os.path.join(data_dir, "utt2kind"), [f"{s.utt} {s.kind}" for s in specs])
+    spk2utt: Dict[str, List[str]] = {}
+    for s in specs:
+        spk2utt.setdefault(s.spk, []).append(s.utt)
+    _write_lines(os.path.join(data_dir, "spk2utt"),
+                 [f"{k} {' '.join(v)}" for k, v in sorted(spk2utt.items())])
+
+
+def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, flite) -> dict:
+    return {"format": FORMAT_VERSION, "keywords": list(keywords), "seed": int(seed),
+            "sizes": asdict(sizes), "sample_rate": int(sample_rate),
+            "snr_db": [float(snr[0]), float(snr[1])], "flite_voices": list(flite),
+            "espeak": espeak_fingerprint()}
+
+
+def espeak_fingerprint() -> str:
+    """Identifies the espeak-ng build without loading it (file size + data version)."""
+    try:
+        lib, data = espeak_paths()
+    except SynthError:
+        return "missing"
+    h = hashlib.sha256(str(os.path.getsize(lib)).encode())
+    for name in ("phondata", "en_dict"):
+        p = os.path.join(data, name)
+        if os.path.exists(p):
+            h.update(f"{name}:{os.path.getsize(p)}".encode())
+    return h.hexdigest()[:16]
+
+
+def is_complete(out_dir: str, config: dict) -> bool:
+    """Stamp matches `config` and every data file and listed WAV exists."""
+    try:
+        with open(os.path.join(out_dir, STAMP_NAME), encoding="utf-8") as f:
+            if json.load(f) != config:
+                return False
+        if not os.path.exists(os.path.join(out_dir, "dict", "keywords.txt")):
+            return False
+        for split in SPLITS:
+            d = os.path.join(out_dir, split)
+            if not all(os.path.exists(os.path.join(d, n)) for n in DATA_FILES):
+                return False
+            with open(os.path.join(d, "wav.scp"), encoding="utf-8") as f:
+                if not all(os.path.exists(line.split(maxsplit=1)[1].strip()) for line in f):
+                    return False
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
+
+
+def _clean_outputs(out_dir: str) -> None:
+    """Removes only what this generator writes (stale features in the split dirs too)."""
+    for name in (STAMP_NAME, "wavs", "dict", ".synth_tmp") + SPLITS:
+        p = os.path.join(out_dir, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        elif os.path.lexists(p):
+            os.unlink(p)
+
+
+def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
+                    sizes: Sizes = Sizes(), nj: int = 2, sample_rate: int = 16000,
+                    snr_db: Tuple[float, float] = (5.0, 30.0), use_flite: bool = True) -> dict:
+    """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
+    when `out_dir` already holds a complete corpus made with the same arguments."""
+    keywords = [normalize_keyword(k) for k in keywords]
+    if not keywords:
+        raise SynthError("no keyword given: use --keyword 'hey snips'")
+    if len(set(keywords)) != len(keywords):
+        raise SynthError(f"duplicate keywords: {keywords}")
+    if seed < 0:
+        raise SynthError(f"seed must be >= 0, got {seed}")
+    if snr_db[0] > snr_db[1]:
+        raise SynthError(f"bad SNR range {snr_db}: min > max")
+    if sample_rate < 8000:
+        raise SynthError(f"sample rate {sample_rate} too low (need >= 8000)")
+    for split in SPLITS:
+        if min(sizes.of(split)) < 0:
+            raise SynthError(f"negative size for {split}: {sizes.of(split)}")
+    espeak_paths()   # clear message before any work when the TTS is not installed
+    if _espeak_pid == os.getpid():
+        logger.warning("espeak-ng was loaded in this process: output may not be reproducible")
+    flite = flite_voices() if use_flite else []
+    config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, flite)
+    if is_complete(out_dir, config):
+        logger.info("%s is complete for these arguments; nothing to do", out_dir)
+        return summarize(out_dir)
+
+    t0 = time.time()
+    _clean_outputs(out_dir)
+    tmp_dir = os.path.join(out_dir, ".synth_tmp")
+    os.makedirs(tmp_dir)
+    try:
+        groups = plan_corpus(keywords, seed, sizes, snr_db, flite, tmp_dir)
+        logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
+                    sum(len(g.specs) for g in groups), len(groups), time.time() - t0, nj)
+        step = max(1, len(groups) // 10)
+
+        def progress(done, total):
+            if done % step == 0 or done == total:
+                logger.info("rendered %d/%d groups (%.1f s)", done, total, time.time() - t0)
+
+        out_abs = os.path.abspath(out_dir)
+        for split in SPLITS:
+            os.makedirs(os.path.join(out_abs, "wavs", split))
+        results = run_forked(lambda g: _render_group(g, out_abs, sample_rate), groups, nj,
+                             tmp_dir, progress)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    lengths = {utt: n for res in results for utt, n in res}
+    for split in SPLITS:
+        specs = [s for g in groups if g.split == split for s in g.specs]
+        write_data_dir(os.path.join(out_dir, split), os.path.join(out_dir, "wavs", split),
+                       specs, lengths, sample_rate)
+    os.makedirs(os.path.join(out_dir, "dict"), exist_ok=True)
+    _write_lines(os.path.join(out_dir, "dict", "keywords.txt"), keywords)
+    with open(os.path.join(out_dir, STAMP_NAME), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=1, sort_keys=True)   # written last: marks completion
+    logger.info("wrote %s in %.1f s", out_dir, time.time() - t0)
+    return summarize(out_dir)
+
+
+def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[float, float],
+                flite: Sequence[str], tmp_dir: str) -> List[Group]:
+    """Every group of every split. espeak is only asked (in a forked probe) which voices
+    exist and how words sound; the plan itself is pure numpy randomness from `seed`."""
+    voices = espeak_voices() + [Voice(f"flite_{v}", "flite", v) for v in flite]
+    words = lexicon_words(keywords)
+    probe = run_forked(lambda _: _probe(words, voices), [None], 1, tmp_dir)[0]
+    if not probe["phonemes"]:
+        raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: {INSTALL_HINT}")
+    by_split = split_voices(probe["voices"], seed)
+    for split, vs in by_split.items():
+        if not vs:
+            raise SynthError(f"no voices left for {split}")
+    filt = TextFilter(keywords, probe["phonemes"])
+    cats = {k: confusable_categories(k) for k in keywords}
+    groups: List[Group] = []
+    for split in SPLITS:
+        groups += plan_split(split, *sizes.of(split), keywords, by_split[split], filt, cats,
+                             seed, snr_db)
+    return groups
+
+
+def summarize(out_dir: str) -> dict:
+    """Per split: utterance count, hours, and hours per kind (from utt2dur/utt2kind)."""
+    out = {}
+    for split in SPLITS:
+        d = os.path.join(out_dir, split)
+        dur = dict(line.split() for line in open(os.path.join(d, "utt2dur"), encoding="utf-8"))
+        kind = dict(line.split() for line in open(os.path.join(d, "utt2kind"), encoding="utf-8"))
+        per = {}
+        for u, s in dur.items():
+            per[kind[u]] = per.get(kind[u], 0.0) + float(s) / 3600
+        out[split] = {"utts": len(dur), "hours": sum(per.values()),
+                      "hours_by_kind": {k: round(v, 3) for k, v in sorted(per.items())}}
+    return out

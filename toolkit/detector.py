@@ -1,0 +1,182 @@
+"""Streaming wake-word detection: waveform chunks in, detections out.
+
+    detector = Detector.from_path("exp/ds_tcn/export/model.onnx", threshold=0.6)
+    for chunk in microphone():                # int16 or float samples, any chunk size
+        for d in detector.accept_waveform(chunk):
+            print(d.keyword_name, d.start_s, d.end_s, d.score)
+
+Features (kaldi-native-fbank, streaming), model caches and the decision state are
+carried across calls, so feeding audio in pieces gives what the whole file gives.
+Backends: ONNX Runtime, TorchScript, or a training checkpoint, chosen by extension.
+"""
+import json
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from toolkit.decision import (DEFAULT_MAX_KEYWORD_FRAMES, DEFAULT_REFRACTORY_FRAMES,
+                              DEFAULT_SMOOTH_FRAMES, DecisionState)
+from toolkit.registry import Registry
+
+BACKENDS: Registry = Registry("model format")
+
+
+class Backend:
+    """step(feats (T, D) float32) -> posteriors (T, K); keeps the model cache."""
+    metadata: dict
+
+    def reset(self) -> None:
+        self.cache = np.zeros((1, int(self.metadata["cache_size"])), dtype=np.float32)
+
+    def step(self, feats: np.ndarray) -> np.ndarray:
+        if len(feats) == 0:
+            return np.zeros((0, len(self.metadata["keywords"])), dtype=np.float32)
+        probs, self.cache = self._run(feats[None].astype(np.float32, copy=False), self.cache)
+        return probs[0]
+
+    def _run(self, feats: np.ndarray, cache: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+@BACKENDS.register(".onnx")
+class OnnxBackend(Backend):
+    def __init__(self, path: str, threads: int = 1):
+        import onnxruntime as ort
+        from toolkit.export import read_metadata
+        self.metadata = read_metadata(path)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        self.reset()
+
+    def _run(self, feats, cache):
+        probs, cache = self.session.run(None, {"feats": feats, "cache": cache})
+        return probs, cache
+
+
+class _TorchBackend(Backend):
+    def _run(self, feats, cache):
+        import torch
+        with torch.no_grad():
+            probs, cache = self.module(torch.from_numpy(feats), torch.from_numpy(cache))
+        return probs.numpy(), cache.numpy()
+
+
+@BACKENDS.register(".zip")
+class TorchScriptBackend(_TorchBackend):
+    def __init__(self, path: str, threads: int = 1):
+        import torch
+        torch.set_num_threads(threads)
+        extra = {"metadata.json": ""}
+        self.module = torch.jit.load(path, _extra_files=extra).eval()
+        self.metadata = json.loads(extra["metadata.json"])
+        self.reset()
+
+
+@BACKENDS.register(".pt")
+class CheckpointBackend(_TorchBackend):
+    """A training/averaged checkpoint; feature options and keywords come from the
+    experiment dir beside it (config.yaml, inventory.txt)."""
+
+    def __init__(self, path: str, threads: int = 1, exp_dir: Optional[str] = None):
+        import torch
+        from toolkit.data.features import fbank_metadata, options_from_config
+        from toolkit.export import StreamingScorer, build_metadata, model_from_checkpoint
+        from toolkit.trainer.experiment import load_exp_config, read_exp_inventory
+        torch.set_num_threads(threads)
+        exp_dir = exp_dir or os.path.dirname(os.path.abspath(path))
+        cfg = load_exp_config(exp_dir)
+        model = model_from_checkpoint(path)
+        self.module = StreamingScorer(model).eval()
+        fbank = fbank_metadata(options_from_config(cfg.dataset.feature, cfg.dataset.sample_rate))
+        self.metadata = build_metadata(model, fbank, read_exp_inventory(exp_dir), None)
+        self.reset()
+
+
+def load_backend(path: str, threads: int = 1) -> Backend:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model {path} not found")
+    ext = os.path.splitext(path)[1]
+    return BACKENDS.get(ext)(path, threads=threads)
+
+
+@dataclass
+class NamedDetection:
+    keyword: int
+    keyword_name: str
+    start_s: float
+    end_s: float
+    score: float
+
+
+class StreamingFbank:
+    """kaldi-native-fbank online extractor built from exported feature metadata."""
+
+    def __init__(self, feature: dict):
+        from toolkit.data.features import fbank_options
+        self.feature = feature
+        self.opts = fbank_options(feature["num_mel_bins"], feature["frame_length_ms"],
+                                  feature["frame_shift_ms"], feature.get("dither", 0.0),
+                                  feature["sample_rate"])
+        self.scale = float(feature.get("input_scale", 32768.0))
+        self.reset()
+
+    def reset(self) -> None:
+        import kaldi_native_fbank as knf
+        self.extractor = knf.OnlineFbank(self.opts)
+        self.consumed = 0
+
+    def accept(self, samples: np.ndarray) -> np.ndarray:
+        self.extractor.accept_waveform(self.opts.frame_opts.samp_freq,
+                                       (samples * self.scale).astype(np.float32))
+        ready = self.extractor.num_frames_ready
+        frames = [self.extractor.get_frame(i) for i in range(self.consumed, ready)]
+        self.consumed = ready
+        if not frames:
+            return np.zeros((0, self.opts.mel_opts.num_bins), dtype=np.float32)
+        return np.asarray(frames, dtype=np.float32)
+
+
+class Detector:
+    def __init__(self, backend: Backend, threshold: Optional[float] = None,
+                 smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
+                 refractory_frames: int = DEFAULT_REFRACTORY_FRAMES,
+                 max_keyword_frames: int = DEFAULT_MAX_KEYWORD_FRAMES):
+        self.backend = backend
+        meta = backend.metadata
+        self.keywords: List[str] = list(meta["keywords"])
+        if threshold is None:
+            threshold = meta.get("threshold")
+        if threshold is None:
+            raise ValueError("no threshold given and the model carries no recommended one "
+                             "(pass --threshold)")
+        self.threshold = float(threshold)
+        self.sample_rate = int(meta["feature"]["sample_rate"])
+        self.fbank = StreamingFbank(meta["feature"])
+        self.decision = DecisionState(self.threshold, smooth_frames=smooth_frames,
+                                      refractory_frames=refractory_frames,
+                                      max_keyword_frames=max_keyword_frames,
+                                      frame_shift_ms=float(meta["feature"]["frame_shift_ms"]),
+                                      num_keywords=len(self.keywords))
+
+    @classmethod
+    def from_path(cls, path: str, threshold: Optional[float] = None, threads: int = 1,
+                  **kwargs) -> "Detector":
+        return cls(load_backend(path, threads), threshold, **kwargs)
+
+    def reset(self) -> None:
+        self.backend.reset()
+        self.fbank.reset()
+        self.decision.reset()
+
+    def accept_waveform(self, samples: Sequence) -> List[NamedDetection]:
+        """Samples at the model's rate: int16, or float in [-1, 1]."""
+        samples = np.asarray(samples)
+        if samples.dtype == np.int16:
+            samples = samples.astype(np.float32) / 32768.0
+        probs = self.backend.step(self.fbank.accept(samples.astype(np.float32, copy=False)))
+        return [NamedDetection(d.keyword, self.keywords[d.keyword], d.start_s, d.end_s, d.score)
+                for d in self.decision.step(probs)]

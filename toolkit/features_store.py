@@ -1,0 +1,69 @@
+"""Feature extraction into Kaldi archives, in parallel, one archive per job."""
+import json
+import logging
+import multiprocessing as mp
+import os
+
+import numpy as np
+
+from toolkit.data.audio import BadEntry
+from toolkit.data.datalist import BadCounter, DataList, split_range
+from toolkit.fileio import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+
+def _job(args):
+    list_path, out_dir, dataset_cfg, part, parts = args
+    import kaldiio
+    from toolkit.data.dataset import UtteranceProcessor
+    datalist = DataList.load(list_path, require_label=False)
+    processor = UtteranceProcessor(dataset_cfg, seed=0, train=False)
+    start, end = split_range(len(datalist), parts, part)
+    ark = os.path.join(out_dir, f"feats.{part + 1}.ark")
+    scp = os.path.join(out_dir, f"feats.{part + 1}.scp")
+    bad = BadCounter()
+    lines = []
+    with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}") as writer:
+        for i in range(start, end):
+            entry = datalist.entry(i)
+            try:
+                feats = processor(entry, epoch=0)
+            except BadEntry as err:
+                bad.add(err.reason, entry["key"], err.detail)
+                continue
+            writer(entry["key"], feats.astype(np.float32))
+            lines.append(entry)
+    return scp, lines, bad
+
+
+def compute_features_for_list(list_path: str, out_dir: str, dataset_cfg, nj: int) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    jobs = [(list_path, out_dir, dataset_cfg, p, max(1, nj)) for p in range(max(1, nj))]
+    if len(jobs) == 1:
+        results = [_job(jobs[0])]
+    else:
+        with mp.get_context("fork").Pool(len(jobs)) as pool:
+            results = pool.map(_job, jobs)
+    feat_of = {}
+    scp_lines = []
+    bad = BadCounter()
+    for scp, _, job_bad in results:
+        bad.merge(job_bad)
+        with open(scp, encoding="utf-8") as f:
+            for line in f:
+                key, location = line.rstrip("\n").split(" ", 1)
+                feat_of[key] = os.path.abspath(location.split(":")[0]) + ":" + location.rsplit(":", 1)[1]
+                scp_lines.append(f"{key} {feat_of[key]}\n")
+    atomic_write_text(os.path.join(out_dir, "feats.scp"), "".join(sorted(scp_lines)))
+    out_list = os.path.join(out_dir, "data.list")
+    entries = []
+    for _, lines, _ in results:
+        for entry in lines:
+            entry = dict(entry, feat=feat_of[entry["key"]])
+            entries.append(json.dumps(entry, ensure_ascii=False))
+    atomic_write_text(out_list, "".join(e + "\n" for e in entries))
+    if bad.total():
+        logger.warning("features: %d utterances skipped: %s", bad.total(), bad.summary())
+    logger.info("wrote %s (%d utterances) and feats.scp", out_list, len(entries))
+    return out_list

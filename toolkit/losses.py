@@ -1,0 +1,89 @@
+"""Training criteria. Each takes (logits, lengths, labels) and returns (loss, metrics)."""
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from toolkit.registry import Registry
+
+LOSSES: Registry = Registry("loss")
+
+
+@dataclass
+class LossConfigBase:
+    type: str = ""
+
+
+def valid_frame_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
+
+
+@LOSSES.register("max_pooling")
+class MaxPoolingLoss(nn.Module):
+    """Max-pooling loss for wake words: per utterance and keyword, only the frame with
+    the highest score matters. The keyword an utterance contains is pushed up at its best
+    frame; every other keyword (all of them for fillers, label -1) is pushed down at its
+    worst frame. Whole batch at once: masks replace a per-utterance loop."""
+
+    @dataclass
+    class Config(LossConfigBase):
+        # A keyword cannot be complete in its first frames: its positive maximum is taken
+        # from frame `min_duration` on (falling back to all frames for shorter inputs).
+        min_duration: int = 0
+
+    def __init__(self, config: "MaxPoolingLoss.Config"):
+        super().__init__()
+        self.min_duration = config.min_duration
+
+    def forward(self, logits: torch.Tensor, lengths: torch.Tensor,
+                labels: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        logits = logits.float()                                     # loss always in fp32
+        batch, frames, num_kw = logits.shape
+        valid = valid_frame_mask(lengths, frames)                   # (B, T)
+        neg_inf = torch.finfo(logits.dtype).min
+        max_all = logits.masked_fill(~valid[:, :, None], neg_inf).amax(dim=1)   # (B, K)
+        late = valid & (torch.arange(frames, device=logits.device)[None, :] >= self.min_duration)
+        has_late = late.any(dim=1, keepdim=True)                    # (B, 1)
+        max_late = logits.masked_fill(~late[:, :, None], neg_inf).amax(dim=1)
+        max_late = torch.where(has_late, max_late, max_all)
+        target = F.one_hot(labels.clamp(min=0), num_kw).float() * (labels >= 0).float()[:, None]
+        # Positive targets use the guarded maximum, negative targets any frame.
+        pooled = torch.where(target > 0, max_late, max_all)
+        loss = F.binary_cross_entropy_with_logits(pooled, target, reduction="none").sum(dim=1)
+        with torch.no_grad():
+            detected = pooled > 0                                   # sigmoid > 0.5
+            correct = torch.where(labels >= 0,
+                                  detected.gather(1, labels.clamp(min=0)[:, None]).squeeze(1)
+                                  & (detected.sum(dim=1) == 1),
+                                  ~detected.any(dim=1))
+        return loss.mean(), {"acc": correct.float().mean()}
+
+
+@LOSSES.register("cross_entropy")
+class CrossEntropyLoss(nn.Module):
+    """Utterance classification (command words). Frame-level logits are averaged over
+    the valid frames; (B, K) logits are used as they are."""
+
+    @dataclass
+    class Config(LossConfigBase):
+        label_smoothing: float = 0.0
+
+    def __init__(self, config: "CrossEntropyLoss.Config"):
+        super().__init__()
+        self.label_smoothing = config.label_smoothing
+
+    def forward(self, logits: torch.Tensor, lengths: torch.Tensor,
+                labels: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        logits = logits.float()
+        if logits.dim() == 3:
+            valid = valid_frame_mask(lengths, logits.size(1)).float()[:, :, None]
+            logits = (logits * valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1.0)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+        acc = (logits.argmax(dim=1) == labels).float().mean()
+        return loss, {"acc": acc}
+
+
+def build_loss(config) -> nn.Module:
+    return LOSSES.get(config.type)(config)

@@ -1,0 +1,5 @@
+"""Model registry. Importing this package registers every model type."""
+from toolkit.models.base import MODELS, ModelConfigBase, StreamingModel, build_model, count_parameters
+from toolkit.models import ds_tcn  # noqa: F401  (registers)
+
+__all__ = ["MODELS", "ModelConfigBase", "StreamingModel", "build_model", "count_parameters"]

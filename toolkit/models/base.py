@@ -1,0 +1,118 @@
+"""Shared pieces of the streaming models: config base, CMVN layer, causal convolution."""
+import dataclasses
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from toolkit.registry import Registry
+
+MODELS: Registry = Registry("model")
+
+
+@dataclass
+class ModelConfigBase:
+    type: str = ""
+    input_dim: int = 0      # 0: taken from dataset.feature.num_mel_bins
+    num_outputs: int = 0    # 0: taken from the class/keyword inventory
+    cmvn_file: str = ""     # global CMVN JSON; its statistics become model buffers
+
+
+class GlobalCMVN(nn.Module):
+    """(x - mean) * inv_std with statistics stored as buffers, so exported models carry
+    their own normalisation and a runtime only has to compute raw fbank."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("inv_std", torch.ones(dim))
+
+    def load_stats(self, mean, inv_std) -> None:
+        mean = torch.as_tensor(mean, dtype=torch.float32)
+        inv_std = torch.as_tensor(inv_std, dtype=torch.float32)
+        if mean.shape != self.mean.shape:
+            raise ValueError(f"CMVN dimension {mean.shape[0]} does not match the model input "
+                             f"dimension {self.mean.shape[0]}")
+        self.mean.copy_(mean)
+        self.inv_std.copy_(inv_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # CMVN stays in fp32 even under autocast.
+        return (x.float() - self.mean) * self.inv_std
+
+
+class CausalConv1d(nn.Module):
+    """Conv1d that only looks back. In streaming the last `context` input frames are
+    carried in a cache; zeros stand for the frames before the start, which is exactly
+    the left padding of the whole-utterance pass, so both agree frame by frame."""
+
+    def __init__(self, in_ch: int, out_ch: int, kernel: int, dilation: int = 1,
+                 groups: int = 1, bias: bool = True):
+        super().__init__()
+        self.in_ch = in_ch
+        self.context = (kernel - 1) * dilation
+        self.conv = nn.Conv1d(in_ch, out_ch, kernel, dilation=dilation, groups=groups, bias=bias)
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        # x: (B, C, T); cache: (B, C, context)
+        if self.context == 0:
+            return self.conv(x), cache
+        full = torch.cat([cache, x], dim=2)
+        return self.conv(full), full[:, :, full.size(2) - self.context:]
+
+
+class StreamingModel(nn.Module):
+    """Base of causal models: forward(feats (B,T,D), cache (B,cache_size)) ->
+    (logits (B,T,K), new_cache). A None cache means "start of stream" (zeros).
+
+    Subclasses list their per-layer cache shapes in `cache_shapes` as (channels, frames);
+    the flat cache is their concatenation, a single tensor that ONNX and TorchScript
+    runtimes carry between chunks without knowing the model's inner structure."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.cache_shapes: List[Tuple[int, int]] = []
+        self.cache_size = 0
+
+    def _finalize_cache(self, shapes: List[Tuple[int, int]]) -> None:
+        self.cache_shapes = [(int(c), int(f)) for c, f in shapes]
+        self.cache_size = sum(c * f for c, f in self.cache_shapes)
+
+    def zero_cache(self, batch: int, device: Optional[torch.device] = None) -> torch.Tensor:
+        return torch.zeros(batch, self.cache_size, device=device)
+
+    def split_cache(self, cache: torch.Tensor) -> List[torch.Tensor]:
+        parts: List[torch.Tensor] = []
+        offset = 0
+        for channels, frames in self.cache_shapes:
+            n = channels * frames
+            parts.append(cache[:, offset:offset + n].reshape(cache.size(0), channels, frames))
+            offset += n
+        return parts
+
+    @staticmethod
+    def join_cache(parts: List[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([p.reshape(p.size(0), -1) for p in parts], dim=1)
+
+    def receptive_field(self) -> int:
+        return 1 + sum(f for _, f in self.cache_shapes)
+
+
+def build_model(config, cmvn: Optional[dict] = None) -> nn.Module:
+    """Instantiates the registered model for `config` (a validated model Config)."""
+    if config.input_dim <= 0 or config.num_outputs <= 0:
+        raise ValueError("model.input_dim and model.num_outputs must be resolved before building")
+    model = MODELS.get(config.type)(config)
+    if cmvn is not None:
+        model.cmvn.load_stats(cmvn["mean"], cmvn["inv_std"])
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def config_to_dict(config) -> dict:
+    return dataclasses.asdict(config)

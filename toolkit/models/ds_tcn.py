@@ -1,0 +1,62 @@
+"""DS-TCN: depthwise-separable causal temporal convolution network."""
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from toolkit.models.base import MODELS, CausalConv1d, GlobalCMVN, ModelConfigBase, StreamingModel
+
+
+class DSConvBlock(nn.Module):
+    """Depthwise causal conv -> pointwise conv -> BatchNorm -> ReLU -> dropout, residual."""
+
+    def __init__(self, channels: int, kernel: int, dilation: int, dropout: float):
+        super().__init__()
+        self.depthwise = CausalConv1d(channels, channels, kernel, dilation, groups=channels)
+        self.pointwise = nn.Conv1d(channels, channels, 1)
+        self.norm = nn.BatchNorm1d(channels)
+        self.act = nn.ReLU()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        y, cache = self.depthwise(x, cache)
+        y = self.dropout(self.act(self.norm(self.pointwise(y))))
+        return x + y, cache
+
+
+@MODELS.register("ds_tcn")
+class DSTCN(StreamingModel):
+    @dataclass
+    class Config(ModelConfigBase):
+        hidden_dim: int = 64
+        num_layers: int = 4
+        kernel_size: int = 8
+        dilations: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
+        dropout: float = 0.1
+
+    def __init__(self, config: "DSTCN.Config"):
+        super().__init__(config)
+        dilations = list(config.dilations) or [1]
+        # Dilations repeat cyclically when there are more layers than entries.
+        dilations = [dilations[i % len(dilations)] for i in range(config.num_layers)]
+        self.cmvn = GlobalCMVN(config.input_dim)
+        self.input_proj = nn.Sequential(
+            nn.Conv1d(config.input_dim, config.hidden_dim, 1),
+            nn.BatchNorm1d(config.hidden_dim), nn.ReLU())
+        self.blocks = nn.ModuleList(
+            DSConvBlock(config.hidden_dim, config.kernel_size, d, config.dropout) for d in dilations)
+        self.classifier = nn.Linear(config.hidden_dim, config.num_outputs)
+        self._finalize_cache([(config.hidden_dim, b.depthwise.context) for b in self.blocks])
+
+    def forward(self, feats: torch.Tensor,
+                cache: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        if cache is None:
+            cache = torch.zeros(feats.size(0), self.cache_size, device=feats.device)
+        x = self.input_proj(self.cmvn(feats).transpose(1, 2))
+        caches = self.split_cache(cache)
+        new_caches: List[torch.Tensor] = []
+        for i, block in enumerate(self.blocks):
+            x, c = block(x, caches[i])
+            new_caches.append(c)
+        return self.classifier(x.transpose(1, 2)), self.join_cache(new_caches)

@@ -1,0 +1,447 @@
+"""Keyword-spotting DET scoring: FRR and false alarms per hour over a threshold grid.
+
+Every grid threshold is scored by replaying the deployment rule of
+``toolkit.decision`` (smoothing, firing, refractory) on each utterance, with
+one threshold shared by all keywords:
+
+* FRR_k(θ): fraction of utterances labelled k on which the rule fires no
+  detection of keyword k.
+* FA/h_k(θ): detections of keyword k on utterances whose label != k
+  (negatives and other keywords), divided by the hours of that audio.
+
+Multiple keywords: as in deployment, the full multi-keyword rule runs and each
+detection is attributed to the keyword that fired it, so a firing of another
+keyword starts the refractory period and can hide a later detection of k.
+Scores are therefore exact for a detector that uses a single threshold for all
+keywords (and trivially for one keyword); per-keyword thresholds picked from
+these curves are an approximation when keywords compete in one utterance.
+
+The count is exact for every threshold (see ``_firing_events``), not an
+approximation by sampling thresholds.
+"""
+import heapq
+import io
+import json
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from toolkit.decision import (DEFAULT_REFRACTORY_FRAMES, DEFAULT_SMOOTH_FRAMES,
+                              frame_max_and_argmax, smooth_scores)
+from toolkit.fileio import atomic_write_bytes, atomic_write_text, read_json_lines, read_lines
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_FA_TARGETS = (0.5, 1.0, 2.0)
+DEFAULT_MAX_MISSING_FRACTION = 0.01
+
+
+# ----------------------------------------------------------------------------- inputs
+
+@dataclass(frozen=True)
+class Utterance:
+    key: str
+    duration: float  # seconds
+    label: int  # keyword index, -1 for negatives / filler
+
+
+def read_keywords(path: str) -> List[str]:
+    """keywords.txt: one phrase per line; the line index is the keyword index."""
+    keywords: List[str] = []
+    last = 0
+    for lineno, line in read_lines(path):
+        if lineno != last + 1:
+            # A blank line would silently shift every later keyword index.
+            raise ValueError(f"{path}:{last + 1}: blank line inside the keyword list")
+        last = lineno
+        keywords.append(line.strip())
+    if not keywords:
+        raise ValueError(f"{path}: no keywords")
+    if len(set(keywords)) != len(keywords):
+        raise ValueError(f"{path}: duplicate keywords")
+    return keywords
+
+
+def read_data_list(path: str, num_keywords: Optional[int] = None) -> List[Utterance]:
+    """JSON-lines data list; needs ``key``, ``duration`` (s) and ``label`` per line."""
+    utts: List[Utterance] = []
+    seen = set()
+    for lineno, obj in read_json_lines(path):
+        where = f"{path}:{lineno}"
+        missing = [f for f in ("key", "duration", "label") if f not in obj]
+        if missing:
+            raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+        key, duration, label = obj["key"], obj["duration"], obj["label"]
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{where}: 'key' must be a non-empty string")
+        # bool is an int subclass in Python; true/false here is a data bug.
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) \
+                or not math.isfinite(duration) or duration <= 0:
+            raise ValueError(f"{where}: 'duration' must be a positive number of seconds, got {duration!r}")
+        if isinstance(label, bool) or not isinstance(label, int) or label < -1 \
+                or (num_keywords is not None and label >= num_keywords):
+            hi = f"{num_keywords - 1}" if num_keywords is not None else "K-1"
+            raise ValueError(f"{where}: 'label' must be an integer in [-1, {hi}], got {label!r}")
+        if key in seen:
+            raise ValueError(f"{where}: duplicate key {key!r}")
+        seen.add(key)
+        utts.append(Utterance(key, float(duration), int(label)))
+    if not utts:
+        raise ValueError(f"{path}: empty data list")
+    return utts
+
+
+def load_posteriors(path: str) -> Mapping[str, np.ndarray]:
+    """Kaldi ark (read fully) or scp (loaded lazily) of key -> float matrix [T, K]."""
+    import kaldiio  # deferred: only the file readers need it
+
+    if path.endswith(".scp"):
+        return kaldiio.load_scp(path)
+    table: Dict[str, np.ndarray] = {}
+    for key, mat in kaldiio.load_ark(path):
+        if key in table:
+            raise ValueError(f"{path}: duplicate key {key!r}")
+        table[key] = mat
+    return table
+
+
+def threshold_grid(step: float = 0.001, start: float = 0.0, stop: float = 1.0) -> np.ndarray:
+    """Inclusive grid start..stop; values are rounded so that e.g. 0.812 is the
+    same double a deployment config would parse, keeping scores reproducible."""
+    if step <= 0 or stop < start:
+        raise ValueError(f"bad threshold grid start={start} stop={stop} step={step}")
+    n = int(math.floor((stop - start) / step + 1e-9))
+    return np.round(start + np.arange(n + 1) * step, 10)
+
+
+# ----------------------------------------------------------------------------- DET core
+
+def _firing_events(c: np.ndarray, refractory_frames: int, num_thresholds: int
+                   ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact firings of the refractory rule for every grid threshold at once.
+
+    ``c[t]`` = number of grid thresholds <= the frame's best smoothed score, so
+    frame t is over threshold index g iff ``g < c[t]``.  Returns arrays
+    (frame, lo, hi): the frame fires for every threshold index in [lo, hi).
+
+    Thresholds are tracked as interval sets sharing a history: "free to fire
+    from frame p on" for thresholds in [lo, hi).  The first firing for
+    threshold g is then the first frame t >= p with c[t] > g, i.e. one of the
+    running-maximum records of c[p:]; record i fires for g in
+    [previous record value, its value) and those thresholds are free again
+    after the refractory period.  Positions are visited in increasing order and
+    touching intervals waiting at the same position are merged, so the work is
+    proportional to the number of distinct firing events rather than to
+    frames x thresholds (2000 utts x 400 frames x 1001 thresholds with a 1 s
+    refractory period takes about a second; very short periods cost more).
+    """
+    T = int(c.size)
+    frames: List[int] = []
+    los: List[int] = []
+    his: List[int] = []
+    pending: Dict[int, List[Tuple[int, int]]] = {0: [(0, num_thresholds)]}
+    heap = [0]
+    while heap:
+        p = heapq.heappop(heap)
+        run = np.maximum.accumulate(c[p:])
+        rec = np.concatenate(([0], np.flatnonzero(run[1:] > run[:-1]) + 1))
+        val = run[rec]
+        prev = np.concatenate(([0], val[:-1]))
+        merged: List[List[int]] = []
+        for lo, hi in sorted(pending.pop(p)):
+            if merged and merged[-1][1] == lo:
+                merged[-1][1] = hi
+            else:
+                merged.append([lo, hi])
+        for lo, hi in merged:
+            i0 = int(np.searchsorted(val, lo, side="right"))  # first record reaching past lo
+            i1 = int(np.searchsorted(prev, hi, side="left"))  # records starting below hi
+            for r, v, pv in zip(rec[i0:i1].tolist(), val[i0:i1].tolist(), prev[i0:i1].tolist()):
+                a, b = max(lo, pv), min(hi, v)
+                frames.append(p + r)
+                los.append(a)
+                his.append(b)
+                q = p + r + refractory_frames + 1
+                if q < T:
+                    if q not in pending:
+                        pending[q] = []
+                        heapq.heappush(heap, q)
+                    pending[q].append((a, b))
+    return (np.asarray(frames, dtype=np.int64), np.asarray(los, dtype=np.int64),
+            np.asarray(his, dtype=np.int64))
+
+
+@dataclass
+class DetCurves:
+    thresholds: np.ndarray  # [G], ascending
+    fa_count: np.ndarray  # [G, K] detections of k on audio not labelled k
+    miss_count: np.ndarray  # [G, K] utterances labelled k without a detection of k
+    num_positives: np.ndarray  # [K]
+    negative_hours: np.ndarray  # [K] hours of audio not labelled k
+
+    @property
+    def frr(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.num_positives > 0, self.miss_count / np.maximum(self.num_positives, 1), np.nan)
+
+    @property
+    def fa_per_hour(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.negative_hours > 0,
+                            self.fa_count / np.where(self.negative_hours > 0, self.negative_hours, 1), np.nan)
+
+
+def compute_det(probs: Sequence[np.ndarray], labels: Sequence[int], durations: Sequence[float],
+                num_keywords: int, thresholds: Optional[np.ndarray] = None,
+                smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
+                refractory_frames: int = DEFAULT_REFRACTORY_FRAMES) -> DetCurves:
+    """DET counts for every threshold; probs[i] is utterance i's posteriors [T, K]."""
+    thresholds = threshold_grid() if thresholds is None else np.asarray(thresholds, dtype=np.float64)
+    if thresholds.ndim != 1 or thresholds.size == 0 or np.any(np.diff(thresholds) <= 0):
+        raise ValueError("thresholds must be a non-empty strictly increasing 1-D array")
+    if not len(probs) == len(labels) == len(durations):
+        raise ValueError("probs, labels and durations must have the same length")
+    K, G = int(num_keywords), thresholds.size
+    labels_arr = np.asarray(labels, dtype=np.int64)
+    dur = np.asarray(durations, dtype=np.float64)
+    num_pos = np.array([(labels_arr == k).sum() for k in range(K)], dtype=np.int64)
+    neg_hours = np.array([dur[labels_arr != k].sum() / 3600.0 for k in range(K)])
+
+    fa_diff = np.zeros((G + 1, K), dtype=np.int64)  # difference arrays over threshold index
+    hits = np.zeros((G, K), dtype=np.int64)
+    for x, label in zip(probs, labels_arr.tolist()):
+        s = smooth_scores(x, smooth_frames)
+        if s.shape[1] != K:
+            raise ValueError(f"posteriors have {s.shape[1]} columns, expected {K}")
+        best, which = frame_max_and_argmax(s)
+        # Same `score >= threshold` comparison, in float64, as DecisionState.
+        c = np.searchsorted(thresholds, best, side="right")
+        frames, lo, hi = _firing_events(c, refractory_frames, G)
+        if frames.size == 0:
+            continue
+        kw = which[frames]
+        fa = kw != label
+        np.add.at(fa_diff, (lo[fa], kw[fa]), 1)
+        np.add.at(fa_diff, (hi[fa], kw[fa]), -1)
+        if label >= 0 and not fa.all():
+            d = np.zeros(G + 1, dtype=np.int64)
+            np.add.at(d, lo[~fa], 1)
+            np.add.at(d, hi[~fa], -1)
+            hits[:, label] += np.cumsum(d[:-1]) > 0
+    return DetCurves(thresholds=thresholds, fa_count=np.cumsum(fa_diff[:-1], axis=0),
+                     miss_count=num_pos[None, :] - hits, num_positives=num_pos,
+                     negative_hours=neg_hours)
+
+
+@dataclass
+class OperatingPoint:
+    target_fa_per_hour: float
+    threshold: Optional[float]  # None when no grid threshold meets the target
+    frr: Optional[float]
+    fa_per_hour: Optional[float]
+
+
+def operating_point(thresholds: np.ndarray, fa_per_hour: np.ndarray, frr: np.ndarray,
+                    target: float) -> OperatingPoint:
+    """Best threshold with FA/h <= target: lowest FRR, ties to the lowest threshold.
+
+    With one keyword FRR rises and FA/h falls with the threshold, so this is the
+    lowest threshold meeting the target; with competing keywords the curves need
+    not be monotone, hence the explicit minimum.
+    """
+    ok = np.flatnonzero(fa_per_hour <= target * (1 + 1e-9))  # NaN compares False
+    if ok.size == 0:
+        return OperatingPoint(float(target), None, None, None)
+    f = frr[ok]
+    i = int(ok[0]) if np.all(np.isnan(f)) else int(ok[np.nanargmin(f)])
+    fr = float(frr[i])
+    return OperatingPoint(float(target), float(thresholds[i]), None if math.isnan(fr) else fr,
+                          float(fa_per_hour[i]))
+
+
+# ----------------------------------------------------------------------------- outputs
+
+def keyword_file_name(keyword: str) -> str:
+    name = re.sub(r"[^\w.-]+", "_", keyword).strip("_.")
+    return name or "keyword"
+
+
+def _threshold_decimals(thresholds: np.ndarray) -> int:
+    step = float(np.min(np.diff(thresholds))) if thresholds.size > 1 else 0.001
+    return max(3, int(math.ceil(-math.log10(step) - 1e-9)))
+
+
+def _fmt_pct(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+def summary_line(keyword: str, points: Sequence[OperatingPoint], num_positives: int,
+                 negative_hours: float, decimals: int = 3) -> str:
+    parts = []
+    for op in points:
+        thr = "none meets it" if op.threshold is None else f"thr {op.threshold:.{decimals}f}"
+        parts.append(f"{_fmt_pct(op.frr)} @{op.target_fa_per_hour:g} FA/h ({thr})")
+    return (f"{keyword}: FRR {', '.join(parts)}; "
+            f"{num_positives} positives, {negative_hours:.2f} h negatives")
+
+
+def _json_safe(x):
+    """NaN/inf are not JSON; write null instead."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def plot_det(path: str, keywords: Sequence[str], det: DetCurves,
+             points: Sequence[Sequence[OperatingPoint]], max_fa_per_hour: float) -> None:
+    # Figure + Agg canvas directly: no pyplot global state, no backend switch
+    # that could disturb a caller that already imported pyplot.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.8), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    fa, frr = det.fa_per_hour, det.frr
+    ymax = 1.0
+    for k, kw in enumerate(keywords):
+        if np.all(np.isnan(fa[:, k])) or np.all(np.isnan(frr[:, k])):
+            continue
+        # Reverse threshold order: FA/h grows left to right.
+        line, = ax.plot(fa[::-1, k], 100 * frr[::-1, k], label=kw, linewidth=1.5)
+        for op in points[k]:
+            if op.threshold is not None and op.frr is not None:
+                ax.plot([op.fa_per_hour], [100 * op.frr], "o", color=line.get_color(), markersize=4)
+        vis = frr[:, k][fa[:, k] <= max_fa_per_hour]
+        if vis.size and not np.all(np.isnan(vis)):
+            ymax = max(ymax, float(np.nanmax(vis)) * 100)
+    for op in points[0] if points else []:
+        ax.axvline(op.target_fa_per_hour, color="0.8", linestyle="--", linewidth=0.8, zorder=0)
+    ax.set_xlim(0, max_fa_per_hour)
+    ax.set_ylim(0, min(100.0, ymax * 1.05))
+    ax.set_xlabel("false alarms per hour")
+    ax.set_ylabel("false rejection rate (%)")
+    ax.set_title("DET")
+    ax.grid(True, alpha=0.3)
+    if keywords:
+        ax.legend(loc="upper right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    atomic_write_bytes(path, buf.getvalue())
+
+
+@dataclass
+class ScoreResult:
+    det: DetCurves
+    keywords: List[str]
+    points: List[List[OperatingPoint]]  # per keyword, one per FA target
+    selected: List[OperatingPoint]  # per keyword, at target_fa_per_hour
+    summary: List[str]
+    missing_keys: int = 0
+    extra: Dict = field(default_factory=dict)
+
+
+def write_outputs(out_dir: str, result: ScoreResult, config: Dict,
+                  plot_max_fa_per_hour: Optional[float] = None) -> None:
+    """det_<keyword>.txt, det.json, det.png and summary.txt in out_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    det, keywords = result.det, result.keywords
+    fa, frr = det.fa_per_hour, det.frr
+    dec = _threshold_decimals(det.thresholds)
+    names: Dict[str, int] = {}
+    for k, kw in enumerate(keywords):
+        name = keyword_file_name(kw)
+        if name in names:  # two phrases mapping to one file name
+            name = f"{name}_{k}"
+        names[name] = k
+        lines = ["# threshold fa_per_hour frr"]
+        lines += [f"{t:.{dec}f} {a:.6f} {r:.6f}" for t, a, r in zip(det.thresholds, fa[:, k], frr[:, k])]
+        atomic_write_text(os.path.join(out_dir, f"det_{name}.txt"), "\n".join(lines) + "\n")
+
+    curves = {}
+    for k, kw in enumerate(keywords):
+        curves[kw] = {
+            "index": k,
+            "num_positives": int(det.num_positives[k]),
+            "negative_hours": float(det.negative_hours[k]),
+            "fa_per_hour": fa[:, k].tolist(),
+            "frr": frr[:, k].tolist(),
+            "fa_count": det.fa_count[:, k].tolist(),
+            "miss_count": det.miss_count[:, k].tolist(),
+            "operating_points": [vars(op) for op in result.points[k]],
+            "selected": vars(result.selected[k]),
+        }
+    doc = {
+        "config": config,
+        "keywords": list(keywords),
+        "thresholds": det.thresholds.tolist(),
+        "missing_keys": result.missing_keys,
+        "curves": curves,
+        "summary": result.summary,
+        **result.extra,
+    }
+    atomic_write_text(os.path.join(out_dir, "det.json"),
+                      json.dumps(_json_safe(doc), allow_nan=False) + "\n")
+    targets = [op.target_fa_per_hour for op in result.points[0]] if result.points else [1.0]
+    xmax = plot_max_fa_per_hour or max(5.0, 2.5 * max(targets))
+    plot_det(os.path.join(out_dir, "det.png"), keywords, det, result.points, xmax)
+    atomic_write_text(os.path.join(out_dir, "summary.txt"), "\n".join(result.summary) + "\n")
+
+
+def score(data_list: str, posteriors: str, keywords_path: str,
+          thresholds: Optional[np.ndarray] = None,
+          smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
+          refractory_frames: int = DEFAULT_REFRACTORY_FRAMES,
+          fa_targets: Sequence[float] = DEFAULT_FA_TARGETS,
+          target_fa_per_hour: float = 1.0,
+          max_missing_fraction: float = DEFAULT_MAX_MISSING_FRACTION) -> ScoreResult:
+    """Read the inputs, score every keyword, pick operating points."""
+    keywords = read_keywords(keywords_path)
+    utts = read_data_list(data_list, num_keywords=len(keywords))
+    table = load_posteriors(posteriors)
+    present = [u for u in utts if u.key in table]
+    missing = len(utts) - len(present)
+    if missing:
+        msg = (f"{missing} of {len(utts)} utterances in {data_list} have no posteriors in "
+               f"{posteriors} (first: {next(u.key for u in utts if u.key not in table)!r})")
+        if missing > max_missing_fraction * len(utts):
+            raise ValueError(msg + f"; more than {100 * max_missing_fraction:g}% missing")
+        logger.warning("%s; scoring without them", msg)
+
+    mats = []
+    for u in present:
+        m = np.asarray(table[u.key])
+        if m.ndim != 2 or m.shape[1] != len(keywords):
+            raise ValueError(f"{posteriors}: {u.key!r} has shape {m.shape}, expected [T, {len(keywords)}]")
+        if not np.all(np.isfinite(m)):
+            raise ValueError(f"{posteriors}: {u.key!r} has non-finite values")
+        if m.size and (m.min() < 0 or m.max() > 1 + 1e-4):
+            raise ValueError(f"{posteriors}: {u.key!r} has values outside [0, 1] "
+                             "(posteriors expected, not logits or log-probabilities)")
+        mats.append(m)
+    det = compute_det(mats, [u.label for u in present], [u.duration for u in present],
+                      len(keywords), thresholds, smooth_frames, refractory_frames)
+
+    targets = sorted(set(float(t) for t in fa_targets) | {float(target_fa_per_hour)})
+    fa, frr = det.fa_per_hour, det.frr
+    points, selected, summary = [], [], []
+    dec = _threshold_decimals(det.thresholds)
+    for k, kw in enumerate(keywords):
+        pts = [operating_point(det.thresholds, fa[:, k], frr[:, k], t) for t in targets]
+        points.append(pts)
+        selected.append(next(p for p in pts if p.target_fa_per_hour == float(target_fa_per_hour)))
+        summary.append(summary_line(keyword_file_name(kw), pts, int(det.num_positives[k]),
+                                    float(det.negative_hours[k]), dec))
+    return ScoreResult(det=det, keywords=keywords, points=points, selected=selected,
+                       summary=summary, missing_keys=missing,
+                       extra={"num_utterances": len(utts), "num_scored": len(present)})

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Launches a training binary through torchrun from a recipe's gpus= setting.
+#   utils/torchrun.sh GPUS NUM_PROCS NUM_NODES NODE_RANK RDZV_ENDPOINT -m toolkit.bin.train ARGS...
+# GPUS "0,1" -> CUDA_VISIBLE_DEVICES=0,1, 2 processes per node, NCCL; "-1" or "" -> CPU with
+# NUM_PROCS gloo ranks. NUM_NODES > 1 uses c10d rendezvous at RDZV_ENDPOINT (host:port; run the
+# same command on every node with its NODE_RANK). The binary gets --num-gpus, so a mismatch
+# between the recipe and what torchrun launched is an error before any work starts.
+set -euo pipefail
+if [ $# -lt 6 ]; then
+  echo "usage: $0 GPUS NUM_PROCS NUM_NODES NODE_RANK RDZV_ENDPOINT -m MODULE ARGS..." >&2
+  exit 1
+fi
+gpus=$1 num_procs=$2 num_nodes=$3 node_rank=$4 endpoint=$5
+shift 5
+if [ -z "$gpus" ] || [ "$gpus" = "-1" ]; then
+  num_gpus=0
+  nproc=$num_procs
+else
+  export CUDA_VISIBLE_DEVICES=$gpus
+  num_gpus=$(echo "$gpus" | awk -F, '{print NF}')
+  nproc=$num_gpus
+fi
+if [ "$num_nodes" -gt 1 ]; then
+  rdzv=(--nnodes="$num_nodes" --node-rank="$node_rank" --rdzv-backend=c10d
+        --rdzv-endpoint="$endpoint" --rdzv-id="${TOOLKIT_RDZV_ID:-toolkit}")
+else
+  rdzv=(--standalone --nnodes=1)
+fi
+echo "torchrun ${rdzv[*]} --nproc-per-node=$nproc $* --num-gpus $num_gpus" >&2
+exec torchrun "${rdzv[@]}" --nproc-per-node="$nproc" ${TORCHRUN_EXTRA:-} "$@" --num-gpus "$num_gpus"
