@@ -313,9 +313,14 @@ SECRET_KEY = re.compile(r"(token|password|passwd|secret|api_?key|credential)", r
 REDACTED = "<redacted>"
 
 
+def secret_env_values():
+    """Values of environment variables whose names look secret (tokens, passwords...)."""
+    return {v for k, v in os.environ.items() if SECRET_KEY.search(k) and len(v) >= 4}
+
+
 def redact(obj):
     """Copy of a nested mapping with secret-looking keys and env-provided values hidden."""
-    env_secrets = {v for k, v in os.environ.items() if SECRET_KEY.search(k) and len(v) >= 4}
+    env_secrets = secret_env_values()
     def walk(node, key=""):
         if isinstance(node, dict):
             return {k: (REDACTED if SECRET_KEY.search(str(k)) and v not in (None, "")

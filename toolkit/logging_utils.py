@@ -4,6 +4,21 @@ import os
 import sys
 
 
+class RedactSecrets(logging.Filter):
+    """Replaces values of secret-looking environment variables in every log record, so a
+    token inside a URL or path never reaches a log file."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from toolkit.config import REDACTED, secret_env_values
+        secrets = secret_env_values()
+        if secrets:
+            message = record.getMessage()
+            for secret in secrets:
+                message = message.replace(secret, REDACTED)
+            record.msg, record.args = message, None
+        return True
+
+
 def setup_logging(log_file: str = "", console: bool = True, rank: int = 0) -> None:
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
                             "%Y-%m-%d %H:%M:%S")
@@ -11,12 +26,15 @@ def setup_logging(log_file: str = "", console: bool = True, rank: int = 0) -> No
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.setLevel(logging.INFO)
+    redactor = RedactSecrets()
     if log_file:
         os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
         fh = logging.FileHandler(log_file)
         fh.setFormatter(fmt)
+        fh.addFilter(redactor)
         root.addHandler(fh)
     if console:
         sh = logging.StreamHandler(sys.stderr)
         sh.setFormatter(fmt)
+        sh.addFilter(redactor)
         root.addHandler(sh)

@@ -249,6 +249,13 @@ def espeak_paths() -> Tuple[str, str]:
     return lib, data
 
 
+def _libc_srand(value: int) -> None:
+    try:
+        ctypes.CDLL(None).srand(ctypes.c_uint(value & 0xFFFFFFFF))
+    except (OSError, AttributeError):
+        pass
+
+
 class Espeak:
     """Synchronous espeak-ng synthesizer returning float32 samples at `self.rate` Hz."""
 
@@ -275,6 +282,13 @@ class Espeak:
             raise SynthError(f"espeak-ng failed to initialise (data dir {data_path}): "
                              f"{INSTALL_HINT}")
         self.lib, self.rate = lib, int(rate)
+        # espeak-ng's own noise generator (breath, echo voices such as +f3/+f5) is seeded
+        # from the clock at initialisation: without a fixed seed no two runs match.
+        self._set_seed = getattr(lib, "espeak_ng_SetRandSeed", None)
+        if self._set_seed is None:
+            logger.warning("libespeak-ng lacks espeak_ng_SetRandSeed: output is not reproducible")
+        else:
+            self._set_seed.argtypes = [ctypes.c_long]
         self._chunks: List[np.ndarray] = []
         self._cb = _SYNTH_CB(self._collect)   # keep a reference: C holds the pointer
         lib.espeak_SetSynthCallback(self._cb)
@@ -283,6 +297,12 @@ class Espeak:
         if n > 0 and wav:
             self._chunks.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
         return 0
+
+    def seed(self, value: int) -> None:
+        """Fixes espeak's internal random generator and libc rand() (klatt noise)."""
+        if self._set_seed is not None:
+            self._set_seed(int(value))
+        _libc_srand(int(value))
 
     def set_voice(self, voice: str) -> bool:
         """False when espeak does not know the voice (it would silently fall back)."""
@@ -726,13 +746,14 @@ class Renderer:
         self.tmp_dir = tmp_dir
         self._espeak: Optional[Espeak] = None
 
-    def speak(self, spec: UttSpec) -> np.ndarray:
+    def speak(self, spec: UttSpec, seed: int) -> np.ndarray:
         v = spec.voice
         if v.engine == "flite":
             audio, sr = flite_synth(spec.text, v.name, spec.rate, self.tmp_dir)
         else:
             if self._espeak is None:
                 self._espeak = Espeak()
+            self._espeak.seed(seed)
             audio, sr = self._espeak.synth(spec.text, v.name, spec.rate, spec.pitch,
                                            spec.prange), self._espeak.rate
         return trim_silence(resample(audio, sr, self.sr))
@@ -784,17 +805,14 @@ def _render_group(group: Group, out_dir: str, sr: int) -> List[Tuple[str, int]]:
     import soundfile as sf
     _single_thread_blas()
     rng = np.random.default_rng(list(group.seed))
-    try:   # espeak's klatt noise uses libc rand(): give it a per-group fixed start
-        ctypes.CDLL(None).srand(ctypes.c_uint(int(rng.integers(2 ** 31))))
-    except (OSError, AttributeError):
-        pass
     wav_dir = os.path.join(out_dir, "wavs", group.split)
     with tempfile.TemporaryDirectory(prefix="synth_") as tmp:
         tts = Renderer(sr, tmp)
-        pool = [tts.speak(b) for b in group.babble]
+        pool = [tts.speak(b, int(rng.integers(2 ** 31))) for b in group.babble]
         out = []
         for spec in group.specs:
-            speech = None if spec.kind == "noise" else tts.speak(spec)
+            tts_seed = int(rng.integers(2 ** 31))
+            speech = None if spec.kind == "noise" else tts.speak(spec, tts_seed)
             if speech is not None and len(speech) == 0:
                 raise SynthError(f"{spec.utt}: TTS produced no audio for {spec.text!r}")
             audio = render_utterance(spec, speech, rng, pool, sr)

@@ -168,7 +168,7 @@ class Trainer:
             "nonfinite_run": self.nonfinite_run, "nonfinite_total": self.nonfinite_total,
             "epoch_bad": dict(self.epoch_bad.counts), "epoch_seen": self.epoch_seen,
             "rng": rngs, "world_size": self.info.world_size,
-            "model_config": to_dict(self.cfg)["model"],
+            "model_config": redact(to_dict(self.cfg)["model"]),
         }
 
     def save(self, dev_loss: Optional[float] = None) -> None:

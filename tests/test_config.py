@@ -1,0 +1,180 @@
+"""Config schema: loading the recipe config, key-path errors, overrides, secret redaction."""
+import os
+
+import pytest
+import yaml
+
+from toolkit.config import (REDACTED, Config, ConfigError, apply_overrides, dump_config,
+                            load_config, load_yaml, redact, to_dict, validate)
+from toolkit.losses import MaxPoolingLoss
+from toolkit.models import MODELS
+from toolkit.models.ds_tcn import DSTCN
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(REPO, "egs", "wake_word", "s0", "conf", "ds_tcn.yaml")
+
+
+@pytest.fixture
+def raw():
+    return load_yaml(RECIPE)
+
+
+def test_recipe_config_loads_with_file_values():
+    raw = load_yaml(RECIPE)
+    cfg = load_config(RECIPE)
+    assert isinstance(cfg, Config)
+    assert isinstance(cfg.model, DSTCN.Config)
+    assert isinstance(cfg.loss, MaxPoolingLoss.Config)
+    # Values come from the file, not the dataclass defaults.
+    assert cfg.model.hidden_dim == raw["model"]["hidden_dim"]
+    assert cfg.model.dilations == raw["model"]["dilations"]
+    assert cfg.loss.min_duration == raw["loss"]["min_duration"]
+    assert cfg.training.max_epoch == raw["training"]["max_epoch"]
+    assert cfg.optim.lr == pytest.approx(raw["optim"]["lr"])
+    assert cfg.optim.scheduler.warmup_steps == raw["optim"]["scheduler"]["warmup_steps"]
+    assert cfg.dataset.spec_aug.max_freq_width == raw["dataset"]["spec_aug"]["max_freq_width"]
+    # YAML ints for float fields become floats; ints stay ints.
+    assert isinstance(cfg.dataset.feature.frame_length_ms, float)
+    assert isinstance(cfg.training.grad_clip, float)
+    assert type(cfg.training.max_epoch) is int
+
+
+@pytest.mark.parametrize("section, key, path", [
+    ([], "bogus_section", "bogus_section"),
+    (["training"], "max_epochs", "training.max_epochs"),
+    (["dataset", "feature"], "foo", "dataset.feature.foo"),
+    (["optim", "scheduler"], "warmup", "optim.scheduler.warmup"),
+    (["model"], "foo", "model.foo"),
+    (["loss"], "min_dur", "loss.min_dur"),
+])
+def test_unknown_key_names_full_path(raw, section, key, path):
+    node = raw
+    for name in section:
+        node = node[name]
+    node[key] = 1
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert path in str(err.value)
+
+
+def test_unknown_key_from_file_names_file_and_path(tmp_path, raw):
+    raw["dataset"]["feature"]["foo"] = 3
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    msg = str(err.value)
+    assert str(path) in msg and "dataset.feature.foo" in msg
+
+
+@pytest.mark.parametrize("override, path", [
+    ("training.max_epoch=abc", "training.max_epoch"),
+    ("training.max_epoch=true", "training.max_epoch"),     # bool is not an int
+    ("training.max_epoch=2.5", "training.max_epoch"),
+    ("training.use_amp=1", "training.use_amp"),            # int is not a bool
+    ("optim.lr=fast", "optim.lr"),
+    ("optim.lr=false", "optim.lr"),
+    ("dataset.speed_perturb=0.9", "dataset.speed_perturb"),
+    ("dataset.speed_perturb=[0.9,abc]", "dataset.speed_perturb[1]"),
+    ("model.hidden_dim=wide", "model.hidden_dim"),
+    ("model.dilations=[1,x]", "model.dilations[1]"),
+    ("dataset.feature=3", "dataset.feature"),
+])
+def test_wrong_types_rejected(override, path):
+    with pytest.raises(ConfigError) as err:
+        load_config(RECIPE, [override])
+    assert path in str(err.value)
+
+
+def test_overrides_applied_and_typed():
+    cfg = load_config(RECIPE, ["training.max_epoch=3", "dataset.speed_perturb=[0.9,1.0,1.1]",
+                               "model.type=ds_tcn", "model.hidden_dim=32", "optim.lr=1",
+                               "dataset.feature.num_mel_bins=80"])
+    assert cfg.training.max_epoch == 3 and type(cfg.training.max_epoch) is int
+    assert cfg.dataset.speed_perturb == [0.9, 1.0, 1.1]
+    assert all(isinstance(v, float) for v in cfg.dataset.speed_perturb)
+    assert isinstance(cfg.model, DSTCN.Config) and cfg.model.type == "ds_tcn"
+    assert cfg.model.hidden_dim == 32
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
+    assert cfg.dataset.feature.num_mel_bins == 80
+    # Other values from the file are untouched by overrides.
+    assert cfg.model.kernel_size == load_yaml(RECIPE)["model"]["kernel_size"]
+
+
+def test_overrides_do_not_mutate_input_and_create_sections(raw):
+    before = yaml.safe_dump(raw)
+    out = apply_overrides(raw, ["training.max_epoch=7", "dataset.noise.prob=0.5"])
+    assert yaml.safe_dump(raw) == before
+    assert out["training"]["max_epoch"] == 7
+    assert out["dataset"]["noise"] == {"prob": 0.5}
+    with pytest.raises(ConfigError):
+        apply_overrides(raw, ["training.max_epoch.x=1"])   # max_epoch is not a section
+    with pytest.raises(ConfigError):
+        apply_overrides(raw, ["no_equals_sign"])
+    with pytest.raises(ConfigError):
+        apply_overrides(raw, ["bad key=1"])
+
+
+def test_value_checks():
+    with pytest.raises(ConfigError, match="speed_perturb"):
+        load_config(RECIPE, ["dataset.speed_perturb=[0.9,0.0]"])
+    with pytest.raises(ConfigError, match="volume_range"):
+        load_config(RECIPE, ["dataset.volume_range=[1.5,0.5]"])
+    with pytest.raises(ConfigError, match="amp_dtype"):
+        load_config(RECIPE, ["training.amp_dtype=float8"])
+
+
+def test_unknown_model_type_lists_known_ones():
+    with pytest.raises(ConfigError) as err:
+        load_config(RECIPE, ["model.type=transformer_xl"])
+    msg = str(err.value)
+    assert "model.type" in msg and "transformer_xl" in msg
+    assert MODELS.names()
+    for name in MODELS.names():
+        assert name in msg
+
+
+def test_missing_model_type_is_an_error(raw):
+    del raw["model"]["type"]
+    with pytest.raises(ConfigError, match="model.type"):
+        validate(raw)
+
+
+def test_redact_secret_keys_and_env_values(monkeypatch):
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "s3cr3t-value-xyz")
+    data = {
+        "api_key": "abc123", "hf_token": "hf_zzz", "db": {"password": "hunter2",
+                                                          "ApiKey": "k"},
+        "empty_token": "",
+        "path": "/data/s3cr3t-value-xyz/train.list",
+        "items": ["plain", "x s3cr3t-value-xyz y"],
+        "lr": 0.1, "name": "keep me",
+    }
+    out = redact(data)
+    assert out["api_key"] == REDACTED
+    assert out["hf_token"] == REDACTED
+    assert out["db"]["password"] == REDACTED
+    assert out["db"]["ApiKey"] == REDACTED
+    assert out["path"] == REDACTED
+    assert out["items"] == ["plain", REDACTED]
+    assert out["empty_token"] == ""         # nothing to hide
+    assert out["lr"] == 0.1 and out["name"] == "keep me"
+    # The input is not modified.
+    assert data["api_key"] == "abc123" and data["db"]["password"] == "hunter2"
+
+
+def test_dump_config_writes_no_secret(tmp_path, monkeypatch):
+    secret = "tok-9f8e7d6c5b4a"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    cfg = load_config(RECIPE, [f"training.init_checkpoint=https://hub/{secret}/ckpt.pt",
+                               f"dataset.train_data=/data/{secret}.list"])
+    path = tmp_path / "config.yaml"
+    dump_config(cfg, str(path))
+    text = path.read_text()
+    assert secret not in text
+    assert REDACTED in text
+    # The dump is still a complete config: it validates and keeps non-secret values.
+    back = yaml.safe_load(text)
+    again = validate(back)
+    assert again.training.max_epoch == cfg.training.max_epoch
+    assert to_dict(again)["model"] == to_dict(cfg)["model"]

@@ -1,0 +1,153 @@
+"""Helpers for tests that run the real training binary (directly or through torchrun)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+import yaml
+
+from kws_data import make_datalist, write_keywords
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+TINY_CONFIG = {
+    "dataset": {
+        "feature": {"num_mel_bins": 20},
+        "spec_aug": {"enabled": True, "num_time_masks": 1, "max_time_width": 5,
+                     "num_freq_masks": 1, "max_freq_width": 3},
+        "volume_range": [0.7, 1.3],
+        "speed_perturb": [0.9, 1.0, 1.1],
+        "batch_size": 6,
+        "sort_window": 20,
+        "num_workers": 2,
+    },
+    "model": {"type": "ds_tcn", "hidden_dim": 12, "num_layers": 2, "kernel_size": 3,
+              "dilations": [1, 2], "dropout": 0.1},
+    "loss": {"type": "max_pooling", "min_duration": 5},
+    "optim": {"type": "adam", "lr": 0.01,
+              "scheduler": {"type": "warmup_cosine", "warmup_steps": 2}},
+    "training": {"seed": 11, "max_epoch": 3, "log_interval": 2, "save_interval_steps": 2,
+                 "keep_last": 2, "keep_best": 2},
+}
+
+
+class Corpus:
+    """Train/dev lists of real WAVs, an inventory and a config file in `root`."""
+
+    def __init__(self, root: str, num_train: int = 30, num_dev: int = 8,
+                 config: Optional[dict] = None):
+        self.root = root
+        self.train = make_datalist(root, "train", num_train // 3, num_train - num_train // 3, 1)
+        self.dev = make_datalist(root, "dev", num_dev // 2, num_dev - num_dev // 2, 2)
+        self.inventory = write_keywords(root, ["hey chirp"])
+        self.config = self.write_config(config or TINY_CONFIG)
+
+    def write_config(self, config: dict, name: str = "conf.yaml") -> str:
+        path = os.path.join(self.root, name)
+        with open(path, "w") as f:
+            yaml.safe_dump(config, f)
+        return path
+
+    def train_args(self, exp: str, *overrides: str, config: Optional[str] = None,
+                   train: Optional[str] = None, inventory: Optional[str] = None) -> List[str]:
+        return ["-m", "toolkit.bin.train", "--config", config or self.config, "--exp-dir", exp,
+                "--train-data", train or self.train, "--dev-data", self.dev,
+                "--inventory", inventory or self.inventory, *overrides]
+
+
+def env(**extra) -> Dict[str, str]:
+    e = dict(os.environ)
+    e.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    e.update(extra)
+    return e
+
+
+def run_train(args: List[str], nproc: int = 0, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
+    cmd = launcher(nproc) + args
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), **popen)
+
+
+def launcher(nproc: int) -> List[str]:
+    """Plain python for 0, torchrun with `nproc` gloo ranks otherwise."""
+    if nproc <= 0:
+        return [sys.executable]
+    return [TORCHRUN, "--standalone", "--nnodes=1", f"--nproc-per-node={nproc}"]
+
+
+def descendants(pid: int) -> List[int]:
+    """All descendant pids via /proc (torchrun's workers sit in their own sessions)."""
+    children: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen, launcher_only: bool = False) -> List[int]:
+    """SIGKILL the launcher and (unless launcher_only) every descendant at once."""
+    victims = [] if launcher_only else descendants(proc.pid)
+    for pid in [proc.pid] + victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    return victims
+
+
+def wait_gone(pids: List[int], timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    for pid in pids:
+        while time.time() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            # Reap zombies that are our own children.
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.05)
+
+
+def latest_payload(exp: str) -> dict:
+    from toolkit.trainer.checkpoint import latest_valid, load_payload
+    info = latest_valid(exp)
+    assert info is not None, f"no checkpoint in {exp}"
+    return load_payload(info.path)
+
+
+def assert_states_identical(a: dict, b: dict, what: str = "") -> None:
+    assert a.keys() == b.keys(), what
+    for key in a:
+        va, vb = a[key], b[key]
+        if isinstance(va, dict):
+            assert_states_identical(va, vb, f"{what}.{key}")
+        elif isinstance(va, torch.Tensor):
+            assert va.dtype == vb.dtype and torch.equal(va, vb), f"{what}.{key} differs"
+        elif isinstance(va, (list, tuple)):
+            assert len(va) == len(vb), f"{what}.{key}"
+            for i, (x, y) in enumerate(zip(va, vb)):
+                if isinstance(x, (dict, torch.Tensor, list, tuple)):
+                    assert_states_identical({"v": x}, {"v": y}, f"{what}.{key}[{i}]")
+                else:
+                    assert x == y, f"{what}.{key}[{i}]: {x} != {y}"
+        else:
+            assert va == vb, f"{what}.{key}: {va} != {vb}"

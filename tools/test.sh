@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the toolkit (tools/install.sh) and runs the whole test suite.
+# Extra arguments go to pytest, e.g. `bash tools/test.sh -k resume -x`.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$root/tools/install.sh"
+cd "$root"
+set +e
+"$root/tools/venv/bin/python" -m pytest -q -p no:cacheprovider "$@" tests
+rc=$?
+set -e
+# pytest exits 5 when it collected no tests: that is a failure here, not a pass.
+if [ $rc -eq 5 ]; then
+  echo "no tests were collected" >&2
+  exit 1
+fi
+exit $rc
