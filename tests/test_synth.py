@@ -279,3 +279,35 @@ def test_multiple_keywords(tmp_path):
         if kind[u] != "pos":
             assert not any(S.contains_phrase(t.split(), k.split())
                            for k in ("hey snips", "ok computer"))
+
+
+FAKE_FLITE = '''#!{python}
+# Stand-in for Debian flite: lists voices, writes a voiced buzz for the text.
+import sys, numpy as np, soundfile as sf
+a = sys.argv[1:]
+if "-lv" in a:
+    print("Voices available: kal awb_time kal16 awb rms slt")
+    sys.exit(0)
+text, out = a[a.index("-t") + 1], a[a.index("-o") + 1]
+stretch = float([x for x in a if x.startswith("duration_stretch=")][0].split("=")[1])
+t = np.arange(int(16000 * 0.25 * len(text.split()) * stretch)) / 16000
+sf.write(out, 0.3 * np.sign(np.sin(2 * np.pi * 120 * t)) * np.sin(np.pi * 4 * t) ** 2, 16000)
+'''
+
+
+def test_flite_voices_when_present(tmp_path, monkeypatch):
+    import sys
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "flite"
+    exe.write_text(FAKE_FLITE.format(python=sys.executable))
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    assert S.flite_voices() == list(S.FLITE_VOICES)
+    out = _generate(tmp_path / "f", sizes=S.Sizes(12, 12, 8, 8, 8, 8))
+    spk = {s: set(_dict(os.path.join(out, s, "utt2spk")).values()) for s in S.SPLITS}
+    flite = {s: {v for v in spk[s] if v.startswith("flite_")} for s in S.SPLITS}
+    assert flite["train"] and not flite["test"] & (flite["train"] | flite["dev"])
+    assert S.generate_corpus([KW], out, sizes=S.Sizes(12, 12, 8, 8, 8, 8), use_flite=False)
+    spk2 = set(_dict(os.path.join(out, "train", "utt2spk")).values())
+    assert not any(v.startswith("flite_") for v in spk2)      # args changed: regenerated

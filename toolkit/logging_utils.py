@@ -33,8 +33,11 @@ def setup_logging(log_file: str = "", console: bool = True, rank: int = 0) -> No
         fh.setFormatter(fmt)
         fh.addFilter(redactor)
         root.addHandler(fh)
-    if console:
-        sh = logging.StreamHandler(sys.stderr)
-        sh.setFormatter(fmt)
-        sh.addFilter(redactor)
-        root.addHandler(sh)
+    # Every rank writes its own file; only rank 0 talks on the console, except for errors,
+    # so that a failing rank is visible in the launcher's output too.
+    sh = logging.StreamHandler(sys.stderr)
+    if not console:
+        sh.setLevel(logging.ERROR)
+    sh.setFormatter(fmt)
+    sh.addFilter(redactor)
+    root.addHandler(sh)

@@ -16,29 +16,35 @@ def get_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m toolkit.bin.synth_kws_data",
         description=(
-            "Synthesize a wake-word corpus with espeak-ng (and Debian flite when on PATH): "
-            "positives (keyword alone or in carrier phrases), negatives (random words, "
-            "confusables built from the keyword, pure noise), all mixed with white/pink/"
-            "brown/babble noise. Writes <out-dir>/{train,dev,test}/ Kaldi data dirs "
-            "(wav.scp text utt2dur utt2spk spk2utt utt2kind), WAVs under <out-dir>/wavs/ "
-            "and <out-dir>/dict/keywords.txt (line i = class i). Train/dev/test use "
-            "disjoint voices. Output is byte-identical for the same arguments whatever "
-            "--nj; rerunning a finished run is a no-op."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--keyword", action="append", required=True,
+            "Synthesize a wake-word corpus with espeak-ng (plus Debian flite when it is on\n"
+            "PATH): positives (the keyword alone or in carrier phrases) and negatives (random\n"
+            "words, confusables built from the keyword, pure noise), all in white/pink/brown/\n"
+            "babble noise. Writes <out-dir>/{train,dev,test}/ Kaldi data dirs (wav.scp text\n"
+            "utt2dur utt2spk spk2utt utt2kind), WAVs under <out-dir>/wavs/<split>/ and\n"
+            "<out-dir>/dict/keywords.txt (line i = class i). Train, dev and test use disjoint\n"
+            "voices. The output is byte-identical for the same arguments whatever --nj, and\n"
+            "rerunning a finished run with the same arguments does nothing.\n\n"
+            "example: %(prog)s --keyword 'hey snips' --out-dir data --seed 777 --nj 2\n"
+            "needs espeak-ng: pip install -e .[tts]"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keyword", action="append", required=True, metavar="PHRASE",
                    help="keyword phrase; repeat for several keywords (order = class index)")
-    p.add_argument("--out-dir", required=True, help="output directory (e.g. data)")
-    p.add_argument("--seed", type=int, default=777, help="random seed (>= 0)")
+    p.add_argument("--out-dir", required=True, metavar="DIR", help="output directory (e.g. data)")
+    p.add_argument("--seed", type=int, default=777, help="random seed >= 0 (default %(default)s)")
     for split in ("train", "dev", "test"):
         for kind, what in (("pos", "positive"), ("neg", "negative")):
             name = f"{split}_{kind}"
-            p.add_argument(f"--num-{split}-{kind}", dest=name, type=int,
+            p.add_argument(f"--num-{split}-{kind}", dest=name, type=int, metavar="N",
                            default=getattr(_DEFAULTS, name),
-                           help=f"number of {what} utterances in {split}")
-    p.add_argument("--nj", type=int, default=2, help="parallel render processes")
-    p.add_argument("--sample-rate", type=int, default=16000, help="output sample rate (Hz)")
-    p.add_argument("--snr-min", type=float, default=5.0, help="lowest speech-to-noise ratio (dB)")
-    p.add_argument("--snr-max", type=float, default=30.0, help="highest speech-to-noise ratio (dB)")
+                           help=f"{what} utterances in {split} (default %(default)s)")
+    p.add_argument("--nj", type=int, default=2,
+                   help="parallel render processes; does not change the output (default %(default)s)")
+    p.add_argument("--sample-rate", type=int, default=16000, metavar="HZ",
+                   help="output sample rate (default %(default)s)")
+    p.add_argument("--snr-min", type=float, default=5.0, metavar="DB",
+                   help="lowest speech-to-noise ratio (default %(default)s)")
+    p.add_argument("--snr-max", type=float, default=30.0, metavar="DB",
+                   help="highest speech-to-noise ratio (default %(default)s)")
     p.add_argument("--no-flite", action="store_true",
                    help="use espeak-ng only even when the flite binary is on PATH")
     return p.parse_args(argv)

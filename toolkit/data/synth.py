@@ -7,7 +7,9 @@ Determinism: libespeak-ng keeps internal waveform state from one utterance to th
 and nothing resets it, so the corpus is planned in the parent (all text/voice/parameter
 choices) and rendered in fixed groups, each in a freshly forked child that loads
 espeak-ng itself.  Group composition never depends on ``nj``, so output files are
-byte-identical for any ``nj``.  The parent process never loads espeak-ng.
+byte-identical for any ``nj``.  The parent process never loads espeak-ng.  espeak-ng
+also seeds its own noise generator (breath/echo voices) from the clock, so every
+utterance reseeds it (espeak_ng_SetRandSeed) and libc rand() from the group's rng.
 """
 import ctypes
 import hashlib
@@ -175,10 +177,7 @@ def similar_words(word: str) -> List[str]:
     cluster, changed vowel groups, and a dropped or added final `s`. Sorted, deterministic,
     works for any word (espeak pronounces nonsense spellings by its letter rules)."""
     out = set(CONFUSION_TABLE.get(word, ()))
-    m = re.match(r"[^aeiou]*", word)
-    onset = m.group(0) if m else ""
-    if onset == "y" or not onset:
-        onset = ""
+    onset = re.match(r"y?[^aeiouy]*", word).group(0)   # a leading y is a consonant
     rest = word[len(onset):]
     for o in _ONSETS:
         if o != onset and rest:
@@ -1003,6 +1002,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
         raise SynthError(f"seed must be >= 0, got {seed}")
     if snr_db[0] > snr_db[1]:
         raise SynthError(f"bad SNR range {snr_db}: min > max")
+    if nj < 1:
+        raise SynthError(f"nj must be >= 1, got {nj}")
     if sample_rate < 8000:
         raise SynthError(f"sample rate {sample_rate} too low (need >= 8000)")
     for split in SPLITS:

@@ -1,6 +1,8 @@
 """One writer per experiment directory.
 
-Every training process holds a shared flock on `<exp>/.train.lock` for its whole life.
+Every training process holds a shared POSIX record lock (fcntl.lockf) on
+`<exp>/.train.lock` for its whole life. Record locks belong to the process and are not
+inherited by forked children, so data-loader workers never keep a dead run's lock alive.
 Rank 0 of a new run first asks for an exclusive lock without waiting: it fails while any
 process of an earlier run is alive, including torchrun workers orphaned by a SIGKILL of
 their launcher (torchrun starts them in their own session, so they outlive it). Locks of
@@ -47,8 +49,8 @@ class ExpDirLock:
         os.makedirs(self.exp_dir, exist_ok=True)
         self.fd = os.open(os.path.join(self.exp_dir, ".train.lock"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):
             holders = _holders(self.exp_dir)
             who = "; ".join(f"pid {h['pid']} (rank {h.get('rank')}, host {h.get('host')}, "
                             f"started {h.get('started')}: {h.get('cmd', '')[:120]})"
@@ -58,18 +60,18 @@ class ExpDirLock:
             raise ExpDirBusy(f"experiment dir {self.exp_dir} is in use by a live run: {who}. "
                              "Stop it (kill those pids) or use another exp dir.") from None
         # Nobody else lives: clear the old holder records, then downgrade to shared so
-        # this run's other ranks can join.
+        # this run's other ranks can join (an atomic conversion for record locks).
         folder = os.path.join(self.exp_dir, ".holders")
         os.makedirs(folder, exist_ok=True)
         for name in os.listdir(folder):
             os.unlink(os.path.join(folder, name))
         self._register()
-        fcntl.flock(self.fd, fcntl.LOCK_SH)
+        fcntl.lockf(self.fd, fcntl.LOCK_SH)
 
     def acquire_shared(self) -> None:
         """Other ranks: join after rank 0 checked (they never see a foreign holder)."""
         self.fd = os.open(os.path.join(self.exp_dir, ".train.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_SH)
+        fcntl.lockf(self.fd, fcntl.LOCK_SH)
         self._register()
 
     def _register(self) -> None:
@@ -80,6 +82,9 @@ class ExpDirLock:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             cmd = ""
+        from toolkit.config import REDACTED, secret_env_values
+        for secret in secret_env_values():
+            cmd = cmd.replace(secret, REDACTED)
         info = {"pid": os.getpid(), "rank": self.rank, "host": socket.gethostname(),
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "cmd": cmd}
         with open(os.path.join(folder, f"{socket.gethostname()}-{os.getpid()}.json"), "w") as f:

@@ -223,7 +223,8 @@ class Trainer:
     def _dummy_batch(self):
         from toolkit.data.dataset import collate
         dim = self.cfg.model.input_dim
-        return collate(["<empty>"], [np.zeros((1, dim), np.float32)], [-1], 0.0, BadCounter(), dim)
+        # Two frames: BatchNorm in training mode needs more than one value per channel.
+        return collate(["<empty>"], [np.zeros((2, dim), np.float32)], [-1], 0.0, BadCounter(), dim)
 
     def _micro_step(self, batch, boundary: bool) -> Dict[str, float]:
         empty = len(batch) == 0

@@ -1,0 +1,246 @@
+"""Experiment-dir rules, locking, init_checkpoint, AMP, uneven ranks, rank death,
+two-launcher multi-node, secrets, TensorBoard — each with the real training binary."""
+import copy
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from train_utils import (TINY_CONFIG, TORCHRUN, Corpus, descendants, env, kill_tree,
+                         latest_payload, launcher, run_train, wait_gone)
+
+FAST = ["training.max_epoch=1"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return Corpus(str(tmp_path_factory.mktemp("behaviour")), num_train=24, num_dev=6)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    exp = str(tmp_path_factory.mktemp("trained") / "exp")
+    result = run_train(corpus.train_args(exp, *FAST))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return exp
+
+
+def test_exp_dir_contents(trained):
+    assert os.path.exists(os.path.join(trained, "config.yaml"))
+    assert open(os.path.join(trained, "inventory.txt")).read() == "hey chirp\n"
+    assert os.path.exists(os.path.join(trained, "log", "train.rank0.log"))
+    events = glob.glob(os.path.join(trained, "tensorboard", "events.out.tfevents.*"))
+    assert events
+    from tensorboard_reader import scalar_tags
+    tags = scalar_tags(events)
+    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/utts_per_s",
+                "train/audio_s_per_s", "train/loader_wait_s", "train/skipped_steps", "dev/loss"):
+        assert tag in tags, f"{tag} missing from TensorBoard events ({sorted(tags)})"
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("model.hidden_dim=16", "model.hidden_dim"),
+    ("optim.type=sgd", "optim.type"),
+    ("loss.min_duration=9", "loss.min_duration"),
+])
+def test_incompatible_change_refused(corpus, trained, override, needle):
+    result = run_train(corpus.train_args(trained, *FAST, override))
+    assert result.returncode != 0
+    assert "incompatible" in result.stderr and needle in result.stderr
+
+
+def test_changed_inventory_and_data_refused(corpus, trained, tmp_path):
+    inv = tmp_path / "inv.txt"
+    inv.write_text("hey chirp\nsecond\n")
+    other_train = tmp_path / "train.list"
+    lines = open(corpus.train).read().splitlines()
+    other_train.write_text("\n".join(lines[:-1]) + "\n")
+    result = run_train(corpus.train_args(trained, *FAST, inventory=str(inv),
+                                         train=str(other_train)))
+    assert result.returncode != 0
+    assert "class inventory" in result.stderr
+    assert "dataset.train_data" in result.stderr     # path and content both named
+
+
+def test_allowed_change_is_logged_and_resumes(corpus, trained, tmp_path):
+    exp = tmp_path / "exp"
+    import shutil
+    shutil.copytree(trained, exp)
+    result = run_train(corpus.train_args(str(exp), "training.max_epoch=2", "optim.lr=0.005"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "allowed configuration change on resume: optim.lr" in result.stderr
+    assert "resumed from" in result.stderr
+    assert latest_payload(str(exp))["epoch"] == 2
+
+
+def test_init_checkpoint_strict_and_weights_only(corpus, trained, tmp_path):
+    src = latest_payload(trained)
+    ckpt = sorted(glob.glob(os.path.join(trained, "ckpt-*.pt")))[-1]
+    exp = str(tmp_path / "init")
+    result = run_train(corpus.train_args(exp, *FAST, "optim.lr=0") + ["--init-checkpoint", ckpt])
+    assert result.returncode == 0, result.stderr[-2000:]
+    payload = latest_payload(exp)
+    # lr 0: weights stay those of the init checkpoint; the step counter starts from zero.
+    for key, value in src["model"].items():
+        if value.is_floating_point() and "running" not in key:
+            assert torch.equal(value, payload["model"][key]), key
+    assert payload["step"] < src["step"] + 1 and "initialised weights from" in result.stderr
+
+    # A different architecture is refused (strict), naming missing/unexpected keys.
+    exp2 = str(tmp_path / "init2")
+    bad = run_train(corpus.train_args(exp2, *FAST, "model.num_layers=3") + ["--init-checkpoint", ckpt])
+    assert bad.returncode != 0 and "missing keys" in bad.stderr
+
+
+def test_init_from_safetensors_export(corpus, trained, tmp_path):
+    from toolkit.export import build_metadata, export_safetensors, model_from_checkpoint
+    ckpt = sorted(glob.glob(os.path.join(trained, "ckpt-*.pt")))[-1]
+    model = model_from_checkpoint(ckpt)
+    path = str(tmp_path / "model.safetensors")
+    export_safetensors(model, path, build_metadata(model, {}, ["hey chirp"], None))
+    exp = str(tmp_path / "from_st")
+    result = run_train(corpus.train_args(exp, *FAST, "optim.lr=0") + ["--init-checkpoint", path])
+    assert result.returncode == 0, result.stderr[-2000:]
+    payload = latest_payload(exp)
+    assert torch.equal(payload["model"]["classifier.weight"], model.state_dict()["classifier.weight"])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_amp_state_round_trip(corpus, tmp_path, dtype):
+    exp = str(tmp_path / dtype)
+    args = corpus.train_args(exp, *FAST, "training.use_amp=true", f"training.amp_dtype={dtype}")
+    result = run_train(args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    payload = latest_payload(exp)
+    if dtype == "float16":
+        assert payload["scaler"] and payload["scaler"]["scale"] > 0
+        # Resume picks the scaler back up: a second epoch continues from its state.
+        again = run_train(corpus.train_args(exp, "training.max_epoch=2", "training.use_amp=true",
+                                            f"training.amp_dtype={dtype}"))
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert latest_payload(exp)["scaler"]["_growth_tracker"] >= 0
+    else:
+        assert payload["scaler"] == {}
+    assert all(torch.isfinite(v).all() for v in payload["model"].values() if v.is_floating_point())
+
+
+def test_uneven_batches_do_not_hang(corpus, tmp_path):
+    # 5 utterances in batches of 2 -> 3 batches over 2 ranks: rank 1 gets an empty step.
+    root = tmp_path
+    lines = open(corpus.train).read().splitlines()[:5]
+    small = root / "small.list"
+    small.write_text("\n".join(lines) + "\n")
+    exp = str(root / "exp")
+    result = run_train(corpus.train_args(exp, "training.max_epoch=2", "dataset.batch_size=2",
+                                         "dataset.sort_window=1", train=str(small)), nproc=2,
+                       timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert latest_payload(exp)["epoch"] == 2
+
+
+def test_rank_death_stops_others_quickly(corpus, tmp_path):
+    exp = str(tmp_path / "exp")
+    args = corpus.train_args(exp, "training.max_epoch=50")
+    proc = subprocess.Popen(launcher(2) + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env(), start_new_session=True)
+    deadline = time.time() + 90
+    while time.time() < deadline and not glob.glob(os.path.join(exp, "ckpt-*.json")):
+        time.sleep(0.1)
+    workers = descendants(proc.pid)
+    rank1 = None
+    for pid in workers:
+        try:
+            if "RANK=1" in open(f"/proc/{pid}/environ", "rb").read().replace(b"\0", b" ").decode():
+                if b"toolkit.bin.train" in open(f"/proc/{pid}/cmdline", "rb").read():
+                    rank1 = pid
+        except OSError:
+            continue
+    assert rank1 is not None, "rank 1 worker not found"
+    os.kill(rank1, 9)
+    killed_at = time.time()
+    out, _ = proc.communicate(timeout=90)
+    assert time.time() - killed_at < 60
+    assert proc.returncode != 0
+    assert "rank: 1" in out or "rank 1" in out, out[-3000:]
+    wait_gone(workers)
+
+
+def test_orphaned_workers_hold_the_exp_dir(corpus, tmp_path):
+    exp = str(tmp_path / "exp")
+    args = corpus.train_args(exp, "training.max_epoch=50")
+    proc = subprocess.Popen(launcher(2) + args, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
+    deadline = time.time() + 90
+    while time.time() < deadline and not glob.glob(os.path.join(exp, "ckpt-*.json")):
+        time.sleep(0.1)
+    workers = [p for p in descendants(proc.pid)]
+    kill_tree(proc, launcher_only=True)          # like `kill -9 <torchrun>`
+    alive = [p for p in workers if os.path.exists(f"/proc/{p}")]
+    assert alive, "torchrun workers should outlive their launcher"
+    try:
+        result = run_train(args, timeout=60)
+        assert result.returncode != 0
+        assert "in use by a live run" in result.stderr
+        assert any(f"pid {p}" in result.stderr for p in alive), result.stderr[-2000:]
+    finally:
+        for pid in alive:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        wait_gone(alive)
+    # The dead run's lock is stale now: a rerun takes over and resumes.
+    again = run_train(corpus.train_args(exp, "training.max_epoch=2"))
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
+def test_two_launchers_multi_node(corpus, tmp_path):
+    exp = str(tmp_path / "exp")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for node_rank in (0, 1):
+        cmd = [TORCHRUN, "--nnodes=2", f"--node-rank={node_rank}", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=mn-test",
+               *corpus.train_args(exp, *FAST)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=env()))
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
+    assert os.path.exists(os.path.join(exp, "log", "train.rank1.log"))
+    assert "world=2" in open(os.path.join(exp, "log", "train.rank0.log")).read()
+    assert latest_payload(exp)["world_size"] == 2
+
+
+def test_num_gpus_mismatch_is_an_error_before_work(corpus, tmp_path):
+    exp = str(tmp_path / "exp")
+    result = run_train(corpus.train_args(exp, *FAST) + ["--num-gpus", "2"])
+    assert result.returncode != 0
+    assert "--num-gpus 2" in result.stderr or "CUDA is not available" in result.stderr
+    assert not glob.glob(os.path.join(exp, "ckpt-*"))
+
+
+def test_secrets_never_written(corpus, tmp_path):
+    secret = "s3cr3t-T0KEN-value"
+    data_dir = tmp_path / f"bucket-{secret}"
+    data_dir.mkdir()
+    train = data_dir / "train.list"
+    train.write_text(open(corpus.train).read())
+    exp = str(tmp_path / "exp")
+    args = corpus.train_args(exp, *FAST, train=str(train))
+    e = env(MY_API_TOKEN=secret)
+    result = subprocess.run([sys.executable] + args, capture_output=True, text=True, env=e,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert secret not in result.stderr
+    for path in glob.glob(os.path.join(exp, "**", "*"), recursive=True) + \
+            glob.glob(os.path.join(exp, ".*", "*")):
+        if os.path.isfile(path):
+            assert secret.encode() not in open(path, "rb").read(), f"secret found in {path}"
