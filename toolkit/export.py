@@ -27,9 +27,14 @@ class StreamingScorer(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        # Keyword detectors score each keyword independently (sigmoid); utterance
+        # classifiers choose one class (softmax).
+        self.classify = not getattr(model, "streaming", True)
 
     def forward(self, feats: torch.Tensor, cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         logits, new_cache = self.model(feats, cache)
+        if self.classify:
+            return torch.softmax(logits, dim=-1), new_cache
         return torch.sigmoid(logits), new_cache
 
 
@@ -54,7 +59,8 @@ def build_metadata(model: nn.Module, fbank: dict, keywords: Sequence[str],
         "cache_size": int(model.cache_size),
         "keywords": list(keywords),
         "threshold": threshold,
-        "output": "sigmoid posteriors (batch, frames, keywords)",
+        "output": ("sigmoid posteriors (batch, frames, keywords)" if getattr(model, "streaming", True)
+                   else "softmax posteriors (batch, classes)"),
         "cmvn": {"mean": model.cmvn.mean.tolist(), "inv_std": model.cmvn.inv_std.tolist(),
                  "applied_inside_model": True},
     }
@@ -127,6 +133,8 @@ def check_parity(model: nn.Module, paths: Dict[str, str], features: List[np.ndar
                  tolerance: float = 1e-4, chunks: Sequence[int] = (0, 1, 16)) -> Dict[str, float]:
     """Max |diff| of every exported format against PyTorch, whole-utterance (chunk 0)
     and streamed in chunks. Raises when any exceeds `tolerance`."""
+    if not getattr(model, "streaming", True):
+        chunks = (0,)      # a classifier sees whole clips only
     reference = torch_fn(StreamingScorer(model).eval())
     runners = {}
     if "torchscript" in paths:

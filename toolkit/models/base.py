@@ -70,6 +70,9 @@ class StreamingModel(nn.Module):
     the flat cache is their concatenation, a single tensor that ONNX and TorchScript
     runtimes carry between chunks without knowing the model's inner structure."""
 
+    # Causal models stream; utterance classifiers (BC-ResNet) set this to False.
+    streaming: bool = True
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -97,6 +100,7 @@ class StreamingModel(nn.Module):
         return torch.cat([p.reshape(p.size(0), -1) for p in parts], dim=1)
 
     def receptive_field(self) -> int:
+        """Frames of context an output depends on; recurrent models return -1 (unbounded)."""
         return 1 + sum(f for _, f in self.cache_shapes)
 
 
