@@ -126,9 +126,6 @@ def test_json_without_fields(tmp_path):
         read_cmvn(str(path))
 
 
-@pytest.mark.xfail(strict=True, raises=(RuntimeError, StopIteration), reason="library bug: read_cmvn lets kaldiio's RuntimeError / "
-                   "StopIteration escape for files that are not stats (toolkit/cmvn.py, the "
-                   "load_ark fallback in read_cmvn is not guarded)")
 @pytest.mark.parametrize("content", [b"hello world\n", b"", b"\x00\x01garbage" * 10],
                          ids=["text", "empty", "binary"])
 def test_bogus_file_gives_value_error(tmp_path, content):

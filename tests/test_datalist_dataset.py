@@ -84,10 +84,6 @@ def test_datalist_skips_and_counts_bad_lines(mixed_list):
     assert dl.total_hours() == pytest.approx(sum(e["duration"] for e in GOOD) / 3600, rel=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: toolkit/data/datalist.py DataList.load checks the duration with "
-    "isinstance(dur, (int, float)), which accepts JSON true/false (bool is an int): "
-    "duration true is kept as 1.0 s instead of being counted as absurd_duration"))
 def test_datalist_rejects_boolean_duration(tmp_path):
     path = write_lines(tmp_path / "b.list",
                        ['{"key": "b1", "wav": "/x.wav", "duration": true, "label": 0}'])

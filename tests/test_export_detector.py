@@ -278,10 +278,6 @@ def test_compute_posteriors_cli(exported, tmp_path):
         np.testing.assert_allclose(got[e["key"]], expected, atol=1e-6, rtol=0)
 
 
-@pytest.mark.xfail(strict=True, raises=BadEntry, reason=(
-    "library bug: toolkit/bin/export_model.py builds the parity features with "
-    "`[processor(test.entry(i), 0) for i in ...]` without catching BadEntry, so one missing "
-    "file in --test-data aborts the export with a traceback instead of being skipped"))
 def test_export_skips_bad_test_entries(exported, tmp_path):
     from toolkit.bin import export_model
     entries = [{"key": "gone", "wav": str(tmp_path / "gone.wav"), "duration": 1.0, "label": -1}]

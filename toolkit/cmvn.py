@@ -95,13 +95,17 @@ def read_cmvn(path: str) -> dict:
             raise ValueError(f"{path}: CMVN JSON lacks {sorted(missing)}")
         return cmvn
     import kaldiio
+    not_stats = f"{path}: not Kaldi CMVN stats (expected 2 x (dim+1) with a count)"
     try:
         stats = kaldiio.load_mat(path)
     except Exception:
         # An archive with a key (`spk [ ... ]`), as compute-cmvn-stats writes.
-        stats = next(iter(kaldiio.load_ark(path)))[1]
+        try:
+            stats = next(iter(kaldiio.load_ark(path)))[1]
+        except (Exception, StopIteration):
+            raise ValueError(not_stats) from None
     stats = np.asarray(stats, dtype=np.float64)
     if stats.ndim != 2 or stats.shape[0] != 2 or stats[0, -1] <= 0:
-        raise ValueError(f"{path}: not Kaldi CMVN stats (expected 2 x (dim+1) with a count)")
+        raise ValueError(not_stats)
     dim = stats.shape[1] - 1
     return stats_to_cmvn(stats[0, :dim], stats[1, :dim], stats[0, dim])

@@ -39,6 +39,7 @@ def main(argv=None):
     cfg.feature.num_mel_bins = int(feature["num_mel_bins"])
     cfg.feature.frame_length_ms = float(feature["frame_length_ms"])
     cfg.feature.frame_shift_ms = float(feature["frame_shift_ms"])
+    cfg.feature.dither = float(feature.get("dither", 0.0))
     datalist = DataList.load(args.data_list, require_label=False)
     processor = UtteranceProcessor(cfg, seed=0, train=False, from_features=datalist.has_features())
     bad = BadCounter()

@@ -24,6 +24,28 @@ def get_args(argv=None):
     return p.parse_args(argv)
 
 
+def parity_features(test, processor, count: int):
+    """Features of `count` test utterances spread over the list; broken entries are
+    skipped (and logged) like everywhere else."""
+    from toolkit.data.audio import BadEntry
+    from toolkit.data.datalist import BadCounter
+    bad = BadCounter()
+    features = []
+    step = max(1, len(test) // max(1, count))
+    for i in list(range(0, len(test), step)) + list(range(len(test))):
+        if len(features) >= count:
+            break
+        entry = test.entry(i)
+        try:
+            features.append(processor(entry, 0))
+        except BadEntry as err:
+            bad.add(err.reason, entry["key"], err.detail)
+    if not features:
+        raise RuntimeError(f"no usable utterance in the test list for the parity check "
+                           f"({bad.summary()})")
+    return features
+
+
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
@@ -49,8 +71,7 @@ def main(argv=None):
     test = DataList.load(args.test_data, require_label=False)
     processor = UtteranceProcessor(cfg.dataset, seed=0, train=False,
                                    from_features=test.has_features())
-    step = max(1, len(test) // max(1, args.num_check))
-    features = [processor(test.entry(i), 0) for i in range(0, len(test), step)][:args.num_check]
+    features = parity_features(test, processor, args.num_check)
     worst = check_parity(model, paths, features, args.tolerance)
     logger.info("exported to %s: %s", args.out_dir,
                 ", ".join(f"{k} max diff {v:.2e}" for k, v in worst.items()))

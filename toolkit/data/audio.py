@@ -73,9 +73,13 @@ def read_audio(source: str, start: float = 0.0, end: float = -1.0) -> Tuple[np.n
     elif _is_ark_offset(source):
         import kaldiio
         try:
-            rate, data = kaldiio.load_mat(source)
+            loaded = kaldiio.load_mat(source)
         except Exception as err:
             raise BadEntry("unreadable_audio", f"{source}: {err}") from None
+        # A wav ark entry loads as (rate, samples); a feature matrix is not audio.
+        if not (isinstance(loaded, tuple) and len(loaded) == 2 and np.isscalar(loaded[0])):
+            raise BadEntry("unreadable_audio", f"{source}: not a waveform entry")
+        rate, data = int(loaded[0]), loaded[1]
         data = np.asarray(data)
         scale = 32768.0 if data.dtype == np.int16 else 1.0
         audio = (data.astype(np.float32) / scale).reshape(len(data), -1)

@@ -115,7 +115,8 @@ class DataList:
                     bad.add("missing_field", str(key or where), "needs key and wav or feat")
                     continue
                 dur = obj.get("duration")
-                if not isinstance(dur, (int, float)) or not math.isfinite(dur) \
+                if not isinstance(dur, (int, float)) or isinstance(dur, bool) \
+                        or not math.isfinite(dur) \
                         or dur <= 0 or dur > MAX_ABSURD_DURATION:
                     bad.add("absurd_duration", key, f"duration={dur!r}")
                     continue

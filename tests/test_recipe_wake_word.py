@@ -1,0 +1,76 @@
+"""The self-contained recipe end to end at a tiny size: TTS data, lists, CMVN, training
+with two gloo ranks through torchrun, averaging, export, scoring — the real run.sh."""
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(ROOT, "egs", "wake_word", "s0")
+
+TINY = ["--num-train-pos", "40", "--num-train-neg", "60", "--num-dev-pos", "10",
+        "--num-dev-neg", "14", "--num-test-pos", "12", "--num-test-neg", "24",
+        "--num-procs", "2", "--average-num", "2",
+        "--train-overrides", "training.max_epoch=3 dataset.batch_size=16 training.log_interval=2"]
+
+
+def run_recipe(tmp, *args, timeout=600):
+    cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--keyword", "hey snips",
+           "--data", str(tmp / "data"), "--exp", str(tmp / "exp"), *TINY, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def recipe_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("recipe")
+    result = run_recipe(tmp)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return tmp, result
+
+
+def test_all_stages_produce_their_outputs(recipe_run):
+    tmp, result = recipe_run
+    data, exp = tmp / "data", tmp / "exp"
+    for split in ("train", "dev", "test"):
+        for name in ("wav.scp", "text", "utt2dur", "data.list", "fbank/feats.scp"):
+            assert (data / split / name).exists(), f"{split}/{name}"
+    assert (data / "dict" / "keywords.txt").read_text() == "hey snips\n"
+    assert (data / "train" / "global_cmvn.json").exists()
+    assert (data / "train" / "global_cmvn.ark").exists()
+    # Two gloo ranks trained: each wrote its own log.
+    assert (exp / "log" / "train.rank0.log").exists() and (exp / "log" / "train.rank1.log").exists()
+    assert "world=2" in (exp / "log" / "train.rank0.log").read_text()
+    assert (exp / "avg_2.pt").exists()
+    for name in ("model.onnx", "model.zip", "model.safetensors", "config.json"):
+        assert (exp / "export" / name).exists(), name
+    score = exp / "score"
+    summary = (score / "summary.txt").read_text()
+    assert summary.startswith("hey_snips: FRR") and "@1 FA/h" in summary and "@0.5 FA/h" in summary
+    assert summary.strip() in result.stdout          # printed at the end of the run
+    assert (score / "det.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (score / "det_hey_snips.txt").exists()
+    det = json.loads((score / "det.json").read_text())
+    selected = det["curves"]["hey snips"]["selected"]
+    from toolkit.export import read_metadata
+    meta = read_metadata(str(exp / "export" / "model.onnx"))
+    assert meta["keywords"] == ["hey snips"]
+    if selected["threshold"] is not None:
+        assert meta["threshold"] == pytest.approx(selected["threshold"])
+    assert "parity onnx vs PyTorch: max abs diff" in result.stderr
+
+
+def test_stages_are_rerunnable(recipe_run):
+    tmp, _ = recipe_run
+    before = sorted(p.name for p in (tmp / "exp").glob("ckpt-*.pt"))
+    again = run_recipe(tmp, "--stage", "0", "--stop-stage", "4", timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    # Training found its finished run and did not redo it.
+    assert "resumed from" in again.stderr
+    assert sorted(p.name for p in (tmp / "exp").glob("ckpt-*.pt")) == before
+
+
+def test_bad_option_is_refused(tmp_path):
+    result = subprocess.run(["bash", os.path.join(RECIPE, "run.sh"), "--no-such-option", "1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "unknown option --no-such-option" in result.stderr
