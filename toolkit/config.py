@@ -102,12 +102,6 @@ class OptimConfig:
 
 
 @dataclass
-class LossSwitch:
-    name: str = ""
-    start_fraction: float = 0.0
-
-
-@dataclass
 class TrainingConfig:
     seed: int = 777
     max_epoch: int = 10

@@ -35,9 +35,9 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        if err.errno == errno.ENOSPC:
-            raise OSError(err.errno, f"no space left on device while writing {path}; "
-                          "the previous file is intact") from err
+        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise OSError(err.errno, f"no space left on device (or quota/file-size limit) while "
+                          f"writing {path}; the previous file is intact") from err
         raise
 
 

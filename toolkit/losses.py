@@ -1,6 +1,6 @@
 """Training criteria. Each takes (logits, lengths, labels) and returns (loss, metrics)."""
-from dataclasses import dataclass
-from typing import Dict, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +83,62 @@ class CrossEntropyLoss(nn.Module):
         loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
         acc = (logits.argmax(dim=1) == labels).float().mean()
         return loss, {"acc": acc}
+
+
+@LOSSES.register("weighted_sum")
+class WeightedSumLoss(nn.Module):
+    """Several criteria on the same output, each switched on at a fraction of the total
+    training steps (a loss schedule), e.g. cross-entropy first, max-pooling from 30 %:
+
+        loss:
+          type: weighted_sum
+          components:
+            - {type: cross_entropy, weight: 1.0}
+            - {type: max_pooling, weight: 1.0, start_fraction: 0.3, min_duration: 20}
+    """
+
+    @dataclass
+    class Config(LossConfigBase):
+        components: List[Dict[str, Any]] = field(default_factory=list)
+
+        def __post_init__(self):
+            from toolkit.config import ConfigError, build_dataclass
+            if not self.components:
+                raise ConfigError("loss.components: at least one component is required")
+            self.parsed = []
+            for i, raw in enumerate(self.components):
+                raw = dict(raw)
+                weight = float(raw.pop("weight", 1.0))
+                start = float(raw.pop("start_fraction", 0.0))
+                kind = raw.get("type")
+                if kind not in LOSSES or kind == "weighted_sum":
+                    raise ConfigError(f"loss.components[{i}].type: unknown '{kind}' (one of: "
+                                      + ", ".join(n for n in LOSSES.names() if n != "weighted_sum") + ")")
+                if not 0.0 <= start < 1.0:
+                    raise ConfigError(f"loss.components[{i}].start_fraction must be in [0, 1)")
+                sub = build_dataclass(LOSSES.get(kind).Config, raw, f"loss.components[{i}]")
+                self.parsed.append((sub, weight, start))
+
+    def __init__(self, config: "WeightedSumLoss.Config"):
+        super().__init__()
+        self.parts = nn.ModuleList(LOSSES.get(sub.type)(sub) for sub, _, _ in config.parsed)
+        self.weights = [w for _, w, _ in config.parsed]
+        self.starts = [s for _, _, s in config.parsed]
+        self.progress = 0.0       # fraction of training done; set by the trainer each step
+
+    def forward(self, logits, lengths, labels):
+        total = None
+        metrics: Dict[str, torch.Tensor] = {}
+        for i, (part, weight, start) in enumerate(zip(self.parts, self.weights, self.starts)):
+            if self.progress < start:
+                continue
+            loss, m = part(logits, lengths, labels)
+            total = weight * loss if total is None else total + weight * loss
+            metrics.update({f"{k}_{i}" if k in metrics else k: v for k, v in m.items()})
+            metrics[f"loss_{i}"] = loss.detach()
+        if total is None:     # nothing switched on yet: the earliest component counts
+            return self.parts[0](logits, lengths, labels)
+        return total, metrics
 
 
 def build_loss(config) -> nn.Module:

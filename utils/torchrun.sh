@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Launches a training binary through torchrun from a recipe's gpus= setting.
-#   utils/torchrun.sh GPUS NUM_PROCS NUM_NODES NODE_RANK RDZV_ENDPOINT -m toolkit.bin.train ARGS...
+#   utils/torchrun.sh [--master-port P] GPUS NUM_PROCS NUM_NODES NODE_RANK RDZV_ENDPOINT \
+#       -m toolkit.bin.train ARGS...
 # GPUS "0,1" -> CUDA_VISIBLE_DEVICES=0,1, 2 processes per node, NCCL; "-1" or "" -> CPU with
 # NUM_PROCS gloo ranks. NUM_NODES > 1 uses c10d rendezvous at RDZV_ENDPOINT (host:port; run the
 # same command on every node with its NODE_RANK). The binary gets --num-gpus, so a mismatch
 # between the recipe and what torchrun launched is an error before any work starts.
+# --master-port is passed to torchrun only when given (one node: a fixed port instead of
+# --standalone's free one).
 set -euo pipefail
+master_port=""
+if [ "${1:-}" = "--master-port" ]; then
+  master_port=$2
+  shift 2
+fi
 if [ $# -lt 6 ]; then
   echo "usage: $0 GPUS NUM_PROCS NUM_NODES NODE_RANK RDZV_ENDPOINT -m MODULE ARGS..." >&2
   exit 1
@@ -23,6 +31,8 @@ fi
 if [ "$num_nodes" -gt 1 ]; then
   rdzv=(--nnodes="$num_nodes" --node-rank="$node_rank" --rdzv-backend=c10d
         --rdzv-endpoint="$endpoint" --rdzv-id="${TOOLKIT_RDZV_ID:-toolkit}")
+elif [ -n "$master_port" ]; then
+  rdzv=(--nnodes=1 --master-addr=127.0.0.1 --master-port="$master_port")
 else
   rdzv=(--standalone --nnodes=1)
 fi

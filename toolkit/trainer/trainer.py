@@ -90,6 +90,7 @@ class Trainer:
 
         self.steps_per_epoch = self._optimizer_steps_per_epoch()
         total = cfg.optim.scheduler.total_steps or self.steps_per_epoch * t.max_epoch
+        self.total_steps = total
         self.schedule = build_schedule(self.optimizer, cfg.optim.scheduler, total)
         # Each rank has its own dropout randomness; restored per rank on resume.
         torch.manual_seed(t.seed + 1000003 * info.rank)
@@ -212,6 +213,8 @@ class Trainer:
     # ------------------------------------------------------------------ steps
 
     def _forward_loss(self, batch):
+        if hasattr(self.loss_fn, "progress"):     # loss schedules switch on by progress
+            self.loss_fn.progress = self.step / max(1, self.total_steps)
         feats = batch.feats.to(self.device, non_blocking=True)
         lengths = batch.lengths.to(self.device)
         labels = batch.labels.to(self.device)

@@ -23,6 +23,7 @@ num_procs=1        # CPU only: number of gloo ranks
 num_nodes=1        # multi-node: number of nodes, this node's rank, rendezvous host:port
 node_rank=0
 rdzv_endpoint=127.0.0.1:29400
+master_port=""     # one node: fixed torchrun port (default: a free one)
 stage=0
 stop_stage=6
 
@@ -78,7 +79,7 @@ fi
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   echo "stage 3: training in $exp"
   # shellcheck disable=SC2086
-  utils/torchrun.sh "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
+  utils/torchrun.sh ${master_port:+--master-port $master_port} "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
     -m toolkit.bin.train --config $config --exp-dir $exp \
     --train-data $data/train/$list_name --dev-data $data/dev/$list_name \
     --inventory $dict --cmvn $data/train/global_cmvn.json $train_overrides
