@@ -244,3 +244,26 @@ def test_secrets_never_written(corpus, tmp_path):
             glob.glob(os.path.join(exp, ".*", "*")):
         if os.path.isfile(path):
             assert secret.encode() not in open(path, "rb").read(), f"secret found in {path}"
+
+
+def test_non_finite_gradients_stop_after_limit(corpus, tmp_path):
+    exp = str(tmp_path / "exp")
+    # An absurd learning rate blows the weights up; the following gradients are not finite.
+    result = run_train(corpus.train_args(exp, *FAST, "optim.lr=1e30", "optim.type=sgd",
+                                         "optim.momentum=0", "training.max_nonfinite_steps=2",
+                                         "optim.scheduler.warmup_steps=0"))
+    assert result.returncode != 0
+    assert "non-finite gradient norm" in result.stderr
+    assert "2 consecutive non-finite gradient norms" in result.stderr
+
+
+def test_accumulation_with_ddp_and_step_validation(corpus, tmp_path):
+    exp = str(tmp_path / "exp")
+    result = run_train(corpus.train_args(exp, *FAST, "training.accum_grad=2",
+                                         "training.val_interval_steps=1",
+                                         "training.save_interval_steps=100"), nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # 24 utterances / batch 6 = 4 batches -> 2 per rank -> 1 optimizer step with accum 2.
+    assert latest_payload(exp)["step"] == 1
+    from toolkit.trainer.checkpoint import list_checkpoints
+    assert all(c.dev_loss is not None for c in list_checkpoints(exp))

@@ -171,6 +171,12 @@ def _coerce(value, tp, path: str):
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        # YAML 1.1 reads `1e-3` (no dot) as a string; accept it as the number it means.
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{path}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):

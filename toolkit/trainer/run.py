@@ -72,6 +72,10 @@ def run_training(args) -> int:
         trainer.train()
         dist_util.barrier(info)
         return 0
+    except (ConfigError, FileNotFoundError) as err:
+        # The user's input is wrong: say what, without a traceback.
+        logger.error("%s", err)
+        return 2
     except Exception as err:
         logger.error("rank %d failed: %s\n%s(full log: %s)", info.rank, err,
                      traceback.format_exc(), log_file)
