@@ -108,6 +108,7 @@ class Trainer:
         self.epoch_bad = BadCounter()
         self.epoch_seen = 0
         self.writer = None
+        self.save_seconds = 0.0
         processor_args = dict(seed=t.seed, from_features=self.train_list.has_features())
         noise = DataList.load(cfg.dataset.noise.noise_list, require_label=False) \
             if cfg.dataset.noise.noise_list and cfg.dataset.noise.prob > 0 else None
@@ -173,6 +174,13 @@ class Trainer:
         }
 
     def save(self, dev_loss: Optional[float] = None) -> None:
+        started = time.time()
+        try:
+            self._save(dev_loss)
+        finally:
+            self.save_seconds += time.time() - started
+
+    def _save(self, dev_loss: Optional[float]) -> None:
         payload = self._payload()          # collective: every rank takes part
         if not self.info.is_main:
             return
@@ -397,8 +405,11 @@ class Trainer:
         if self.writer:
             self.writer.close()
         if self.info.is_main:
-            logger.info("training finished: %d steps, %.1f s this run", self.step,
-                        time.time() - run_start)
+            wall = time.time() - run_start
+            logger.info("training finished: %d steps, %.1f s this run (%.2f steps/s); "
+                        "checkpointing %.2f s = %.2f%% of wall time", self.step, wall,
+                        (self.step - start_step) / max(wall, 1e-9), self.save_seconds,
+                        100.0 * self.save_seconds / max(wall, 1e-9))
 
     def _log(self, window, run_start, start_step, total_steps) -> None:
         values = dist_util.all_reduce_sum(

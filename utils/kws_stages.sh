@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Stages 1-6 shared by every recipe once its stage 0 has written Kaldi data dirs
+# $data/{train,dev,test} (wav.scp, text[, utt2spk, utt2dur]) and the inventory $dict.
+# Sourced by a recipe's run.sh after `. utils/parse_options.sh` (and after its stage 0):
+#
+#   task_type=detection          # or classification
+#   dict=$data/dict/keywords.txt
+#   . utils/kws_stages.sh
+#
+# It reads the recipe's variables (the same names in every recipe):
+#   stage stop_stage data exp config dict nj average_num train_overrides
+#   gpus num_procs num_nodes node_rank rdzv_endpoint master_port
+# and optionally
+#   task_type          detection (default): transcripts containing line k of $dict are
+#                      keyword k, everything else filler; max-pooling style detectors;
+#                      stage 6 = DET curves (FRR vs false alarms per hour) + threshold.
+#                      classification: the transcript IS the class name (one line of
+#                      $dict); stage 6 = accuracy and confusion matrix.
+#   precompute_feats   true (default): fbank once into $data/*/fbank/ and train from it
+#   target_fa_per_hour detection only: FA/h at which the deployment threshold is chosen (1.0)
+#
+# Stages (each rerunnable):
+#   1 data lists $data/*/data.list (+ fbank features $data/*/fbank/ when precompute_feats)
+#   2 global CMVN $data/train/global_cmvn.{json,ark}
+#   3 training through torchrun into $exp (resumes when rerun)
+#   4 average the best $average_num checkpoints by dev loss -> $exp/avg_${average_num}.pt
+#   5 export TorchScript/ONNX/safetensors -> $exp/export/ (parity-checked)
+#   6 score the test set with the ONNX model -> $exp/score/
+
+_kws_stages_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+for _v in stage stop_stage data exp config dict nj average_num train_overrides \
+          gpus num_procs num_nodes node_rank rdzv_endpoint master_port; do
+  if [ -z "${!_v+x}" ]; then
+    echo "$0: utils/kws_stages.sh needs the recipe variable '$_v' (set it before sourcing)" >&2
+    exit 1
+  fi
+done
+task_type=${task_type:-detection}
+precompute_feats=${precompute_feats:-true}
+target_fa_per_hour=${target_fa_per_hour:-1.0}
+case "$task_type" in
+  detection) _label_mode=keyword ;;
+  classification) _label_mode=class ;;
+  *) echo "$0: task_type must be detection or classification, got '$task_type'" >&2; exit 1 ;;
+esac
+
+list_name=data.list
+[ "$precompute_feats" = true ] && list_name=fbank/data.list
+
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  echo "stage 1: data lists (label mode $_label_mode)"
+  [ -f "$dict" ] || { echo "$0: inventory $dict not found: run stage 0 first" >&2; exit 1; }
+  for x in train dev test; do
+    python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" --inventory "$dict" \
+      --label-mode $_label_mode --nj "$nj"
+    if [ "$precompute_feats" = true ]; then
+      python -m toolkit.bin.compute_feats "$data/$x/data.list" "$data/$x/fbank" --config "$config" --nj "$nj"
+    fi
+  done
+fi
+
+if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
+  echo "stage 2: global CMVN"
+  python -m toolkit.bin.compute_cmvn "$data/train/$list_name" "$data/train/global_cmvn.json" \
+    --kaldi-out "$data/train/global_cmvn.ark" --config "$config" --nj "$nj"
+fi
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  echo "stage 3: training in $exp"
+  # $train_overrides is split into separate key=value words on purpose.
+  # shellcheck disable=SC2086
+  "$_kws_stages_dir/torchrun.sh" ${master_port:+--master-port $master_port} \
+    "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
+    -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
+    --train-data "$data/train/$list_name" --dev-data "$data/dev/$list_name" \
+    --inventory "$dict" --cmvn "$data/train/global_cmvn.json" $train_overrides
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  echo "stage 4: averaging the best $average_num checkpoints by dev loss"
+  python -m toolkit.bin.average_model --exp-dir "$exp" --output "$exp/avg_${average_num}.pt" \
+    --num "$average_num" --mode best
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  echo "stage 5: export"
+  python -m toolkit.bin.export_model --checkpoint "$exp/avg_${average_num}.pt" --exp-dir "$exp" \
+    --out-dir "$exp/export" --test-data "$data/test/$list_name"
+fi
+
+if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  if [ "$task_type" = detection ]; then
+    echo "stage 6: scoring the test set with the ONNX model"
+    python -m toolkit.bin.compute_posteriors --model "$exp/export/model.onnx" \
+      --data-list "$data/test/$list_name" --output "$exp/score/test_probs.ark"
+    python -m toolkit.bin.score_kws --data-list "$data/test/$list_name" \
+      --posteriors "$exp/score/test_probs.ark" --keywords "$dict" --out-dir "$exp/score" \
+      --target-fa-per-hour "$target_fa_per_hour"
+    python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score"
+    echo "summary ($exp/score/summary.txt):"
+    cat "$exp/score/summary.txt"
+  else
+    echo "stage 6: classifying the test set with the ONNX model"
+    python -m toolkit.bin.score_commands --model "$exp/export/model.onnx" \
+      --data-list "$data/test/$list_name" --inventory "$dict" --out-dir "$exp/score"
+    echo "per-class report: $exp/score/accuracy.txt, confusion matrix: $exp/score/confusion.{txt,png}"
+  fi
+fi
