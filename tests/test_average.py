@@ -157,7 +157,7 @@ def test_different_architectures_refused(tmp_path):
     wide = train_and_save(other, ds_tcn_config(12), [5], {5: 0.3})
     for name in os.listdir(other):
         shutil.copy(other / name, exp_dir / name)
-    with pytest.raises(ValueError, match="different model configurations.*different architectures"):
+    with pytest.raises(ValueError, match="different model configuration.*different architectures"):
         average_checkpoints(str(exp_dir), 2, "best")
     # Without the config check, the state comparison names the tensor and both shapes.
     with pytest.raises(ValueError) as err:

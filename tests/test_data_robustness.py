@@ -164,3 +164,32 @@ def test_a_rank_whose_batch_is_all_bad_does_not_block(corpus, tmp_path):
                        nproc=2, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert latest_payload(exp)["epoch"] == 1
+
+
+def test_training_straight_from_kaldi_feats_scp(corpus, tmp_path):
+    """A Kaldi feats.scp (written with kaldiio, as Kaldi would) becomes a list with `feat`
+    entries; training reads it and says waveform augmentation is off."""
+    import subprocess
+    import sys
+    import kaldiio
+    from kws_data import make_kaldi_dir, write_keywords
+    from toolkit.data.features import compute_fbank, fbank_options
+    data_dir = make_kaldi_dir(str(tmp_path), "fdir", 6, 10, seed=9)
+    opts = fbank_options(num_mel_bins=20)
+    with kaldiio.WriteHelper(f"ark,scp:{tmp_path}/feats.ark,{data_dir}/feats.scp") as writer:
+        for line in open(os.path.join(data_dir, "wav.scp")):
+            key, path = line.split()
+            wave, _ = sf.read(path, dtype="float32")
+            writer(key, compute_fbank(wave, opts))
+    inv = write_keywords(str(tmp_path), ["hey chirp"])
+    out = str(tmp_path / "feats.list")
+    done = subprocess.run([sys.executable, "-m", "toolkit.bin.make_datalist", data_dir, out,
+                           "--inventory", inv, "--feats-scp", os.path.join(data_dir, "feats.scp")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    entries = [json.loads(line) for line in open(out)]
+    assert len(entries) == 16 and all(".ark:" in e["feat"] for e in entries)
+    exp = str(tmp_path / "exp")
+    result = run_train(corpus.train_args(exp, "training.max_epoch=1", train=out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "waveform augmentations speed_perturb, volume_range are off" in result.stderr

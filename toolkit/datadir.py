@@ -89,7 +89,8 @@ def table_kind(name: str, has_segments: bool) -> Optional[str]:
     if name in ("text", "segments", "feats.scp") or name.startswith("utt2"):
         return "utt"
     if name.startswith("reco2"):
-        return "reco"
+        # Without segments each recording is one utterance with the same key.
+        return "reco" if has_segments else "utt"
     if name == "cmvn.scp" or name.startswith("spk2"):
         return "spk"
     return None
@@ -377,10 +378,10 @@ def fix_data_dir(path: str) -> List[str]:
         sets = [set(r) for n, r in rows.items() if kinds[n] == kind]
         return set.intersection(*sets) if sets else None
 
-    recs = common("reco")
     utts = common("utt") or set()
     if has_seg:
-        utts = {u for u in utts if rows["segments"][u].split()[0] in (recs or set())}
+        recs = common("reco") or set()
+        utts = {u for u in utts if rows["segments"][u].split()[0] in recs}
     if "utt2spk" in rows:
         speakers = common("spk")
         if speakers is not None:
@@ -394,10 +395,9 @@ def fix_data_dir(path: str) -> List[str]:
         report.append(f"kept {len(utts)} of {len(all_utts)} utterance(s); dropped {len(dropped)} "
                       f"missing from some file or with an unknown recording/speaker: "
                       f"{_few(dropped)}")
-    if has_seg:
-        recs = {rows["segments"][u].split()[0] for u in utts}
+    recs = {rows["segments"][u].split()[0] for u in utts} if has_seg else set()
     speakers = {rows["utt2spk"][u] for u in utts} if "utt2spk" in rows else set()
-    keep = {"utt": utts, "reco": recs or set(), "spk": speakers}
+    keep = {"utt": utts, "reco": recs, "spk": speakers}
     backup = os.path.join(path, ".backup")
     for name, r in rows.items():
         kept = {k: v for k, v in r.items() if k in keep[kinds[name]]}
@@ -540,7 +540,8 @@ def combine_data_dirs(out: str, dirs: Sequence[str]) -> List[str]:
     for name, rows in merged.items():
         text = "".join(f"{k} {rows[k]}\n" for k in sorted(rows, key=c_order))
         atomic_write_text(os.path.join(out, name), text)
-    n_utts = len(merged.get("segments" if has_seg else "wav.scp", merged.get("text", {})))
+    n_utts = max((len(r) for n, r in merged.items() if table_kind(n, has_seg) == "utt"),
+                 default=0)
     report.append(f"combined {len(dirs)} dir(s) into {out}: {n_utts} utterance(s), "
                   f"tables {' '.join(sorted(merged))}")
     return report

@@ -9,7 +9,7 @@ import logging
 import sys
 
 from toolkit.data.datalist import read_inventory, write_datalist
-from toolkit.data.kaldi import LABELERS, load_data_dir
+from toolkit.data.kaldi import LABELERS, load_data_dir, read_table
 from toolkit.logging_utils import setup_logging
 
 logger = logging.getLogger("make_datalist")
@@ -23,6 +23,8 @@ def get_args(argv=None):
     p.add_argument("--inventory", required=True, help="keyword/class inventory, one per line")
     p.add_argument("--label-mode", default="keyword", choices=LABELERS.names())
     p.add_argument("--nj", type=int, default=2, help="parallel jobs for missing durations")
+    p.add_argument("--feats-scp", help="Kaldi feats.scp (e.g. <data_dir>/feats.scp): entries get "
+                   "`feat` and train straight from these features")
     return p.parse_args(argv)
 
 
@@ -31,14 +33,23 @@ def main(argv=None):
     setup_logging()
     inventory = read_inventory(args.inventory)
     labeler = LABELERS.get(args.label_mode)(inventory)
-    entries, unlabeled = [], []
+    feats = read_table(args.feats_scp) if args.feats_scp else {}
+    entries, unlabeled, no_feats = [], [], []
     for entry in load_data_dir(args.data_dir, nj=args.nj):
+        if args.feats_scp:
+            if entry["key"] not in feats:
+                no_feats.append(entry["key"])
+                continue
+            entry["feat"] = feats[entry["key"]]
         label = labeler(entry.get("txt", ""))
         if label is None:
             unlabeled.append(entry["key"])
             continue
         entry["label"] = label
         entries.append(entry)
+    if no_feats:
+        logger.warning("%s: %d utterances have no features in %s and were left out (e.g. %s)",
+                       args.data_dir, len(no_feats), args.feats_scp, ", ".join(no_feats[:3]))
     if unlabeled:
         logger.warning("%s: %d utterances have no label in %s and were left out (e.g. %s)",
                        args.data_dir, len(unlabeled), args.inventory, ", ".join(unlabeled[:3]))

@@ -123,7 +123,7 @@ class UtteranceProcessor:
 
     def __call__(self, entry: dict, epoch: int) -> np.ndarray:
         rng = augment.utterance_rng(self.seed, epoch, entry["key"])
-        if self.from_features:
+        if "feat" in entry:       # precomputed features win over audio, per entry
             import kaldiio
             try:
                 feats = np.asarray(kaldiio.load_mat(entry["feat"]), dtype=np.float32)

@@ -116,8 +116,9 @@ class Trainer:
             if cfg.dataset.reverb.rir_list and cfg.dataset.reverb.prob > 0 else None
         self.train_proc = UtteranceProcessor(cfg.dataset, train=True, noise=noise, rirs=rirs,
                                              **processor_args)
-        self.dev_proc = UtteranceProcessor(cfg.dataset, train=False,
-                                           seed=t.seed, from_features=processor_args["from_features"])
+        self.dev_proc = UtteranceProcessor(cfg.dataset, train=False, seed=t.seed,
+                                           from_features=bool(self.dev_list and
+                                                              self.dev_list.has_features()))
         if self.train_list.has_features():
             waveform_aug = [name for name, on in (
                 ("speed_perturb", bool(cfg.dataset.speed_perturb)),
