@@ -54,9 +54,14 @@ def average_checkpoints(exp_dir: str, num: int, mode: str = "best") -> dict:
     chosen = select_checkpoints(exp_dir, num, mode)
     payloads = [ckpt.load_payload(c.path) for c in chosen]
     configs = [p.get("model_config") for p in payloads]
-    if any(c != configs[0] for c in configs[1:]):
-        raise ValueError("checkpoints come from different model configurations; refusing "
-                         "to average different architectures")
+    for info, cfg in zip(chosen[1:], configs[1:]):
+        if cfg != configs[0]:
+            a, b = configs[0] or {}, cfg or {}
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            raise ValueError(
+                f"{info.path} has a different model configuration than {chosen[0].path} ("
+                + ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in diff)
+                + "); refusing to average different architectures")
     names = [c.path for c in chosen]
     averaged = average_states([p["model"] for p in payloads], names)
     logger.info("averaged %d checkpoints (%s): %s", len(chosen), mode,

@@ -65,6 +65,14 @@ class _TorchBackend(Backend):
         return probs.numpy(), cache.numpy()
 
 
+class ModuleBackend(_TorchBackend):
+    """An in-memory scorer module (e.g. StreamingScorer(model)) with its metadata."""
+
+    def __init__(self, module, metadata: dict):
+        self.module, self.metadata = module.eval(), metadata
+        self.reset()
+
+
 @BACKENDS.register(".zip")
 class TorchScriptBackend(_TorchBackend):
     def __init__(self, path: str, threads: int = 1):

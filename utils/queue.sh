@@ -9,7 +9,8 @@
 #
 # As with run.pl, arguments without whitespace reach `bash -c` as they are, so an escaped
 # \| or \> builds a pipe or a redirection inside each job; arguments with whitespace are
-# quoted and stay one argument. Jobs run with pipefail.
+# quoted and stay one argument. A command given as one single argument is taken as a
+# whole shell command line ('a JOB | b; c'). Jobs run with pipefail.
 #
 # Options:
 #   --backend local|slurm  local: background processes on this machine (default);
@@ -84,11 +85,15 @@ if [ "$last" -gt "$first" ] && [[ $logfile != *"$var"* ]]; then
   die "$((last - first + 1)) jobs would share one log file $logfile: put $var in its name"
 fi
 
-cmd=""
-for arg in "$@"; do
-  if [[ $arg =~ ^[^[:space:]]+$ ]]; then cmd+="$arg "; else cmd+="$(printf '%q' "$arg") "; fi
-done
-cmd=${cmd% }
+if [ $# -eq 1 ]; then
+  cmd=$1  # one argument: a whole shell command line, used as it is
+else
+  cmd=""
+  for arg in "$@"; do
+    if [[ $arg =~ ^[^[:space:]]+$ ]]; then cmd+="$arg "; else cmd+="$(printf '%q' "$arg") "; fi
+  done
+  cmd=${cmd% }
+fi
 
 subst() {  # subst STRING ID: STRING with the job variable replaced by ID
   if [ -n "$var" ]; then printf '%s' "${1//"$var"/$2}"; else printf '%s' "$1"; fi
@@ -159,8 +164,8 @@ run_local() {
 
 # ---------------------------------------------------------------------------- slurm
 run_slurm() {
-  command -v sbatch >/dev/null 2>&1 || die "--backend slurm needs 'sbatch' on PATH, and it is" \
-    "not there (PATH=$PATH). Run on a Slurm login node, or use --backend local."
+  command -v sbatch >/dev/null 2>&1 || die "--backend slurm needs 'sbatch' on PATH and it is" \
+    "not there: run on a Slurm login node, or use --backend local."
   local qdir name script out id extra=() resources=() array sbatch_rc=0 spid
   qdir="$(dirname "$(subst "$logfile" "$first")")/q"
   mkdir -p "$qdir"

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from toolkit.data.features import fbank_metadata, fbank_options  # noqa: E402
-from toolkit.detector import Detector, StreamingFbank, _TorchBackend, load_backend  # noqa: E402
+from toolkit.detector import Detector, ModuleBackend, StreamingFbank, load_backend  # noqa: E402
 from toolkit.export import (StreamingScorer, build_metadata, export_onnx,  # noqa: E402
                             export_torchscript)
 from toolkit.models import MODELS, build_model, count_parameters  # noqa: E402
@@ -34,15 +34,6 @@ RATE = 16000
 INPUT_DIM = 40
 CHUNK_S = 0.1
 THRESHOLD = 0.5
-
-
-class EagerBackend(_TorchBackend):
-    """The PyTorch model itself (no export), wrapped like the exported graphs."""
-
-    def __init__(self, model: torch.nn.Module, metadata: dict):
-        self.module = StreamingScorer(model).eval()
-        self.metadata = metadata
-        self.reset()
 
 
 def synthetic_wave(seconds: float, seed: int = 0) -> np.ndarray:
@@ -64,7 +55,7 @@ def build(model_type: str) -> torch.nn.Module:
 
 def make_backend(fmt: str, model: torch.nn.Module, metadata: dict, tmp: str):
     if fmt == "pytorch":
-        return EagerBackend(model, metadata)
+        return ModuleBackend(StreamingScorer(model), metadata)
     name = model.config.type
     if fmt == "torchscript":
         path = os.path.join(tmp, f"{name}.zip")
