@@ -206,6 +206,7 @@ def test_detector_same_on_every_backend_and_chunking(exported, threshold):
     wave, _ = sf.read(exported["wavs"][0], dtype="int16")
     paths = {"onnx": str(exported["out"] / "model.onnx"),
              "torchscript": str(exported["out"] / "model.zip"),
+             "safetensors": str(exported["out"] / "model.safetensors"),
              "checkpoint": exported["ckpt"]}
     results = {}
     for name, path in paths.items():

@@ -104,6 +104,24 @@ class CheckpointBackend(_TorchBackend):
         self.reset()
 
 
+@BACKENDS.register(".safetensors")
+class SafetensorsBackend(_TorchBackend):
+    """safetensors weights + the config.json beside them (written by export)."""
+
+    def __init__(self, path: str, threads: int = 1):
+        import torch
+        from safetensors.torch import load_file
+        from toolkit.export import StreamingScorer, read_metadata
+        from toolkit.models import MODELS, build_model
+        torch.set_num_threads(threads)
+        self.metadata = read_metadata(path)
+        raw = dict(self.metadata["model_config"])
+        model = build_model(MODELS.get(raw["type"]).Config(**raw))
+        model.load_state_dict(load_file(path))
+        self.module = StreamingScorer(model).eval()
+        self.reset()
+
+
 def load_backend(path: str, threads: int = 1) -> Backend:
     if not os.path.exists(path):
         raise FileNotFoundError(f"model {path} not found")
