@@ -141,7 +141,8 @@ def build_hey_snips(root: str, sizes: Optional[Dict[str, tuple]] = None, seed: i
     rng = np.random.default_rng(seed)
     meta: Dict[str, List[dict]] = {}
     for split, (n_pos, n_neg) in sizes.items():
-        workers = [_hex_id("worker", split, seed, i, n=32) for i in range(3)]
+        # Worker ids are integers in the real metadata; they differ between splits.
+        workers = [1000 * (1 + ("train", "dev", "test").index(split)) + i for i in range(3)]
         entries = []
         for i in range(n_pos + n_neg):
             hot = i < n_pos

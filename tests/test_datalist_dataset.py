@@ -351,7 +351,7 @@ def test_pipeline_noise_at_configured_snr(wav_dir):
     proc = UtteranceProcessor(cfg, seed=0, train=True, noise=noise)
     for e in wav_dir["good"]:
         clean = load_mono(e["wav"], RATE)
-        mixed = proc.waveform(e, utterance_rng(0, 0, e["key"]))
+        mixed = proc.augment_waveform(proc.load(e), utterance_rng(0, 0, e["key"]))
         assert len(mixed) == len(clean)
         assert abs(snr_db(clean, mixed) - 10.0) < 0.5
 
@@ -382,7 +382,7 @@ def test_reverb_keeps_length_and_alignment(wav_dir):
                               rirs=DataList.load(wav_dir["rir"], require_label=False))
     e = wav_dir["good"][0]
     clean = load_mono(e["wav"], RATE)
-    out = proc.waveform(e, utterance_rng(0, 0, e["key"]))
+    out = proc.augment_waveform(proc.load(e), utterance_rng(0, 0, e["key"]))
     assert len(out) == len(clean) and not np.allclose(out, clean)
 
 

@@ -128,6 +128,14 @@ VALUE_CHECKS: Dict[str, Callable[[str], Optional[str]]] = {
 }
 
 
+def value_problem(name: str, value: str) -> Optional[str]:
+    """Why a non-empty value is malformed for table `name`, or None."""
+    if name == "segments":
+        return parse_segment(value)[1] or None
+    check = VALUE_CHECKS.get(name)
+    return check(value) if check else None
+
+
 def parse_segment(value: str) -> Tuple[Optional[Tuple[str, float, float]], str]:
     """'rec start end' -> ((rec, start, end), '') or (None, why)."""
     parts = value.split()
@@ -171,12 +179,9 @@ def _check_lines(t: Table) -> List[str]:
     if empty:
         what = "utterance(s) with empty text" if t.name == "text" else "line(s) without a value"
         problems.append(f"{t.path}: {len(empty)} {what}: {_few(empty)}")
-    check = VALUE_CHECKS.get(t.name)
     bad: List[str] = []
     for line in t.lines:
-        if not line.value:
-            continue
-        why = parse_segment(line.value)[1] if t.name == "segments" else (check and check(line.value))
+        why = line.value and value_problem(t.name, line.value)
         if why:
             bad.append(f"line {line.lineno} ({line.key}: {why})")
     if bad:
@@ -194,8 +199,8 @@ def _check_coverage(tables: Sequence[Table], what: str) -> List[str]:
         missing = sorted(universe - keys[t.name], key=c_order)
         if missing:
             holders = [o.name for o in tables if o is not t and keys[o.name] & set(missing)]
-            problems.append(f"{t.path}: missing {len(missing)} of {len(universe)} {what} that "
-                            f"{', '.join(holders)} list(s): {_few(missing)}")
+            problems.append(f"{t.path}: lacks {len(missing)} of the {len(universe)} {what} "
+                            f"listed in {', '.join(holders)}: {_few(missing)}")
     return problems
 
 
@@ -219,7 +224,7 @@ def _check_speakers(path: str, tables: Dict[str, Table]) -> List[str]:
         only_s2u = sorted((u for u in listed if u not in u2s), key=c_order)
         wrong = sorted((f"{u} ({u2s[u]} vs {'/'.join(listed[u])})"
                         for u in listed if u in u2s and listed[u] != [u2s[u]]), key=c_order)
-        lead = "utt2spk and spk2utt disagree:"
+        lead = f"{path}: utt2spk and spk2utt disagree:"
         if only_u2s:
             problems.append(f"{lead} {len(only_u2s)} utterance(s) in utt2spk but not in "
                             f"spk2utt: {_few(only_u2s)}")
@@ -333,7 +338,6 @@ def _clean(t: Table, report: List[str]) -> Dict[str, str]:
     rows: Dict[str, str] = {}
     seen = set()
     dups, empty, bad = [], [], []
-    check = VALUE_CHECKS.get(t.name)
     for line in t.lines:
         if line.key in seen:
             dups.append(line.key)
@@ -341,8 +345,7 @@ def _clean(t: Table, report: List[str]) -> Dict[str, str]:
         seen.add(line.key)
         if not line.value:
             empty.append(line.key)
-        elif (parse_segment(line.value)[1] if t.name == "segments"
-              else check and check(line.value)):
+        elif value_problem(t.name, line.value):
             bad.append(line.key)
         else:
             rows[line.key] = line.value
@@ -400,10 +403,14 @@ def fix_data_dir(path: str) -> List[str]:
     keep = {"utt": utts, "reco": recs, "spk": speakers}
     backup = os.path.join(path, ".backup")
     for name, r in rows.items():
+        if kinds[name] == "spk" and "utt2spk" not in rows:
+            continue  # no speaker map to filter by: leave spk2gender etc. as they are
         kept = {k: v for k, v in r.items() if k in keep[kinds[name]]}
         if kinds[name] != "utt" and len(kept) < len(r):
-            report.append(f"{name}: dropped {len(r) - len(kept)} unused "
-                          f"{'recording' if kinds[name] == 'reco' else 'speaker'}(s)")
+            unused = sorted(set(r) - set(kept), key=c_order)
+            report.append(f"{name}: dropped {len(unused)} unused "
+                          f"{'recording' if kinds[name] == 'reco' else 'speaker'}(s): "
+                          f"{_few(unused)}")
         _write_table(os.path.join(path, name), kept, backup, report)
     if "utt2spk" in rows:
         _write_table(os.path.join(path, "spk2utt"), spk2utt_of(
@@ -491,15 +498,17 @@ def combine_data_dirs(out: str, dirs: Sequence[str]) -> List[str]:
     inputs is an error; a recording or speaker may repeat with an identical value."""
     if not dirs:
         raise ValueError("combine_data_dirs: no input dirs")
-    out_abs = os.path.abspath(out)
-    if any(os.path.abspath(d) == out_abs for d in dirs):
+    absolute = [os.path.abspath(d) for d in dirs]
+    if os.path.abspath(out) in absolute:
         raise ValueError(f"combine_data_dirs: output {out} is also an input")
+    if len(set(absolute)) < len(absolute):
+        raise ValueError("combine_data_dirs: the same input dir is given twice")
     inputs = {d: load_tables(d) for d in dirs}
     with_seg = [d for d, t in inputs.items() if "segments" in t]
     if with_seg and len(with_seg) != len(dirs):
-        raise ValueError("combine_data_dirs: segments exists in "
-                         f"{_few(with_seg)} but not in {_few(d for d in dirs if d not in with_seg)}; "
-                         "wav.scp would mix recordings and utterances")
+        without = [d for d in dirs if d not in with_seg]
+        raise ValueError(f"combine_data_dirs: segments exists in {_few(with_seg)} but not in "
+                         f"{_few(without)}; wav.scp would mix recordings and utterances")
     has_seg = bool(with_seg)
     names = [set(n for n in t if n != "spk2utt") for t in inputs.values()]
     shared, seen_any = set.intersection(*names), set.union(*names)
@@ -507,7 +516,7 @@ def combine_data_dirs(out: str, dirs: Sequence[str]) -> List[str]:
               f"{_few(d for d in dirs if n not in inputs[d])}"
               for n in sorted(seen_any - shared)]
     merged: Dict[str, Dict[str, str]] = {}
-    clashes: List[str] = []
+    clashes: Dict[Tuple[str, str], List[str]] = {}   # (key, where) -> tables
     for name in sorted(shared):
         rows: Dict[str, str] = {}
         origin: Dict[str, str] = {}
@@ -521,13 +530,15 @@ def combine_data_dirs(out: str, dirs: Sequence[str]) -> List[str]:
                     if per_utt or rows[line.key] != line.value:
                         where = (f"twice in {d}" if origin[line.key] == d
                                  else f"in {origin[line.key]} and {d}")
-                        clashes.append(f"{name}: {line.key} {where}")
+                        clashes.setdefault((line.key, where), []).append(name)
                     continue
                 rows[line.key], origin[line.key] = line.value, d
         merged[name] = rows
     if clashes:
-        raise ValueError(f"combine_data_dirs: {len(clashes)} duplicate key(s) across inputs: "
-                         f"{_few(clashes)}")
+        listed = [f"{key} {where} ({', '.join(names)})"
+                  for (key, where), names in sorted(clashes.items())]
+        raise ValueError(f"combine_data_dirs: {len(listed)} key(s) in more than one place: "
+                         f"{_few(listed)}")
     os.makedirs(out, exist_ok=True)
     if "utt2spk" in merged:
         merged["spk2utt"] = spk2utt_of(merged["utt2spk"])
@@ -572,7 +583,7 @@ def main(argv=None) -> int:
             for line in combine_data_dirs(args.out, args.dirs):
                 print(line)
     except (ValueError, OSError) as err:
-        print(f"{args.command}: error: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
 

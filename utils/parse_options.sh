@@ -15,14 +15,14 @@ while true; do
       echo "$0: options take a separate value: use '${1%%=*} ${1#*=}'" >&2
       exit 1 ;;
     --*)
-      name=$(echo "$1" | sed 's/^--//; s/-/_/g')
-      if [ "$name" = config ]; then
+      _po_name=$(echo "$1" | sed 's/^--//; s/-/_/g')
+      if [ "$_po_name" = config ]; then
         [ -f "${2:-}" ] || { echo "$0: config file '${2:-}' not found" >&2; exit 1; }
         . "$2"
         shift 2
         continue
       fi
-      if ! declare -p "$name" >/dev/null 2>&1; then
+      if ! declare -p "$_po_name" >/dev/null 2>&1; then
         echo "$0: unknown option $1" >&2
         exit 1
       fi
@@ -31,10 +31,11 @@ while true; do
         exit 1
       fi
       # Keep the value verbatim (spaces included) without evaluating it.
-      printf -v "$name" '%s' "$2"
+      printf -v "$_po_name" '%s' "$2"
       shift 2 ;;
     *)
       break ;;
   esac
 done
+unset _po_name
 true

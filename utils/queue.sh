@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Parallel job runner in the manner of Kaldi's run.pl / slurm.pl:
+# Parallel job runner in the manner of Kaldi's run.pl / slurm.pl. Usage:
 #   utils/queue.sh [options] JOB=1:N LOGDIR/x.JOB.log COMMAND [ARGS...]
 #   utils/queue.sh [options] LOGFILE COMMAND [ARGS...]          (one job)
 # Runs jobs A..B of a range; in each, JOB (the name left of '=') is replaced by the job
@@ -27,8 +27,8 @@
 # LOGDIR must be on a filesystem the compute nodes share.
 set -euo pipefail
 
-usage() {
-  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2
+usage() {  # prints the header comment above
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2
   exit "${1:-1}"
 }
 die() { echo "$0: $*" >&2; exit 1; }
@@ -169,6 +169,7 @@ run_slurm() {
   local qdir name script out id extra=() resources=() array sbatch_rc=0 spid
   qdir="$(dirname "$(subst "$logfile" "$first")")/q"
   mkdir -p "$qdir"
+  qdir=$(cd "$qdir" && pwd)  # the array tasks may start elsewhere than here
   name=${job_name:-$(basename "$logfile" .log)}
   [ -z "$var" ] || { name=${name//."$var"/}; name=${name//"$var"/}; }
   name=${name:-job}
@@ -187,7 +188,8 @@ run_slurm() {
     echo '  *) echo "no job $id in this array" >&2; exit 1 ;;'
     echo 'esac'
     echo 'mkdir -p "$(dirname "$log")"'
-    echo '{ echo "# $cmd"; echo "# Started at $(date) on $(hostname), Slurm job ${SLURM_JOB_ID:-?}"; } >"$log"'
+    echo '{ echo "# $cmd"; echo "# Started at $(date) on $(hostname)," \'
+    echo '    "Slurm job ${SLURM_JOB_ID:-?}"; } >"$log"'
     echo 'start=$SECONDS'
     echo 'bash -o pipefail -c "$cmd" </dev/null >>"$log" 2>&1; rc=$?'
     echo 'echo "# Ended (code $rc) at $(date), elapsed time $((SECONDS - start)) seconds" >>"$log"'
@@ -202,7 +204,7 @@ run_slurm() {
   out=$qdir/$name.sbatch.out
   echo "$0: sbatch --array=$array --job-name=$name ${resources[*]} ${extra[*]} $script" >&2
   # In the background so that Ctrl-C here can cancel the array instead of orphaning it.
-  sbatch --wait --parsable --array="$array" --job-name="$name" \
+  sbatch --wait --parsable --array="$array" --job-name="$name" --chdir="$PWD" \
     --output="$qdir/$name.%a.out" "${resources[@]}" "${extra[@]}" "$script" >"$out" 2>&1 &
   spid=$!
   trap 'trap - INT TERM; j=$(head -n 1 "$out" | cut -d";" -f1);

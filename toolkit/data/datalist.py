@@ -21,7 +21,8 @@ BAD_REASONS = (
     "malformed_json", "missing_field", "missing_label", "label_not_in_inventory",
     "absurd_duration", "missing_file", "unreadable_audio", "truncated_audio", "pipe_failed",
     "empty_audio", "silent_audio", "nonfinite_samples", "bad_channel_count",
-    "unreadable_features", "too_short_after_processing", "other",
+    "unreadable_features", "too_short_after_processing", "corrupt_shard", "truncated_shard",
+    "unreadable_shard", "missing_from_shard", "other",
 )
 MAX_ABSURD_DURATION = 3600.0
 

@@ -100,10 +100,15 @@ class UtteranceProcessor:
         self.opts = options_from_config(dataset_cfg.feature, dataset_cfg.sample_rate)
         self.min_frames = 1
 
-    def waveform(self, entry: dict, rng: np.random.Generator) -> np.ndarray:
+    def load(self, entry: dict) -> np.ndarray:
+        """Decoded mono audio at the configured rate (segment applied)."""
         d = self.cfg
-        wave = augment.load_mono(entry["wav"], d.sample_rate, d.channel,
+        return augment.load_mono(entry["wav"], d.sample_rate, d.channel,
                                  float(entry.get("start", 0.0)), float(entry.get("end", -1.0)))
+
+    def augment_waveform(self, wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Speed, volume, reverberation, noise — in that fixed order (training only)."""
+        d = self.cfg
         if not self.train:
             return wave
         if d.speed_perturb:
@@ -121,6 +126,21 @@ class UtteranceProcessor:
                 wave = augment.add_noise(wave, noise, float(rng.uniform(*d.noise.snr_db)), rng)
         return wave
 
+    def _finish(self, feats: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if len(feats) < self.min_frames:
+            raise BadEntry("too_short_after_processing", f"{len(feats)} frames")
+        sa = self.cfg.spec_aug
+        if self.train and sa.enabled:
+            feats = augment.spec_augment(feats, rng, sa.num_time_masks, sa.max_time_width,
+                                         sa.num_freq_masks, sa.max_freq_width)
+        return feats
+
+    def features_from_waveform(self, wave: np.ndarray, key: str, epoch: int) -> np.ndarray:
+        """Same as __call__ for audio already decoded (tar shards): mono at the
+        configured rate."""
+        rng = augment.utterance_rng(self.seed, epoch, key)
+        return self._finish(compute_fbank(self.augment_waveform(wave, rng), self.opts), rng)
+
     def __call__(self, entry: dict, epoch: int) -> np.ndarray:
         rng = augment.utterance_rng(self.seed, epoch, entry["key"])
         if "feat" in entry:       # precomputed features win over audio, per entry
@@ -132,14 +152,8 @@ class UtteranceProcessor:
             if not np.all(np.isfinite(feats)):
                 raise BadEntry("nonfinite_samples", entry["feat"])
         else:
-            feats = compute_fbank(self.waveform(entry, rng), self.opts)
-        if len(feats) < self.min_frames:
-            raise BadEntry("too_short_after_processing", f"{len(feats)} frames")
-        sa = self.cfg.spec_aug
-        if self.train and sa.enabled:
-            feats = augment.spec_augment(feats, rng, sa.num_time_masks, sa.max_time_width,
-                                         sa.num_freq_masks, sa.max_freq_width)
-        return feats
+            feats = compute_fbank(self.augment_waveform(self.load(entry), rng), self.opts)
+        return self._finish(feats, rng)
 
 
 @dataclass

@@ -30,6 +30,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import deque
 from contextlib import closing
 from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -38,11 +39,11 @@ import soundfile as sf
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from toolkit.data import augment
 from toolkit.data.audio import BadEntry, check_and_mix, read_audio, resample
 from toolkit.data.datalist import BadCounter, DataList
 from toolkit.data.dataset import UtteranceProcessor, collate, plan_batches
 from toolkit.data.features import compute_fbank
+from toolkit.fileio import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -191,8 +192,10 @@ class ShardIndex:
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            if not _scheme(line) and not os.path.isabs(line) and not _scheme(shard_list):
-                line = _beside(shard_list, line)      # relative to the list's directory
+            if not _scheme(line) and not os.path.isabs(line):
+                # Relative to the list's own location.
+                line = urllib.parse.urljoin(shard_list, line) if _scheme(shard_list) \
+                    else _beside(shard_list, line)
             name = _shard_name(line)
             rec = records.get(name)
             if rec is None:
@@ -239,21 +242,27 @@ class _Tap:
     def __init__(self, raw):
         self.raw = raw
         self.total = 0
-        self.tail = b""
+        self.chunks: deque = deque()
+        self.kept = 0
 
     def read(self, n: int = -1) -> bytes:
         data = self.raw.read(n)
-        self.total += len(data)
-        self.tail = (self.tail + data)[-self.KEEP:]
+        if data:
+            self.total += len(data)
+            self.chunks.append(data)
+            self.kept += len(data)
+            while self.kept - len(self.chunks[0]) >= self.KEEP:
+                self.kept -= len(self.chunks.popleft())
         return data
 
     def ends_properly(self, offset: int) -> bool:
         """True when the block at `offset` (where tarfile stopped) is an end-of-archive
         zero block."""
-        start = offset - (self.total - len(self.tail))
+        tail = b"".join(self.chunks)
+        start = offset - (self.total - len(tail))
         if start < 0:
             return True            # long gone from the tail; cannot tell, trust tarfile
-        block = self.tail[start:start + tarfile.BLOCKSIZE]
+        block = tail[start:start + tarfile.BLOCKSIZE]
         return len(block) == tarfile.BLOCKSIZE and not any(block)
 
 
@@ -333,48 +342,13 @@ def decode_wav(data: bytes, name: str, channel: int = -1) -> Tuple[np.ndarray, i
     return check_and_mix(audio, name, channel), int(rate)
 
 
-def features_from_waveform(processor: UtteranceProcessor, wave: np.ndarray, key: str,
-                           epoch: int) -> np.ndarray:
-    """Local adapter: UtteranceProcessor.__call__ after its load step, for a wave
-    already in memory at the configured rate. Mirrors waveform()'s augmentation order
-    and the rng draws exactly (a test pins bitwise equality); it goes away once
-    UtteranceProcessor exposes the same split itself."""
-    d = processor.cfg
-    rng = augment.utterance_rng(processor.seed, epoch, key)
-    if processor.train:
-        if d.speed_perturb:
-            factor = float(d.speed_perturb[int(rng.integers(0, len(d.speed_perturb)))])
-            wave = augment.speed_perturb(wave, d.sample_rate, factor)
-        if d.volume_range:
-            wave = augment.apply_volume(wave, rng, *d.volume_range)
-        if processor.rirs is not None and rng.random() < d.reverb.prob:
-            rir = augment.pick_and_load(processor.rirs, rng, d.sample_rate)
-            if rir is not None:
-                wave = augment.add_reverb(wave, rir)
-        if processor.noise is not None and rng.random() < d.noise.prob:
-            noise = augment.pick_and_load(processor.noise, rng, d.sample_rate)
-            if noise is not None:
-                wave = augment.add_noise(wave, noise, float(rng.uniform(*d.noise.snr_db)), rng)
-    feats = compute_fbank(wave, processor.opts)
-    if len(feats) < processor.min_frames:
-        raise BadEntry("too_short_after_processing", f"{len(feats)} frames")
-    sa = d.spec_aug
-    if processor.train and sa.enabled:
-        feats = augment.spec_augment(feats, rng, sa.num_time_masks, sa.max_time_width,
-                                     sa.num_freq_masks, sa.max_freq_width)
-    return feats
-
-
 def process_waveform(processor: UtteranceProcessor, wave: np.ndarray, rate: int, key: str,
                      epoch: int) -> np.ndarray:
     """Decoded mono wave -> features, as `processor(entry, epoch)` would give for the
-    same audio. Uses processor.features_from_waveform when the processor has it."""
+    same audio."""
     if rate != processor.cfg.sample_rate:
         wave = resample(wave, rate, processor.cfg.sample_rate)
-    own = getattr(processor, "features_from_waveform", None)
-    if own is not None:
-        return own(wave, key, epoch)
-    return features_from_waveform(processor, wave, key, epoch)
+    return processor.features_from_waveform(wave, key, epoch)
 
 
 # --------------------------------------------------------------------------- batch plan
@@ -432,8 +406,6 @@ class ShardBatchDataset(IterableDataset):
 
     def __init__(self, index: ShardIndex, batches: Sequence[np.ndarray],
                  processor: UtteranceProcessor, epoch: int, start: int = 0):
-        if processor.from_features:
-            raise ValueError("shards hold audio; a features-only processor cannot read them")
         self.index = index
         self.batches = batches
         self.processor = processor
@@ -608,7 +580,6 @@ def make_shards(data_list: str, out_dir: str, utts_per_shard: int, nj: int = 1,
     """Data list -> OUT_DIR/<prefix>-NNNNNN.tar (consecutive list entries, list order),
     shards.list (absolute tar paths) and shards.index.json. Returns (tar paths, skipped
     entries: bad list lines, duplicate keys and bad audio)."""
-    from toolkit.fileio import atomic_write_text
     if utts_per_shard < 1:
         raise ValueError("utts_per_shard must be positive")
     datalist = DataList.load(data_list, require_label=False)
