@@ -421,3 +421,24 @@ def test_index_rejects_a_shard_it_does_not_know(corpus, tmp_path):
     listing.write_text(corpus.paths[0] + "\n" + str(tmp_path / "other.tar") + "\n")
     with pytest.raises(ValueError, match="other.tar is not in"):
         ShardIndex.load(str(listing), os.path.join(corpus.out, "shards.index.json"))
+
+
+def test_training_from_shards_end_to_end(tmp_path):
+    """The trainer reads a shard list and resumes from it."""
+    import subprocess
+    from train_utils import Corpus, latest_payload, run_train
+    corpus = Corpus(str(tmp_path / "corpus"), num_train=24, num_dev=6)
+    out = tmp_path / "train_shards"
+    done = subprocess.run([sys.executable, "-m", "toolkit.bin.make_shards", corpus.train, str(out),
+                           "--utts-per-shard", "5"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    exp = str(tmp_path / "exp")
+    # dataset.data_type defaults to auto: shard list for train, JSON data list for dev.
+    args = corpus.train_args(exp, "training.max_epoch=1", train=str(out / "shards.list"))
+    first = run_train(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "24 utterances used" in first.stderr
+    again = run_train(corpus.train_args(exp, "training.max_epoch=2",
+                                         train=str(out / "shards.list")))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert latest_payload(exp)["epoch"] == 2 and "resumed from" in again.stderr

@@ -59,6 +59,7 @@ class ReverbConfig:
 
 @dataclass
 class DatasetConfig:
+    data_type: str = "auto"       # raw: JSON-lines data list; shard: tar shard list; auto: look
     train_data: str = ""
     dev_data: str = ""
     sample_rate: int = 16000
@@ -246,6 +247,8 @@ def _check_values(cfg: Config) -> None:
     if t.grad_clip <= 0:
         raise ConfigError("training.grad_clip must be > 0")
     d = cfg.dataset
+    if d.data_type not in ("auto", "raw", "shard"):
+        raise ConfigError(f"dataset.data_type: expected auto, raw or shard, got {d.data_type!r}")
     if d.batch_size < 1 and d.max_frames_in_batch < 1:
         raise ConfigError("dataset.batch_size or dataset.max_frames_in_batch must be positive")
     if d.speed_perturb and any(s <= 0 for s in d.speed_perturb):

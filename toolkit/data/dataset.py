@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 from toolkit.data import augment
 from toolkit.data.audio import BadEntry
 from toolkit.data.datalist import BadCounter, DataList
-from toolkit.data.features import compute_fbank, num_frames, options_from_config
+from toolkit.data.features import compute_fbank, options_from_config
+from toolkit.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +227,74 @@ def make_loader(dataset: BatchDataset, start: int, num_workers: int, prefetch_fa
     return DataLoader(dataset, batch_size=None, sampler=range(start, len(dataset)),
                       num_workers=num_workers, collate_fn=_identity, pin_memory=False,
                       generator=torch.Generator().manual_seed(seed), **kwargs)
+
+
+# --------------------------------------------------------------------------- sources
+
+SOURCES: Registry = Registry("data type")
+
+
+class DataSource:
+    """One input form of the pipeline (raw data list, tar shards): what the trainer
+    needs to plan an epoch and serve one rank's batches from any position."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def total_hours(self) -> float:
+        raise NotImplementedError
+
+    def has_features(self) -> bool:
+        return False
+
+    def plan(self, dataset_cfg, seed: int, epoch: int, train: bool) -> List[np.ndarray]:
+        raise NotImplementedError
+
+    def loader(self, batches, processor: "UtteranceProcessor", epoch: int, start: int,
+               num_workers: int, prefetch_factor: int, seed: int):
+        raise NotImplementedError
+
+
+@SOURCES.register("raw")
+class RawSource(DataSource):
+    """A JSON-lines data list (wav or feat entries)."""
+
+    def __init__(self, path: str, num_classes: Optional[int] = None):
+        self.data = DataList.load(path, num_classes=num_classes)
+        self.bad = self.data.bad
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def total_hours(self) -> float:
+        return self.data.total_hours()
+
+    def has_features(self) -> bool:
+        return self.data.has_features()
+
+    def plan(self, dataset_cfg, seed, epoch, train):
+        return plan_batches(self.data, dataset_cfg, seed, epoch, train)
+
+    def loader(self, batches, processor, epoch, start, num_workers, prefetch_factor, seed):
+        return make_loader(BatchDataset(self.data, batches, processor, epoch), start,
+                           num_workers, prefetch_factor, seed)
+
+
+def detect_data_type(path: str) -> str:
+    """A data list holds JSON objects; a shard list holds tar paths or URLs."""
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                return "raw" if line.lstrip().startswith(b"{") else "shard"
+    return "raw"
+
+
+def open_source(data_type: str, path: str, num_classes: Optional[int] = None) -> DataSource:
+    if data_type == "auto":
+        data_type = detect_data_type(path)
+    if data_type == "shard":
+        from toolkit.data import shards  # noqa: F401  (registers the shard source)
+    return SOURCES.get(data_type)(path, num_classes)
 
 
 def workers_per_rank(configured: int, local_world_size: int) -> int:

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from toolkit.data.audio import BadEntry, check_and_mix, read_audio, resample
 from toolkit.data.datalist import BadCounter, DataList
-from toolkit.data.dataset import UtteranceProcessor, collate, plan_batches
+from toolkit.data.dataset import SOURCES, DataSource, UtteranceProcessor, collate, plan_batches
 from toolkit.data.features import compute_fbank
 from toolkit.fileio import atomic_write_text
 
@@ -51,8 +51,7 @@ INDEX_NAME = "shards.index.json"
 LIST_NAME = "shards.list"
 INDEX_FORMAT = "toolkit-shards"
 INDEX_VERSION = 1
-# Shard-level skip reasons. Not yet in datalist.BAD_REASONS, so BadCounter files them
-# under "other" until they are added there (see the module's report).
+# Shard-level skip reasons (listed in datalist.BAD_REASONS too).
 CORRUPT_SHARD = "corrupt_shard"          # not a tar at all
 TRUNCATED_SHARD = "truncated_shard"      # a tar that stops (or turns to garbage) early
 UNREADABLE_SHARD = "unreadable_shard"    # could not be opened or read (I/O, HTTP)
@@ -613,3 +612,30 @@ def make_shards(data_list: str, out_dir: str, utts_per_shard: int, nj: int = 1,
     paths = [t[0] for t in tasks]
     atomic_write_text(os.path.join(out_dir, LIST_NAME), "".join(p + "\n" for p in paths))
     return paths, bad
+
+
+@SOURCES.register("shard")
+class ShardSource(DataSource):
+    """Tar shards listed in a shard list, planned from their index without opening them."""
+
+    def __init__(self, path: str, num_classes: Optional[int] = None):
+        self.index = ShardIndex.load(path)
+        self.bad = BadCounter()
+        if num_classes is not None:
+            bad = (self.index.labels < -1) | (self.index.labels >= num_classes)
+            if bad.any():
+                raise ValueError(f"{path}: {int(bad.sum())} utterances have labels outside the "
+                                 f"inventory of {num_classes} classes")
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def total_hours(self) -> float:
+        return self.index.total_hours()
+
+    def plan(self, dataset_cfg, seed, epoch, train):
+        return plan_shard_batches(self.index, dataset_cfg, seed, epoch, train)
+
+    def loader(self, batches, processor, epoch, start, num_workers, prefetch_factor, seed):
+        dataset = ShardBatchDataset(self.index, batches, processor, epoch, start=start)
+        return make_shard_loader(dataset, num_workers, prefetch_factor, seed)

@@ -14,8 +14,8 @@ from torch import nn
 from toolkit.cmvn import read_cmvn
 from toolkit.config import Config, redact, to_dict
 from toolkit.data.datalist import BAD_REASONS, BadCounter, DataList
-from toolkit.data.dataset import (BatchDataset, UtteranceProcessor, make_loader, plan_batches,
-                                  rank_batches, workers_per_rank)
+from toolkit.data.dataset import (DataSource, UtteranceProcessor, open_source, rank_batches,
+                                  workers_per_rank)
 from toolkit.losses import build_loss
 from toolkit.models import build_model, count_parameters
 from toolkit.trainer import checkpoint as ckpt
@@ -136,10 +136,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup helpers
 
-    def _load_list(self, path: str, name: str) -> DataList:
+    def _load_list(self, path: str, name: str) -> DataSource:
         if not path or not os.path.exists(path):
             raise FileNotFoundError(f"dataset.{name}_data: data list '{path}' not found")
-        datalist = DataList.load(path, num_classes=self.cfg.model.num_outputs)
+        datalist = open_source(self.cfg.dataset.data_type, path, self.cfg.model.num_outputs)
         total = len(datalist) + datalist.bad.total()
         if total == 0 or len(datalist) == 0:
             raise TrainingError(f"{path}: no usable entries ({datalist.bad.summary()})")
@@ -151,7 +151,7 @@ class Trainer:
         return datalist
 
     def _rank_plan(self, epoch: int) -> List[np.ndarray]:
-        batches = plan_batches(self.train_list, self.cfg.dataset, self.cfg.training.seed, epoch, True)
+        batches = self.train_list.plan(self.cfg.dataset, self.cfg.training.seed, epoch, True)
         return rank_batches(batches, self.info.rank, self.info.world_size)
 
     def _optimizer_steps_per_epoch(self) -> int:
@@ -286,11 +286,10 @@ class Trainer:
         if self.dev_list is None:
             return None
         self.model.eval()
-        batches = plan_batches(self.dev_list, self.cfg.dataset, self.cfg.training.seed, 0, False)
+        batches = self.dev_list.plan(self.cfg.dataset, self.cfg.training.seed, 0, False)
         mine = rank_batches(batches, self.info.rank, self.info.world_size)
-        dataset = BatchDataset(self.dev_list, mine, self.dev_proc, epoch=0)
-        loader = make_loader(dataset, 0, self.workers, self.cfg.dataset.prefetch_factor,
-                             self.cfg.training.seed)
+        loader = self.dev_list.loader(mine, self.dev_proc, 0, 0, self.workers,
+                                      self.cfg.dataset.prefetch_factor, self.cfg.training.seed)
         loss_sum = acc_sum = count = 0.0
         for batch in loader:
             if len(batch) == 0:
@@ -359,9 +358,9 @@ class Trainer:
         self.model.train()
         while self.epoch < t.max_epoch:
             plan = self._rank_plan(self.epoch)
-            dataset = BatchDataset(self.train_list, plan, self.train_proc, self.epoch)
-            loader = make_loader(dataset, self.batch_pos, self.workers,
-                                 self.cfg.dataset.prefetch_factor, t.seed + self.epoch)
+            loader = self.train_list.loader(plan, self.train_proc, self.epoch, self.batch_pos,
+                                            self.workers, self.cfg.dataset.prefetch_factor,
+                                            t.seed + self.epoch)
             window = {"loss": 0.0, "acc": 0.0, "n": 0, "audio": 0.0, "wait": 0.0, "t0": time.time()}
             waited = time.time()
             for index, batch in zip(range(self.batch_pos, len(plan)), loader):

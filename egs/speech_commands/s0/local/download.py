@@ -124,7 +124,7 @@ def main(argv=None):
         else:
             say(f"sha256 verified: {actual}")
     else:
-        say(f"warning: {name} is not verified (--verify-checksum false, no known checksum)")
+        say(f"warning: using {name} unverified (--verify-checksum false, no known checksum)")
     try:
         extract(args.archive, args.corpus_dir)
     except (tarfile.TarError, OSError, RuntimeError) as err:
