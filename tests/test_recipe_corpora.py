@@ -25,9 +25,15 @@ TINY_TRAIN = ("training.max_epoch=2 dataset.batch_size=8 optim.scheduler.warmup_
 SNIPS_DIR = "hey_snips_research_6k_en_train_eval_clean_ter"
 
 
+# One intra-op thread per process: the models are tiny, and on a busy machine OpenMP
+# threads spinning against each other make the per-frame parity check of the export
+# stage (thousands of one-frame calls) several times slower.
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
 def run_recipe(recipe, *args, timeout=300):
     cmd = ["bash", os.path.join(ROOT, "egs", recipe, "s0", "run.sh"), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
 def full_run(recipe, tmp, corpus, *extra):
@@ -425,7 +431,8 @@ def test_hi_xiaowen_bad_keyword_id_is_reported(tmp_path):
 def test_kws_stages_needs_the_recipe_variables(tmp_path):
     script = tmp_path / "run.sh"
     script.write_text(f"set -euo pipefail\nstage=1\nstop_stage=6\n. {ROOT}/utils/kws_stages.sh\n")
-    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                            env=ENV)
     assert result.returncode != 0
     assert "needs the recipe variable 'data'" in result.stderr
 
