@@ -26,7 +26,7 @@ setup(
     packages=find_packages(include=["toolkit", "toolkit.*"]),
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2.1"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5"],
         "tts": ["espeakng-loader>=0.2"],
     },
 )

@@ -1,6 +1,5 @@
 """Audio decoding (paths, pipes, ark offsets, segments, broken files), resampling and fbank."""
 import math
-import os
 
 import kaldi_native_fbank as knf
 import kaldiio

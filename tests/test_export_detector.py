@@ -16,8 +16,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from toolkit.config import dump_config, load_config, redact, to_dict
-from toolkit.data.audio import BadEntry
+from toolkit.config import dump_config, load_config, redact
 from toolkit.data.augment import load_mono
 from toolkit.data.features import compute_fbank, fbank_options
 from toolkit.detector import Detector, load_backend

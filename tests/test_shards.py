@@ -18,7 +18,6 @@ import pytest
 import soundfile as sf
 
 from toolkit.config import DatasetConfig, FeatureConfig, NoiseConfig, ReverbConfig, SpecAugConfig
-from toolkit.data import shards
 from toolkit.data.datalist import BAD_REASONS, BadCounter, DataList
 from toolkit.data.dataset import UtteranceProcessor, rank_batches
 from toolkit.data.shards import (ShardBatchDataset, ShardIndex, decode_wav, iterate_shard,

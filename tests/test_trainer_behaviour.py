@@ -1,8 +1,6 @@
 """Experiment-dir rules, locking, init_checkpoint, AMP, uneven ranks, rank death,
 two-launcher multi-node, secrets, TensorBoard — each with the real training binary."""
-import copy
 import glob
-import json
 import os
 import socket
 import subprocess
@@ -12,7 +10,7 @@ import time
 import pytest
 import torch
 
-from train_utils import (TINY_CONFIG, TORCHRUN, Corpus, descendants, env, kill_tree,
+from train_utils import (TORCHRUN, Corpus, descendants, env, kill_tree,
                          latest_payload, launcher, run_train, wait_gone)
 
 FAST = ["training.max_epoch=1"]

@@ -1,11 +1,9 @@
 """Trainer pieces in isolation: schedules, loss schedule, clipping, checkpoint files,
 retention, full disk, worker division."""
 import errno
-import json
 import math
 import os
 import subprocess
-import sys
 
 import pytest
 import torch

@@ -142,10 +142,11 @@ def check_parity(model: nn.Module, paths: Dict[str, str], features: List[np.ndar
     if "onnx" in paths:
         runners["onnx"] = onnx_fn(paths["onnx"])
     worst: Dict[str, float] = {name: 0.0 for name in runners}
-    for feats in features:
+    for i, feats in enumerate(features):
         expected = run_chunked(reference, feats, model.cache_size, len(feats))
         for name, fn in runners.items():
-            for chunk in chunks:
+            # Frame-by-frame streaming is the slowest check: two utterances suffice.
+            for chunk in (c for c in chunks if c != 1 or i < 2):
                 got = run_chunked(fn, feats, model.cache_size, chunk or len(feats))
                 worst[name] = max(worst[name], float(np.max(np.abs(got - expected))))
     failed = {k: v for k, v in worst.items() if v > tolerance}

@@ -6,7 +6,10 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root/tools/install.sh"
 cd "$root"
 set +e
-"$root/tools/venv/bin/python" -m pytest -q -p no:cacheprovider "$@" tests
+# Most tests wait on training subprocesses: one pytest worker per core, each test file on
+# one worker (module fixtures are built once).
+workers=$(nproc 2>/dev/null || echo 2)
+"$root/tools/venv/bin/python" -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@" tests
 rc=$?
 set -e
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.

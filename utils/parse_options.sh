@@ -3,7 +3,8 @@
 #   stage=0; keyword="hey snips"; . utils/parse_options.sh
 # then `--stage 3 --keyword "ok computer"` (or --stop-stage / --stop_stage) overrides them.
 # Only variables that already exist can be set, so a typo is an error, not a new variable.
-# `--config FILE` sources FILE first (a file of var=value lines).
+# `--config FILE` sources FILE (a file of var=value lines), as in Kaldi, unless FILE is a
+# YAML training config (.yaml/.yml): then it simply sets the recipe's `config` variable.
 
 while true; do
   [ -z "${1:-}" ] && break
@@ -16,7 +17,7 @@ while true; do
       exit 1 ;;
     --*)
       _po_name=$(echo "$1" | sed 's/^--//; s/-/_/g')
-      if [ "$_po_name" = config ]; then
+      if [ "$_po_name" = config ] && [[ "${2:-}" != *.yaml && "${2:-}" != *.yml ]]; then
         [ -f "${2:-}" ] || { echo "$0: config file '${2:-}' not found" >&2; exit 1; }
         . "$2"
         shift 2

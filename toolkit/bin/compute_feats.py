@@ -3,7 +3,6 @@ and write a data list whose entries point at them (`feat`). Training from such a
 skips decoding and featurization every epoch; waveform augmentations are then off.
 Work is split over --nj processes; entries that fail are reported and left out."""
 import argparse
-import logging
 import sys
 
 from toolkit.config import DatasetConfig, load_config

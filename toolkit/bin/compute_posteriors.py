@@ -26,6 +26,9 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
+    import torch
+    # Small streaming calls: extra threads only add contention.
+    torch.set_num_threads(1)
     import kaldiio
     from toolkit.config import DatasetConfig
     from toolkit.data.audio import BadEntry

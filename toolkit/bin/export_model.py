@@ -49,6 +49,9 @@ def parity_features(test, processor, count: int):
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
+    import torch
+    # Small streaming calls: extra threads only add contention.
+    torch.set_num_threads(1)
     from toolkit.data.datalist import DataList
     from toolkit.data.dataset import UtteranceProcessor
     from toolkit.data.features import fbank_metadata

@@ -136,3 +136,24 @@ def class_labeler(inventory: List[str]) -> Callable[[str], Optional[int]]:
     """The text is the class name itself (command words); unknown names give None."""
     index = {name: i for i, name in enumerate(inventory)}
     return lambda text: index.get(text.strip())
+
+
+def write_data_dir(data_dir: str, tables: Dict[str, Dict[str, str]],
+                   stale: Tuple[str, ...] = ("segments", "utt2dur", "data.list")) -> None:
+    """Writes Kaldi tables (file name -> {key: value}) sorted in C order, derives spk2utt
+    from utt2spk, and removes files of an earlier run (`stale`) that this one does not
+    write, so a rerun never mixes old and new utterances."""
+    os.makedirs(data_dir, exist_ok=True)
+    for name in stale:
+        path = os.path.join(data_dir, name)
+        if name not in tables and os.path.exists(path):
+            os.remove(path)
+    tables = dict(tables)
+    if "utt2spk" in tables:
+        spk2utt: Dict[str, List[str]] = {}
+        for utt in sorted(tables["utt2spk"]):
+            spk2utt.setdefault(tables["utt2spk"][utt], []).append(utt)
+        tables["spk2utt"] = {spk: " ".join(utts) for spk, utts in spk2utt.items()}
+    for name, table in tables.items():
+        with open(os.path.join(data_dir, name), "w", encoding="utf-8") as f:
+            f.write("".join(f"{key} {table[key]}\n" for key in sorted(table)))

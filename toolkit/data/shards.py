@@ -42,7 +42,6 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from toolkit.data.audio import BadEntry, check_and_mix, read_audio, resample
 from toolkit.data.datalist import BadCounter, DataList
 from toolkit.data.dataset import SOURCES, DataSource, UtteranceProcessor, collate, plan_batches
-from toolkit.data.features import compute_fbank
 from toolkit.fileio import atomic_write_text
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,6 @@ import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np

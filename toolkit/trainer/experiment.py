@@ -5,7 +5,7 @@ import hashlib
 import json
 import logging
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import yaml

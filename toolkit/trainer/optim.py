@@ -1,6 +1,5 @@
 """Optimizer and learning-rate scheduler registries."""
 import math
-from dataclasses import dataclass
 
 import torch
 

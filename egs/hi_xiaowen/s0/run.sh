@@ -73,6 +73,9 @@ fi
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: data dirs from $corpus_dir into $data"
   python local/prepare_data.py --root "$corpus_dir" --out-dir "$data"
+  for x in train dev test; do
+    utils/validate_data_dir.sh --no-audio "$data/$x"
+  done
 fi
 
 . utils/kws_stages.sh

@@ -65,6 +65,9 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: $task-class data dirs from $corpus_dir into $data"
   python local/prepare_data.py --root "$corpus_dir" --out-dir "$data" --task "$task" \
     --silence-fraction "$silence_fraction" --unknown-fraction "$unknown_fraction" --seed "$seed"
+  for x in train dev test; do
+    utils/validate_data_dir.sh --no-audio "$data/$x"
+  done
 fi
 
 . utils/kws_stages.sh

@@ -49,8 +49,7 @@ help_message="Usage: $0 [--keyword \"hey snips\"] [--stage N] [--stop-stage M] [
 . utils/parse_options.sh
 
 dict=$data/dict/keywords.txt
-list_name=data.list
-[ "$precompute_feats" = true ] && list_name=fbank/data.list
+task_type=detection
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing data for \"$keyword\" into $data"
@@ -60,51 +59,5 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     --num-test-pos $num_test_pos --num-test-neg $num_test_neg --nj $nj
 fi
 
-if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
-  echo "stage 1: data lists"
-  for x in train dev test; do
-    python -m toolkit.bin.make_datalist $data/$x $data/$x/data.list --inventory $dict --nj $nj
-    if [ "$precompute_feats" = true ]; then
-      python -m toolkit.bin.compute_feats $data/$x/data.list $data/$x/fbank --config $config --nj $nj
-    fi
-  done
-fi
-
-if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
-  echo "stage 2: global CMVN"
-  python -m toolkit.bin.compute_cmvn $data/train/$list_name $data/train/global_cmvn.json \
-    --kaldi-out $data/train/global_cmvn.ark --config $config --nj $nj
-fi
-
-if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
-  echo "stage 3: training in $exp"
-  # shellcheck disable=SC2086
-  utils/torchrun.sh ${master_port:+--master-port $master_port} "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
-    -m toolkit.bin.train --config $config --exp-dir $exp \
-    --train-data $data/train/$list_name --dev-data $data/dev/$list_name \
-    --inventory $dict --cmvn $data/train/global_cmvn.json $train_overrides
-fi
-
-if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
-  echo "stage 4: averaging the best $average_num checkpoints by dev loss"
-  python -m toolkit.bin.average_model --exp-dir $exp --output $exp/avg_${average_num}.pt \
-    --num $average_num --mode best
-fi
-
-if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
-  echo "stage 5: export"
-  python -m toolkit.bin.export_model --checkpoint $exp/avg_${average_num}.pt --exp-dir $exp \
-    --out-dir $exp/export --test-data $data/test/$list_name
-fi
-
-if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
-  echo "stage 6: scoring the test set with the ONNX model"
-  python -m toolkit.bin.compute_posteriors --model $exp/export/model.onnx \
-    --data-list $data/test/$list_name --output $exp/score/test_probs.ark
-  python -m toolkit.bin.score_kws --data-list $data/test/$list_name \
-    --posteriors $exp/score/test_probs.ark --keywords $dict --out-dir $exp/score \
-    --target-fa-per-hour $target_fa_per_hour
-  python -m toolkit.bin.set_threshold --export-dir $exp/export --score-dir $exp/score
-  echo "summary ($exp/score/summary.txt):"
-  cat $exp/score/summary.txt
-fi
+# Stages 1-6 are shared by every keyword recipe.
+. utils/kws_stages.sh

@@ -20,6 +20,8 @@ import re
 import sys
 from collections import defaultdict
 
+from toolkit.data.kaldi import write_data_dir
+
 logger = logging.getLogger("prepare_data")
 
 KEYWORD = "hey snips"
@@ -76,22 +78,10 @@ def load_split(root: str, split: str):
 
 def write_kaldi_dir(data_dir: str, rows) -> None:
     """rows: (utt, wav path, text, speaker, duration), written sorted by utt."""
-    os.makedirs(data_dir, exist_ok=True)
-    for name in ("segments", "data.list"):
-        if os.path.exists(os.path.join(data_dir, name)):
-            os.remove(os.path.join(data_dir, name))
-    rows = sorted(rows)
-    spk2utt = defaultdict(list)
-    for utt, _, _, spk, _ in rows:
-        spk2utt[spk].append(utt)
-    files = {"wav.scp": [f"{u} {w}" for u, w, _, _, _ in rows],
-             "text": [f"{u} {t}" for u, _, t, _, _ in rows],
-             "utt2spk": [f"{u} {s}" for u, _, _, s, _ in rows],
-             "utt2dur": [f"{u} {d:.3f}" for u, _, _, _, d in rows],
-             "spk2utt": [f"{s} {' '.join(us)}" for s, us in sorted(spk2utt.items())]}
-    for name, lines in files.items():
-        with open(os.path.join(data_dir, name), "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
+    write_data_dir(data_dir, {"wav.scp": {u: w for u, w, _, _, _ in rows},
+                              "text": {u: t for u, _, t, _, _ in rows},
+                              "utt2spk": {u: s for u, _, _, s, _ in rows},
+                              "utt2dur": {u: f"{d:.3f}" for u, _, _, _, d in rows}})
 
 
 def main(argv=None):

@@ -19,6 +19,8 @@ import re
 import sys
 from collections import defaultdict
 
+from toolkit.data.kaldi import write_data_dir
+
 logger = logging.getLogger("prepare_data")
 
 KEYWORDS = ["hi xiaowen", "nihao wenwen"]      # line k = keyword_id k
@@ -82,21 +84,9 @@ def load_split(root: str, split: str):
 
 def write_kaldi_dir(data_dir: str, rows) -> None:
     """rows: (utt, wav path, text, speaker), written sorted by utt."""
-    os.makedirs(data_dir, exist_ok=True)
-    for name in ("segments", "utt2dur", "data.list"):
-        if os.path.exists(os.path.join(data_dir, name)):
-            os.remove(os.path.join(data_dir, name))
-    rows = sorted(rows)
-    spk2utt = defaultdict(list)
-    for utt, _, _, spk in rows:
-        spk2utt[spk].append(utt)
-    files = {"wav.scp": [f"{u} {w}" for u, w, _, _ in rows],
-             "text": [f"{u} {t}" for u, _, t, _ in rows],
-             "utt2spk": [f"{u} {s}" for u, _, _, s in rows],
-             "spk2utt": [f"{s} {' '.join(us)}" for s, us in sorted(spk2utt.items())]}
-    for name, lines in files.items():
-        with open(os.path.join(data_dir, name), "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
+    write_data_dir(data_dir, {"wav.scp": {u: w for u, w, _, _ in rows},
+                              "text": {u: t for u, _, t, _ in rows},
+                              "utt2spk": {u: s for u, _, _, s in rows}})
 
 
 def main(argv=None):

@@ -24,10 +24,12 @@ import math
 import os
 import shutil
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 import soundfile as sf
+
+from toolkit.data.kaldi import write_data_dir
 
 logger = logging.getLogger("prepare_data")
 
@@ -145,22 +147,10 @@ def cut_silence(root: str, out_wav_dir: str, counts: dict, seconds: float, seed:
 
 def write_kaldi_dir(data_dir: str, rows: list) -> None:
     """rows: (utt, path, class, spk, word), written sorted by utt (C order)."""
-    os.makedirs(data_dir, exist_ok=True)
-    for name in ("segments", "utt2dur", "data.list"):     # stale files of an earlier run
-        if os.path.exists(os.path.join(data_dir, name)):
-            os.remove(os.path.join(data_dir, name))
-    rows = sorted(rows)
-    files = {"wav.scp": [f"{u} {p}" for u, p, _, _, _ in rows],
-             "text": [f"{u} {c}" for u, _, c, _, _ in rows],
-             "utt2spk": [f"{u} {s}" for u, _, _, s, _ in rows],
-             "utt2word": [f"{u} {w}" for u, _, _, _, w in rows]}
-    spk2utt = defaultdict(list)
-    for u, _, _, s, _ in rows:
-        spk2utt[s].append(u)
-    files["spk2utt"] = [f"{s} {' '.join(us)}" for s, us in sorted(spk2utt.items())]
-    for name, lines in files.items():
-        with open(os.path.join(data_dir, name), "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
+    write_data_dir(data_dir, {"wav.scp": {u: p for u, p, _, _, _ in rows},
+                              "text": {u: c for u, _, c, _, _ in rows},
+                              "utt2spk": {u: s for u, _, _, s, _ in rows},
+                              "utt2word": {u: w for u, _, _, _, w in rows}})
 
 
 def main(argv=None):
