@@ -51,6 +51,7 @@ help_message="Usage: $0 [--keyword \"hey snips\"] [--stage N] [--stop-stage M] [
 dict=$data/dict/keywords.txt
 task_type=detection
 
+# --- stage 0: data preparation (a copy of this recipe for a new corpus replaces this block) ---
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing data for \"$keyword\" into $data"
   python -m toolkit.bin.synth_kws_data --keyword "$keyword" --out-dir "$data" --seed "$seed" \
@@ -58,6 +59,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     --num-dev-pos $num_dev_pos --num-dev-neg $num_dev_neg \
     --num-test-pos $num_test_pos --num-test-neg $num_test_neg --nj $nj
 fi
+# --- end of stage 0 ---
 
 # Stages 1-6 are shared by every keyword recipe.
 . utils/kws_stages.sh
