@@ -257,20 +257,28 @@ def place_archive(tmp_path, sc_archive):
 
 def test_speech_commands_unknown_checksum_stops(tmp_path, sc_archive):
     digest = place_archive(tmp_path, sc_archive)
-    # The recipe's own checksum file records no value for the archive yet.
-    with open(os.path.join(ROOT, "egs/speech_commands/s0/local/checksums.sha256")) as f:
-        assert "UNKNOWN  speech_commands_v0.02.tar.gz" in f.read()
-    result = download_stage(tmp_path)
+    unknown = tmp_path / "unknown.sha256"
+    unknown.write_text("UNKNOWN  speech_commands_v0.02.tar.gz\n")
+    result = download_stage(tmp_path, "--checksum-file", unknown)
     assert result.returncode != 0
     assert "no known sha256 for speech_commands_v0.02.tar.gz" in result.stderr
     assert digest in result.stderr                          # the value to check and fill in
     assert "--verify-checksum false" in result.stderr
     assert not (tmp_path / "corpus" / "validation_list.txt").exists()
     # Going on unverified is possible, and says so.
-    result = download_stage(tmp_path, "--verify-checksum", "false")
+    result = download_stage(tmp_path, "--checksum-file", unknown, "--verify-checksum", "false")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "unverified" in result.stderr
     assert (tmp_path / "corpus" / "validation_list.txt").exists()
+
+
+def test_speech_commands_shipped_checksum_rejects_other_archives(tmp_path, sc_archive):
+    # The recipe records the real archive's digest: the miniature stand-in must fail it.
+    place_archive(tmp_path, sc_archive)
+    result = download_stage(tmp_path)
+    assert result.returncode != 0
+    assert "af14739ee7dc311471de98f5f9d2c9191b18aedfe957f4a6ff791c709868ff58" in result.stderr
+    assert not (tmp_path / "corpus" / "validation_list.txt").exists()
 
 
 def test_speech_commands_checksum_verified_then_extracted(tmp_path, sc_archive):

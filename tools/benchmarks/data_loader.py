@@ -17,8 +17,8 @@ import torch
 
 from toolkit.config import load_config
 from toolkit.data.datalist import DataList
-from toolkit.data.dataset import (BatchDataset, UtteranceProcessor, make_loader, plan_batches,
-                                  workers_per_rank)
+from toolkit.data.dataset import (BatchDataset, UtteranceProcessor, make_loader, open_source,
+                                  plan_batches, workers_per_rank)
 from toolkit.losses import build_loss
 from toolkit.models import build_model
 from toolkit.trainer.clip import clip_and_step
@@ -60,9 +60,11 @@ def list_batches(path, cfg, count, workers):
 
 
 def shard_batches(path, cfg, count, workers):
-    from toolkit.data import shards
-    return shards.make_shard_loader(path, cfg.dataset, cfg.training.seed, 0, True, 0, 1, 0,
-                                    workers, limit=count)
+    source = open_source("shard", path)
+    processor = UtteranceProcessor(cfg.dataset, seed=cfg.training.seed, train=True)
+    batches = source.plan(cfg.dataset, cfg.training.seed, 0, True)[:count]
+    return source.loader(batches, processor, 0, 0, workers, cfg.dataset.prefetch_factor,
+                         cfg.training.seed)
 
 
 def step_ratio(cfg, path, count):
