@@ -121,6 +121,7 @@ class TrainingConfig:
     init_allow_missing: bool = False
     tensorboard: bool = True
     rank_failure_timeout_s: float = 60.0
+    malloc_trim_interval: int = 1   # CPU: return freed memory to the OS every N steps (0: never)
 
 
 @dataclass

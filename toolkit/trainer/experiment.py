@@ -27,7 +27,7 @@ ALLOWED_CHANGES = {
     "training.max_epoch", "training.log_interval", "training.save_interval_steps",
     "training.val_interval_steps", "training.keep_last", "training.keep_best",
     "training.tensorboard", "training.max_nonfinite_steps", "training.rank_failure_timeout_s",
-    "training.grad_clip", "dataset.num_workers", "dataset.prefetch_factor",
+    "training.grad_clip", "training.malloc_trim_interval", "dataset.num_workers", "dataset.prefetch_factor",
     "dataset.max_bad_fraction", "training.init_checkpoint", "training.init_allow_missing",
 }
 

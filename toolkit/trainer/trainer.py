@@ -32,6 +32,26 @@ class TrainingError(RuntimeError):
     pass
 
 
+_LIBC = None
+
+
+def release_free_memory() -> None:
+    """Returns freed heap pages to the OS (glibc malloc_trim). Batches of varying shape
+    fragment glibc's arenas: without this, a 22K-parameter model's process grows past
+    3 GB; with it, it stays under 1 GB. A no-op where libc has no malloc_trim."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
 @contextlib.contextmanager
 def frozen_norm_stats(model: nn.Module):
     """Keeps BatchNorm running statistics unchanged (momentum 0) for zero-weight steps."""
@@ -109,6 +129,7 @@ class Trainer:
         self.epoch_seen = 0
         self.writer = None
         self.save_seconds = 0.0
+        self.trim_interval = t.malloc_trim_interval if self.device.type == "cpu" else 0
         processor_args = dict(seed=t.seed, from_features=self.train_list.has_features())
         noise = DataList.load(cfg.dataset.noise.noise_list, require_label=False) \
             if cfg.dataset.noise.noise_list and cfg.dataset.noise.prob > 0 else None
@@ -277,6 +298,8 @@ class Trainer:
                                     "check the data")
         self.step += 1
         self.schedule.step()
+        if self.trim_interval and self.step % self.trim_interval == 0:
+            release_free_memory()
         return {"grad_norm": norm, "skipped": 0.0 if applied else 1.0}
 
     # ------------------------------------------------------------------ validation
