@@ -411,10 +411,13 @@ def test_hi_xiaowen_all_stages(hi_xiaowen):
 
 
 def test_hi_xiaowen_absent_corpus_is_explained(tmp_path):
+    # Nothing listens on port 9 of the loopback: the download fails at once, as offline.
     result = run_recipe("hi_xiaowen", "--corpus-dir", tmp_path / "nothing", "--data",
-                        tmp_path / "data", "--stage", -1, "--stop-stage", 0)
+                        tmp_path / "data", "--stage", -1, "--stop-stage", 0,
+                        "--download-url", "http://127.0.0.1:9")
     assert result.returncode != 0
     err = result.stderr
+    assert "cannot download http://127.0.0.1:9/mobvoi_hotword_dataset.tgz" in err
     assert "Mobvoi hotword corpus is not in" in err
     assert "https://www.openslr.org/resources/87/mobvoi_hotword_dataset.tgz" in err
     assert "mobvoi_hotword_dataset_resources.tgz" in err and "--corpus-dir" in err

@@ -6,8 +6,9 @@
 #   bash run.sh --stage 3 --stop-stage 3 --gpus 0,1    # only training, on two GPUs
 #
 # Stages (each rerunnable; outputs under $data and $exp):
-#  -1 check the corpus is in $corpus_dir; extract the two OpenSLR 87 archives there when
-#     only they are present (this stage downloads nothing, see the message it prints)
+#  -1 the corpus in $corpus_dir: skipped when present; otherwise the two OpenSLR 87 archives
+#     are downloaded (or taken from $corpus_dir), checked against local/checksums.sha256 and
+#     extracted; offline, a message says where to put them
 #   0 $data/{train,dev,test} Kaldi dirs (text = keyword phrase or "<filler>") + keywords.txt
 #   1-5 lists, CMVN, training, averaging, export: utils/kws_stages.sh
 #   6 FRR vs false alarms per hour for each keyword -> $exp/score/ (summary printed)
@@ -29,6 +30,9 @@ stop_stage=6
 corpus_dir=""      # holds mobvoi_hotword_dataset/ and mobvoi_hotword_dataset_resources/;
                    # default $data/download
 nj=2
+download_url=https://www.openslr.org/resources/87   # OpenSLR 87: the two .tgz archives
+checksum_file=local/checksums.sha256
+verify_checksum=true
 
 config=conf/ds_tcn.yaml
 data=data
@@ -49,10 +53,10 @@ task_type=detection
 if [ "$stage" -le -1 ] && [ "$stop_stage" -ge -1 ]; then
   echo "stage -1: corpus in $corpus_dir"
   for part in mobvoi_hotword_dataset mobvoi_hotword_dataset_resources; do
-    if [ ! -d "$corpus_dir/$part" ] && [ -f "$corpus_dir/$part.tgz" ]; then
-      echo "extracting $corpus_dir/$part.tgz"
-      tar -xzf "$corpus_dir/$part.tgz" -C "$corpus_dir"
-    fi
+    # Present, or downloaded/verified/extracted; a failure falls through to the message below.
+    python -m toolkit.bin.fetch_corpus --url "$download_url/$part.tgz" \
+      --archive "$corpus_dir/$part.tgz" --corpus-dir "$corpus_dir" --marker "$part" \
+      --checksums "$checksum_file" --verify "$verify_checksum" || break
   done
   if [ ! -f "$corpus_dir/mobvoi_hotword_dataset_resources/p_train.json" ] \
      || [ ! -d "$corpus_dir/mobvoi_hotword_dataset" ]; then

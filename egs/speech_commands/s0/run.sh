@@ -57,8 +57,9 @@ task_type=classification
 
 if [ "$stage" -le -1 ] && [ "$stop_stage" -ge -1 ]; then
   echo "stage -1: corpus in $corpus_dir"
-  python local/download.py --url "$download_url" --archive "$archive" \
-    --corpus-dir "$corpus_dir" --checksums "$checksum_file" --verify "$verify_checksum"
+  python -m toolkit.bin.fetch_corpus --url "$download_url" --archive "$archive" \
+    --corpus-dir "$corpus_dir" --marker validation_list.txt --checksums "$checksum_file" \
+    --verify "$verify_checksum"
 fi
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then

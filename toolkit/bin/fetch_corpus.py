@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
-"""Stage -1: make the Speech Commands corpus available in --corpus-dir.
+"""Stage -1 of the corpus recipes: make a corpus archive available, verified, in --corpus-dir.
 
-1. The corpus is already extracted there (validation_list.txt present): nothing to do.
+1. The corpus is already extracted there (--marker, a file or directory relative to
+   --corpus-dir, exists): nothing to do.
 2. Otherwise the archive --archive is used when present, else downloaded from --url.
 3. Its sha256 is checked against --checksums (`sha256sum` format: `<hex>  <file name>`).
    A file name without a known checksum there is reported together with the computed
@@ -18,15 +18,14 @@ import tarfile
 import urllib.error
 import urllib.request
 
-MARKER = "validation_list.txt"
-
-
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True)
     p.add_argument("--archive", required=True, help="where the archive is (or is downloaded to)")
     p.add_argument("--corpus-dir", required=True, help="directory to extract into")
+    p.add_argument("--marker", required=True,
+                   help="file or directory (relative to --corpus-dir) that the extracted corpus has")
     p.add_argument("--checksums", required=True, help="sha256sum-format file")
     p.add_argument("--verify", choices=["true", "false"], default="true")
     p.add_argument("--timeout", type=float, default=30.0, help="network timeout in seconds")
@@ -89,7 +88,8 @@ def extract(archive: str, corpus_dir: str) -> None:
 
 def main(argv=None):
     args = get_args(argv)
-    if os.path.isfile(os.path.join(args.corpus_dir, MARKER)):
+    marker = args.marker
+    if os.path.exists(os.path.join(args.corpus_dir, marker)):
         say(f"corpus present in {args.corpus_dir}, nothing to download")
         return 0
     name = os.path.basename(args.archive)
@@ -102,7 +102,7 @@ def main(argv=None):
             say(f"without network access: fetch {name} on another machine and copy it to "
                 f"{os.path.abspath(args.archive)}, then rerun this stage (it verifies and "
                 f"extracts it); or extract it yourself and pass --corpus-dir DIR (the directory "
-                f"holding {MARKER}) with --stage 0")
+                f"holding {marker}) with --stage 0")
             return 1
     expected = known_checksum(args.checksums, name)
     if args.verify == "true" or expected:
@@ -130,10 +130,11 @@ def main(argv=None):
     except (tarfile.TarError, OSError, RuntimeError) as err:
         say(f"error: cannot extract {args.archive}: {err}")
         return 1
-    if not os.path.isfile(os.path.join(args.corpus_dir, MARKER)):
-        found = [d for d, _, files in os.walk(args.corpus_dir) if MARKER in files]
+    if not os.path.exists(os.path.join(args.corpus_dir, marker)):
+        name = os.path.basename(marker)
+        found = [d for d, dirs, files in os.walk(args.corpus_dir) if name in files + dirs]
         hint = f" (found in {found[0]}: pass --corpus-dir {found[0]})" if found else ""
-        say(f"error: {args.archive} did not put {MARKER} into {args.corpus_dir}{hint}")
+        say(f"error: {args.archive} did not put {marker} into {args.corpus_dir}{hint}")
         return 1
     say(f"corpus ready in {args.corpus_dir}")
     return 0
