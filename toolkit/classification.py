@@ -10,7 +10,6 @@ report and left out, never silently dropped.
 import io
 import json
 import logging
-import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from toolkit.fileio import atomic_write_bytes, atomic_write_text
+from toolkit.scoring import json_safe
 
 logger = logging.getLogger(__name__)
 
@@ -169,16 +169,6 @@ def plot_confusion(path: str, matrix: np.ndarray, names: Sequence[str], title: s
     atomic_write_bytes(path, buf.getvalue())
 
 
-def _json_safe(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
-
-
 def write_outputs(out_dir: str, matrix: np.ndarray, names: Sequence[str], skipped: Skipped,
                   predictions: Sequence[tuple] = (), model: str = "") -> dict:
     """accuracy.txt, confusion.{txt,json,png} (and predictions.txt) in out_dir."""
@@ -188,7 +178,7 @@ def write_outputs(out_dir: str, matrix: np.ndarray, names: Sequence[str], skippe
     doc = dict(report, classes=list(names), matrix=matrix.tolist(), model=model,
                skipped={"total": skipped.total(), "by_reason": skipped.to_json()})
     atomic_write_text(os.path.join(out_dir, "confusion.json"),
-                      json.dumps(_json_safe(doc), indent=1) + "\n")
+                      json.dumps(json_safe(doc), indent=1) + "\n")
     plot_confusion(os.path.join(out_dir, "confusion.png"), matrix, names, summary_line(report))
     if predictions:
         lines = [f"{key} {names[t]} {names[p]} {score:.6f}\n" for key, t, p, score in predictions]

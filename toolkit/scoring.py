@@ -290,14 +290,14 @@ def summary_line(keyword: str, points: Sequence[OperatingPoint], num_positives: 
             f"{num_positives} positives, {negative_hours:.2f} h negatives")
 
 
-def _json_safe(x):
+def json_safe(x):
     """NaN/inf are not JSON; write null instead."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
+        return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
+        return [json_safe(v) for v in x]
     return x
 
 
@@ -391,7 +391,7 @@ def write_outputs(out_dir: str, result: ScoreResult, config: Dict,
         **result.extra,
     }
     atomic_write_text(os.path.join(out_dir, "det.json"),
-                      json.dumps(_json_safe(doc), allow_nan=False) + "\n")
+                      json.dumps(json_safe(doc), allow_nan=False) + "\n")
     targets = [op.target_fa_per_hour for op in result.points[0]] if result.points else [1.0]
     xmax = plot_max_fa_per_hour or max(5.0, 2.5 * max(targets))
     plot_det(os.path.join(out_dir, "det.png"), keywords, det, result.points, xmax)
