@@ -3,7 +3,6 @@ local/prepare_data.py from the guide, point stage 0 at it, run all stages."""
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import soundfile as sf
