@@ -1,6 +1,5 @@
 """The training executor: torchrun DDP, exact resume, AMP, clipping, validation, logging."""
 import contextlib
-import json
 import logging
 import math
 import os
@@ -456,6 +455,3 @@ class Trainer:
             self.writer.add_scalar("train/audio_s_per_s", audio / elapsed, self.step)
             self.writer.add_scalar("train/loader_wait_s", window["wait"], self.step)
 
-
-def describe_config(cfg: Config) -> str:
-    return json.dumps(redact(to_dict(cfg)), indent=1)
