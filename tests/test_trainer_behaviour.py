@@ -269,8 +269,8 @@ def test_accumulation_with_ddp_and_step_validation(corpus, tmp_path):
 
 def test_max_restarts_resumes_after_a_rank_dies(corpus, tmp_path):
     exp = str(tmp_path / "exp")
-    cmd = [TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=1",
-           *corpus.train_args(exp, "training.max_epoch=6")]
+    cmd = [TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=3",
+           *corpus.train_args(exp, "training.max_epoch=30")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env(), start_new_session=True)
     deadline = time.time() + 90
@@ -288,5 +288,5 @@ def test_max_restarts_resumes_after_a_rank_dies(corpus, tmp_path):
     os.kill(victim, 9)
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out[-3000:]
-    assert latest_payload(exp)["epoch"] == 6
+    assert latest_payload(exp)["epoch"] == 30
     assert "resumed from" in open(os.path.join(exp, "log", "train.rank0.log")).read()
