@@ -2,6 +2,7 @@
 batch assembly over real WAVs, and augmentation determinism / SNR / reverb alignment."""
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -396,3 +397,72 @@ def test_processor_raises_bad_entry_for_broken_audio(wav_dir):
         except BadEntry as err:
             reasons[dl.key(i)] = err.reason
     assert reasons == {"missing": "missing_file", "trunc": "truncated_audio"}
+
+
+class _Numbers(torch.utils.data.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.full((3,), i)
+
+
+def _os_threads():
+    return set(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("stop_after", [None, 2], ids=["exhausted", "abandoned"])
+def test_loader_threads_are_gone_before_the_next_fork(stop_after):
+    # A plain DataLoader returns while its queue-feeder threads are still exiting (about
+    # half the time here); forking the next loader then can deadlock the child on
+    # CPython 3.11. The pipeline's loader returns only once they are gone.
+    import threading
+    import time
+    from toolkit.data.dataset import build_loader
+    for _ in range(10):
+        before = _os_threads()
+        seen = []
+        for i, batch in enumerate(build_loader(_Numbers(), 2, 2, 0, sampler=range(6))):
+            seen.append(int(batch[0]))
+            if stop_after is not None and i + 1 == stop_after:
+                break
+        assert seen == list(range(6))[:stop_after]
+        assert _os_threads() <= before
+    # A thread that starts mid-epoch and lives on (TensorBoard's writer does) is not
+    # waited for: the loop ends well inside the 30 s thread-exit timeout.
+    stop = threading.Event()
+    started = time.monotonic()
+    for i, batch in enumerate(build_loader(_Numbers(), 2, 2, 0, sampler=range(6))):
+        if i == 0:
+            threading.Thread(target=stop.wait, daemon=True).start()
+    stop.set()
+    assert time.monotonic() - started < 20
+
+
+def test_worker_stuck_in_fork_is_replaced(caplog):
+    # Simulates CPython 3.11's fork deadlock: the next forked child blocks inside fork's
+    # after-fork hooks and never runs the worker loop.
+    import multiprocessing
+    import time
+    from toolkit.data.dataset import build_loader
+    hang_next = multiprocessing.get_context("fork").Value("i", 0)
+
+    def block_in_child():
+        if hang_next.value > 0:
+            hang_next.value -= 1
+            time.sleep(3600)
+
+    os.register_at_fork(after_in_child=block_in_child)
+    try:
+        loader = build_loader(_Numbers(), 2, 2, 0, sampler=range(6))
+        loader.startup_timeout = 1.0
+        hang_next.value = 1
+        with caplog.at_level("WARNING"):
+            seen = [int(batch[0]) for batch in loader]
+    finally:
+        hang_next.value = 0
+    assert seen == list(range(6))      # nothing skipped or repeated
+    assert "1 of 2 data-loader workers did not start" in caplog.text
+    children = [int(p) for p in os.listdir("/proc") if p.isdigit()
+                and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
+    assert not children, "the stuck worker was left behind"

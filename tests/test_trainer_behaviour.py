@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from train_utils import (TORCHRUN, Corpus, descendants, env, kill_tree,
-                         latest_payload, launcher, run_train, wait_gone)
+from train_utils import (TORCHRUN, Corpus, descendants, env, kill_tree, latest_payload,
+                         launcher, rank_process, run_train, wait_gone)
 
 FAST = ["training.max_epoch=1"]
 
@@ -151,15 +151,7 @@ def test_rank_death_stops_others_quickly(corpus, tmp_path):
     while time.time() < deadline and not glob.glob(os.path.join(exp, "ckpt-*.json")):
         time.sleep(0.1)
     workers = descendants(proc.pid)
-    rank1 = None
-    for pid in workers:
-        try:
-            if "RANK=1" in open(f"/proc/{pid}/environ", "rb").read().replace(b"\0", b" ").decode():
-                if b"toolkit.bin.train" in open(f"/proc/{pid}/cmdline", "rb").read():
-                    rank1 = pid
-        except OSError:
-            continue
-    assert rank1 is not None, "rank 1 worker not found"
+    rank1 = rank_process(proc.pid, 1)
     os.kill(rank1, 9)
     killed_at = time.time()
     out, _ = proc.communicate(timeout=90)

@@ -99,6 +99,26 @@ def descendants(pid: int) -> List[int]:
     return out
 
 
+def rank_process(launcher_pid: int, rank: int, timeout: float = 60) -> int:
+    """The pid of torchrun's worker with global RANK=`rank` (a direct child of the launcher,
+    so never one of its data-loader processes, which inherit the same environment)."""
+    wanted = f"RANK={rank}".encode()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for pid in descendants(launcher_pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent == launcher_pid and wanted in environ:
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no worker with RANK={rank} under pid {launcher_pid}")
+
+
 def kill_tree(proc: subprocess.Popen, launcher_only: bool = False) -> List[int]:
     """SIGKILL the launcher and (unless launcher_only) every descendant at once."""
     victims = [] if launcher_only else descendants(proc.pid)

@@ -36,5 +36,8 @@ elif [ -n "$master_port" ]; then
 else
   rdzv=(--standalone --nnodes=1)
 fi
+# Each rendezvous round (first start and every --max-restarts restart, passed through
+# TORCHRUN_EXTRA) gets its own store: a shared one keeps the dead round's addresses.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 echo "torchrun ${rdzv[*]} --nproc-per-node=$nproc $* --num-gpus $num_gpus" >&2
 exec torchrun "${rdzv[@]}" --nproc-per-node="$nproc" ${TORCHRUN_EXTRA:-} "$@" --num-gpus "$num_gpus"

@@ -36,12 +36,12 @@ from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import soundfile as sf
-import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from toolkit.data.audio import BadEntry, check_and_mix, read_audio, resample
 from toolkit.data.datalist import BadCounter, DataList
-from toolkit.data.dataset import SOURCES, DataSource, UtteranceProcessor, collate, plan_batches
+from toolkit.data.dataset import (SOURCES, DataSource, UtteranceProcessor, build_loader, collate,
+                                  plan_batches)
 from toolkit.fileio import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -486,21 +486,11 @@ class ShardBatchDataset(IterableDataset):
         return collate(keys, feats, labels, seconds, bad, self.dim)
 
 
-def _identity(x):
-    return x
-
-
 def make_shard_loader(dataset: ShardBatchDataset, num_workers: int, prefetch_factor: int,
-                      seed: int) -> DataLoader:
+                      seed: int):
     """Loader over the dataset's batches [start:] (the start lives in the dataset: an
-    iterable dataset takes no sampler). Own generator: see dataset.make_loader."""
-    kwargs = {}
-    if num_workers > 0:
-        kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=False,
-                      multiprocessing_context="fork")
-    return DataLoader(dataset, batch_size=None, num_workers=num_workers,
-                      collate_fn=_identity, pin_memory=False,
-                      generator=torch.Generator().manual_seed(seed), **kwargs)
+    iterable dataset takes no sampler)."""
+    return build_loader(dataset, num_workers, prefetch_factor, seed)
 
 
 # --------------------------------------------------------------------------- writing

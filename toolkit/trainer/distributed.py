@@ -57,12 +57,42 @@ def from_env(num_gpus: Optional[int] = None, use_cuda: Optional[bool] = None) ->
     return DistInfo(world, rank, local_rank, local_world, device)
 
 
+def _restart_safe_store(info: DistInfo, timeout: datetime.timedelta) -> Optional[dist.Store]:
+    """The store for init_process_group, isolated per torchrun restart.
+
+    torchrun's agent hosts one TCPStore that outlives its workers and is shared by every
+    restart round. The process group's keys (each rank's gloo/NCCL address) carry no round
+    number, so after `--max-restarts` kicks in, a restarted rank can read the dead round's
+    address and fail with "connection refused" (pytorch issues 135712 and 167288). On one
+    node all workers share the agent's TORCHELASTIC_RESTART_COUNT, so it makes a safe key
+    prefix. Across nodes the agents count restarts separately; utils/torchrun.sh therefore
+    sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which gives every round a fresh store."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    restarts_allowed = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+    if info.local_world_size != info.world_size:
+        if restarts_allowed and info.is_main:
+            logger.warning("torchrun --max-restarts across nodes with a shared rendezvous store: "
+                           "a restart may reuse stale addresses; export "
+                           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun "
+                           "(utils/torchrun.sh does)")
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                info.world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"toolkit/restart_{attempt}", agent_store)
+
+
 def init(info: DistInfo, timeout_s: float) -> None:
     if not info.distributed:
         return
     backend = "nccl" if info.device.type == "cuda" else "gloo"
     kwargs = {"device_id": info.device} if backend == "nccl" else {}
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = _restart_safe_store(info, timeout)
+    if store is not None:
+        kwargs.update(store=store, rank=info.rank, world_size=info.world_size)
+    dist.init_process_group(backend, timeout=timeout, **kwargs)
     logger.info("process group: backend=%s world=%d rank=%d local_rank=%d", backend,
                 info.world_size, info.rank, info.local_rank)
 
