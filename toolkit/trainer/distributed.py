@@ -67,11 +67,11 @@ def _restart_safe_store(info: DistInfo, timeout: datetime.timedelta) -> Optional
     node all workers share the agent's TORCHELASTIC_RESTART_COUNT, so it makes a safe key
     prefix. Across nodes the agents count restarts separately; utils/torchrun.sh therefore
     sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which gives every round a fresh store."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
     restarts_allowed = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not restarts_allowed:
+        return None     # no restart round can meet stale keys: torch's default store
     if info.local_world_size != info.world_size:
-        if restarts_allowed and info.is_main:
+        if info.is_main:
             logger.warning("torchrun --max-restarts across nodes with a shared rendezvous store: "
                            "a restart may reuse stale addresses; export "
                            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun "
