@@ -1,5 +1,6 @@
 """Small file helpers: atomic writes (temp file, fsync, rename) and line readers."""
 import errno
+import hashlib
 import json
 import os
 import tempfile
@@ -75,3 +76,12 @@ def read_json_lines(path: str) -> Iterator[Tuple[int, dict]]:
         if not isinstance(obj, dict):
             raise ValueError(f"{path}:{lineno}: expected a JSON object")
         yield lineno, obj
+
+
+def sha256_file(path: str) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks (checkpoints and archives can be large)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -10,13 +10,15 @@
 4. The archive is extracted into --corpus-dir.
 """
 import argparse
-import hashlib
 import os
 import re
 import sys
 import tarfile
 import urllib.error
 import urllib.request
+
+from toolkit.fileio import sha256_file
+
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
@@ -34,14 +36,6 @@ def get_args(argv=None):
 
 def say(message: str) -> None:
     print(f"[download] {message}", file=sys.stderr, flush=True)
-
-
-def sha256_of(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def known_checksum(checksums: str, name: str):
@@ -107,7 +101,7 @@ def main(argv=None):
     expected = known_checksum(args.checksums, name)
     if args.verify == "true" or expected:
         say(f"computing sha256 of {args.archive}")
-        actual = sha256_of(args.archive)
+        actual = sha256_file(args.archive)
         if expected is None:
             say(f"no known sha256 for {name} in {args.checksums}; this archive's is {actual}")
             if args.verify == "true":

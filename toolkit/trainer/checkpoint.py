@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from toolkit.fileio import atomic_write_bytes, atomic_write_text
+from toolkit.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 
 logger = logging.getLogger(__name__)
 NAME = re.compile(r"ckpt-(\d+)\.json$")
@@ -97,11 +97,7 @@ def verify(info: CheckpointInfo) -> Optional[str]:
         return "file missing"
     if size != info.meta.get("size"):
         return f"size {size} != recorded {info.meta.get('size')} (truncated?)"
-    h = hashlib.sha256()
-    with open(info.path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    if h.hexdigest() != info.meta.get("sha256"):
+    if sha256_file(info.path) != info.meta.get("sha256"):
         return "sha256 mismatch (corrupt)"
     return None
 

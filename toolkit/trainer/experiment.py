@@ -1,7 +1,6 @@
 """The experiment directory as a durable boundary: one configuration, one inventory, one
 architecture. A rerun resumes; an incompatible rerun is refused naming every difference."""
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -11,7 +10,7 @@ import torch
 import yaml
 
 from toolkit.config import Config, ConfigError, from_dict, redact, to_dict
-from toolkit.fileio import atomic_write_text
+from toolkit.fileio import atomic_write_text, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +42,6 @@ def flatten(d, prefix: str = "") -> Dict[str, object]:
     return out
 
 
-def file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def diff_configs(old: dict, new: dict) -> Tuple[List[str], List[str]]:
     """(refused differences, allowed differences), each as 'key: old -> new'."""
     a, b = flatten(old), flatten(new)
@@ -66,7 +57,7 @@ def diff_configs(old: dict, new: dict) -> Tuple[List[str], List[str]]:
 def data_fingerprint(cfg: Config) -> dict:
     """Content hashes of the training and dev lists: a changed list under the same path is
     as incompatible as a different path."""
-    return {name: file_digest(path) if path and os.path.exists(path) else ""
+    return {name: sha256_file(path) if path and os.path.exists(path) else ""
             for name, path in (("train_data", cfg.dataset.train_data),
                                ("dev_data", cfg.dataset.dev_data))}
 
