@@ -1,7 +1,9 @@
-"""Training criteria. Each takes (logits, lengths, labels) and returns (loss, metrics)."""
+"""Training criteria. Each takes (logits, lengths, labels) and returns (loss, metrics);
+criteria with `uses_ctc_head` take (ctc_logits, lengths, tokens, token_lengths) instead."""
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -85,6 +87,39 @@ class CrossEntropyLoss(nn.Module):
         return loss, {"acc": acc}
 
 
+@LOSSES.register("ctc")
+class CTCLoss(nn.Module):
+    """Connectionist temporal classification over unit (phone or character) targets, on
+    the model's CTC head (`model.ctc_outputs` units, blank = 0). Used as a component
+    of `weighted_sum` next to the keyword loss: the phone sequence teaches the shared
+    layers what distinguishes a keyword from a near-homophone ("hey snips" vs "hey
+    sneeps"), which one score per utterance alone does not."""
+
+    uses_ctc_head = True
+
+    @dataclass
+    class Config(LossConfigBase):
+        pass
+
+    def __init__(self, config: "CTCLoss.Config"):
+        super().__init__()
+
+    def forward(self, ctc_logits: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor,
+                token_lengths: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        log_probs = F.log_softmax(ctc_logits.float(), dim=-1).transpose(0, 1)   # (T, B, U)
+        # Summed per utterance, averaged over the batch; an utterance too short for its
+        # targets contributes zero instead of infinity.
+        per_utt = F.ctc_loss(log_probs, tokens, lengths, token_lengths, blank=0,
+                             reduction="none", zero_infinity=True)
+        loss = per_utt.sum() / max(1, ctc_logits.size(0))
+        return loss, {"ctc_per_unit": (per_utt.sum() / token_lengths.sum().clamp(min=1)).detach()}
+
+
+def uses_ctc_head(loss_fn: nn.Module) -> bool:
+    """True when a criterion (or a component of it) needs the CTC head and targets."""
+    return any(getattr(m, "uses_ctc_head", False) for m in loss_fn.modules())
+
+
 @LOSSES.register("weighted_sum")
 class WeightedSumLoss(nn.Module):
     """Several criteria on the same output, each switched on at a fraction of the total
@@ -126,19 +161,29 @@ class WeightedSumLoss(nn.Module):
         self.starts = [s for _, _, s in config.parsed]
         self.progress = 0.0       # fraction of training done; set by the trainer each step
 
-    def forward(self, logits, lengths, labels):
+    def forward(self, logits, lengths, labels, ctc_logits=None, tokens=None, token_lengths=None):
         total = None
         metrics: Dict[str, torch.Tensor] = {}
         for i, (part, weight, start) in enumerate(zip(self.parts, self.weights, self.starts)):
             if self.progress < start:
                 continue
-            loss, m = part(logits, lengths, labels)
+            if getattr(part, "uses_ctc_head", False):
+                loss, m = part(ctc_logits, lengths, tokens, token_lengths)
+            else:
+                loss, m = part(logits, lengths, labels)
             total = weight * loss if total is None else total + weight * loss
             metrics.update({f"{k}_{i}" if k in metrics else k: v for k, v in m.items()})
             metrics[f"loss_{i}"] = loss.detach()
         if total is None:     # nothing switched on yet: the earliest component counts
-            return self.parts[0](logits, lengths, labels)
+            return self._only(int(np.argmin(self.starts)), logits, lengths, labels,
+                              ctc_logits, tokens, token_lengths)
         return total, metrics
+
+    def _only(self, i, logits, lengths, labels, ctc_logits, tokens, token_lengths):
+        part = self.parts[i]
+        if getattr(part, "uses_ctc_head", False):
+            return part(ctc_logits, lengths, tokens, token_lengths)
+        return part(logits, lengths, labels)
 
 
 def build_loss(config) -> nn.Module:

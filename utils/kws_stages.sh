@@ -18,6 +18,9 @@
 #                      $dict); stage 6 = accuracy and confusion matrix.
 #   precompute_feats   true (default): fbank once into $data/*/fbank/ and train from it
 #   target_fa_per_hour detection only: FA/h at which the deployment threshold is chosen (1.0)
+#   ctc_unit           phone or char: stage 1 also writes $data/dict/{lexicon,units}.txt
+#                      and CTC targets into the data lists, for configs whose loss has a
+#                      ctc component (phone: espeak-ng pronunciations). Empty: none.
 #
 # Stages (each rerunnable):
 #   1 data lists $data/*/data.list (+ fbank features $data/*/fbank/ when precompute_feats)
@@ -39,6 +42,7 @@ done
 task_type=${task_type:-detection}
 precompute_feats=${precompute_feats:-true}
 target_fa_per_hour=${target_fa_per_hour:-1.0}
+ctc_unit=${ctc_unit:-}
 case "$task_type" in
   detection) _label_mode=keyword ;;
   classification) _label_mode=class ;;
@@ -51,9 +55,15 @@ list_name=data.list
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   echo "stage 1: data lists (label mode $_label_mode)"
   [ -f "$dict" ] || { echo "$0: inventory $dict not found: run stage 0 first" >&2; exit 1; }
+  _ctc_args=()
+  if [ -n "$ctc_unit" ]; then
+    python -m toolkit.bin.make_lexicon --unit "$ctc_unit" "$data/train" "$data/dev" "$data/test" \
+      --lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt"
+    _ctc_args=(--lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt")
+  fi
   for x in train dev test; do
     python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" --inventory "$dict" \
-      --label-mode $_label_mode --nj "$nj"
+      --label-mode $_label_mode --nj "$nj" "${_ctc_args[@]}"
     if [ "$precompute_feats" = true ]; then
       python -m toolkit.bin.compute_feats "$data/$x/data.list" "$data/$x/fbank" --config "$config" --nj "$nj"
     fi
@@ -74,7 +84,8 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
     "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
     -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
     --train-data "$data/train/$list_name" --dev-data "$data/dev/$list_name" \
-    --inventory "$dict" --cmvn "$data/train/global_cmvn.json" $train_overrides
+    --inventory "$dict" --cmvn "$data/train/global_cmvn.json" \
+    ${ctc_unit:+--units "$data/dict/units.txt"} $train_overrides
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then

@@ -1,4 +1,5 @@
-"""Kaldi data dir -> data list (one JSON object per line: key, wav, txt, duration, label).
+"""Kaldi data dir -> data list (one JSON object per line: key, wav, txt, duration, label,
+and `tokens`, the CTC target ids, when --lexicon and --units are given).
 
 Labels come from the inventory: `--label-mode keyword` gives the index of the keyword
 whose words occur in the transcript (else -1, filler); `--label-mode class` needs the
@@ -10,6 +11,7 @@ import sys
 
 from toolkit.data.datalist import read_inventory, write_datalist
 from toolkit.data.kaldi import LABELERS, load_data_dir, read_table
+from toolkit.data.tokens import Tokenizer, read_lexicon, read_units
 from toolkit.logging_utils import setup_logging
 
 logger = logging.getLogger("make_datalist")
@@ -25,7 +27,12 @@ def get_args(argv=None):
     p.add_argument("--nj", type=int, default=2, help="parallel jobs for missing durations")
     p.add_argument("--feats-scp", help="Kaldi feats.scp (e.g. <data_dir>/feats.scp): entries get "
                    "`feat` and train straight from these features")
-    return p.parse_args(argv)
+    p.add_argument("--lexicon", help="lexicon (word unit ...) for CTC targets; needs --units")
+    p.add_argument("--units", help="unit list (<blank> first) from toolkit.bin.make_lexicon")
+    args = p.parse_args(argv)
+    if bool(args.lexicon) != bool(args.units):
+        p.error("--lexicon and --units go together")
+    return args
 
 
 def main(argv=None):
@@ -34,7 +41,9 @@ def main(argv=None):
     inventory = read_inventory(args.inventory)
     labeler = LABELERS.get(args.label_mode)(inventory)
     feats = read_table(args.feats_scp) if args.feats_scp else {}
-    entries, unlabeled, no_feats = [], [], []
+    tokenizer = (Tokenizer(read_lexicon(args.lexicon), read_units(args.units))
+                 if args.lexicon else None)
+    entries, unlabeled, no_feats, no_tokens = [], [], [], []
     for entry in load_data_dir(args.data_dir, nj=args.nj):
         if args.feats_scp:
             if entry["key"] not in feats:
@@ -46,6 +55,12 @@ def main(argv=None):
             unlabeled.append(entry["key"])
             continue
         entry["label"] = label
+        if tokenizer is not None:
+            ids, oov = tokenizer.encode(entry.get("txt", ""))
+            if ids is None:
+                no_tokens.append(f"{entry['key']} ({' '.join(oov)})")
+            else:
+                entry["tokens"] = ids     # empty for silence/noise: all blank
         entries.append(entry)
     if no_feats:
         logger.warning("%s: %d utterances have no features in %s and were left out (e.g. %s)",
@@ -53,6 +68,10 @@ def main(argv=None):
     if unlabeled:
         logger.warning("%s: %d utterances have no label in %s and were left out (e.g. %s)",
                        args.data_dir, len(unlabeled), args.inventory, ", ".join(unlabeled[:3]))
+    if no_tokens:
+        # Kept for the other losses; a CTC loss skips and counts them (missing_tokens).
+        logger.warning("%s: %d utterances have no CTC targets (words not in %s), e.g. %s",
+                       args.data_dir, len(no_tokens), args.lexicon, ", ".join(no_tokens[:3]))
     n = write_datalist(args.output, entries)
     counts = {}
     for e in entries:

@@ -22,6 +22,8 @@ def get_args(argv=None):
     p.add_argument("--dev-data", help="dev data list (sets dataset.dev_data)")
     p.add_argument("--inventory", required=True,
                    help="class/keyword inventory file, one name per line (order = index)")
+    p.add_argument("--units", help="CTC unit list (<blank> first; toolkit.bin.make_lexicon): sets "
+                   "model.ctc_outputs when the loss has a ctc component, ignored otherwise")
     p.add_argument("--cmvn", help="global CMVN (JSON or Kaldi stats); sets model.cmvn_file")
     p.add_argument("--num-gpus", type=int, default=None,
                    help="GPUs per node the recipe expects (0/-1 = CPU); must match torchrun")

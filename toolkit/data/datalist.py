@@ -1,5 +1,5 @@
 """Data lists: one JSON object per utterance (`key`, `wav` or `feat`, `duration`,
-`label`, optional `txt`, `start`/`end`).
+`label`, optional `txt`, `start`/`end`, and `tokens`: CTC target ids).
 
 A list is held as one bytes blob plus offset/duration/label arrays instead of a Python
 list of dicts: forked loader workers then share its pages (no per-object refcounts are
@@ -22,7 +22,7 @@ BAD_REASONS = (
     "absurd_duration", "missing_file", "unreadable_audio", "truncated_audio", "pipe_failed",
     "empty_audio", "silent_audio", "nonfinite_samples", "bad_channel_count",
     "unreadable_features", "too_short_after_processing", "corrupt_shard", "truncated_shard",
-    "unreadable_shard", "missing_from_shard", "other",
+    "unreadable_shard", "missing_from_shard", "missing_tokens", "token_not_in_units", "other",
 )
 MAX_ABSURD_DURATION = 3600.0
 
@@ -92,9 +92,10 @@ class DataList:
 
     @classmethod
     def load(cls, path: str, num_classes: Optional[int] = None,
-             require_label: bool = True) -> "DataList":
+             require_label: bool = True, num_units: Optional[int] = None) -> "DataList":
         """Parses a JSON-lines list. Bad lines are logged, counted and left out; the
-        caller decides (via max_bad_fraction) whether too many were bad."""
+        caller decides (via max_bad_fraction) whether too many were bad. With `num_units`
+        (a CTC loss), entries also need `tokens`: ids in [1, num_units)."""
         bad = BadCounter()
         chunks: List[bytes] = []
         durations: List[float] = []
@@ -129,6 +130,11 @@ class DataList:
                     if label < -1 or (num_classes is not None and label >= num_classes):
                         bad.add("label_not_in_inventory", key, f"label={label}")
                         continue
+                if num_units is not None:
+                    problem = _token_problem(obj.get("tokens"), num_units)
+                    if problem:
+                        bad.add(problem[0], key, problem[1])
+                        continue
                 chunks.append(json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode())
                 durations.append(float(dur))
                 labels.append(int(label) if isinstance(label, int) else -1)
@@ -139,6 +145,16 @@ class DataList:
                            bad.total() + len(chunks), bad.summary())
         return cls(b"".join(chunks), offsets, np.asarray(durations, dtype=np.float32),
                    np.asarray(labels, dtype=np.int32), path, bad)
+
+
+def _token_problem(tokens, num_units: int) -> Optional[Tuple[str, str]]:
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                               for t in tokens):
+        return "missing_tokens", "needs a `tokens` list of unit ids (make_datalist --lexicon)"
+    outside = [t for t in tokens if not 0 < t < num_units]
+    if outside:
+        return "token_not_in_units", f"ids {outside[:5]} outside [1, {num_units})"
+    return None
 
 
 def write_datalist(path: str, entries: Iterable[dict]) -> int:

@@ -169,37 +169,50 @@ class Batch:
     labels: torch.Tensor       # (B,) int64
     audio_seconds: float
     bad: BadCounter
+    # CTC targets when the loss needs them: (B, L) unit ids zero padded, (B,) lengths.
+    tokens: Optional[torch.Tensor] = None
+    token_lengths: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
 
-def collate(keys, feats_list, labels, audio_seconds, bad, dim: int) -> Batch:
+def collate(keys, feats_list, labels, audio_seconds, bad, dim: int,
+            tokens: Optional[Sequence[Sequence[int]]] = None) -> Batch:
     lengths = np.array([len(f) for f in feats_list], dtype=np.int64)
     longest = int(lengths.max()) if len(lengths) else 0
     padded = np.zeros((len(feats_list), longest, dim), dtype=np.float32)
     for i, f in enumerate(feats_list):
         padded[i, :len(f)] = f
-    return Batch(keys, torch.from_numpy(padded), torch.from_numpy(lengths),
-                 torch.tensor(labels, dtype=torch.int64), audio_seconds, bad)
+    batch = Batch(keys, torch.from_numpy(padded), torch.from_numpy(lengths),
+                  torch.tensor(labels, dtype=torch.int64), audio_seconds, bad)
+    if tokens is not None:
+        token_lengths = np.array([len(t) for t in tokens], dtype=np.int64)
+        ids = np.zeros((len(tokens), max(1, int(token_lengths.max(initial=0)))), dtype=np.int64)
+        for i, t in enumerate(tokens):
+            ids[i, :len(t)] = t
+        batch.tokens = torch.from_numpy(ids)
+        batch.token_lengths = torch.from_numpy(token_lengths)
+    return batch
 
 
 class BatchDataset(Dataset):
     """Item i = the i-th batch of this rank's plan, fully processed and padded."""
 
     def __init__(self, datalist: DataList, batches: Sequence[np.ndarray],
-                 processor: UtteranceProcessor, epoch: int):
+                 processor: UtteranceProcessor, epoch: int, with_tokens: bool = False):
         self.datalist = datalist
         self.batches = batches
         self.processor = processor
         self.epoch = epoch
         self.dim = processor.opts.mel_opts.num_bins
+        self.with_tokens = with_tokens
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> Batch:
-        keys, feats, labels = [], [], []
+        keys, feats, labels, tokens = [], [], [], []
         bad = BadCounter()
         seconds = 0.0
         for idx in self.batches[i]:
@@ -212,8 +225,11 @@ class BatchDataset(Dataset):
             keys.append(entry["key"])
             feats.append(f)
             labels.append(int(self.datalist.labels[int(idx)]))
+            if self.with_tokens:
+                tokens.append(entry["tokens"])    # checked when the list was loaded
             seconds += float(self.datalist.durations[int(idx)])
-        return collate(keys, feats, labels, seconds, bad, self.dim)
+        return collate(keys, feats, labels, seconds, bad, self.dim,
+                       tokens if self.with_tokens else None)
 
 
 def _identity(x):
@@ -384,9 +400,11 @@ class DataSource:
 class RawSource(DataSource):
     """A JSON-lines data list (wav or feat entries)."""
 
-    def __init__(self, path: str, num_classes: Optional[int] = None):
-        self.data = DataList.load(path, num_classes=num_classes)
+    def __init__(self, path: str, num_classes: Optional[int] = None,
+                 num_units: Optional[int] = None):
+        self.data = DataList.load(path, num_classes=num_classes, num_units=num_units)
         self.bad = self.data.bad
+        self.with_tokens = num_units is not None
 
     def __len__(self) -> int:
         return len(self.data)
@@ -401,8 +419,8 @@ class RawSource(DataSource):
         return plan_batches(self.data, dataset_cfg, seed, epoch, train)
 
     def loader(self, batches, processor, epoch, start, num_workers, prefetch_factor, seed):
-        return make_loader(BatchDataset(self.data, batches, processor, epoch), start,
-                           num_workers, prefetch_factor, seed)
+        return make_loader(BatchDataset(self.data, batches, processor, epoch, self.with_tokens),
+                           start, num_workers, prefetch_factor, seed)
 
 
 def detect_data_type(path: str) -> str:
@@ -414,12 +432,14 @@ def detect_data_type(path: str) -> str:
     return "raw"
 
 
-def open_source(data_type: str, path: str, num_classes: Optional[int] = None) -> DataSource:
+def open_source(data_type: str, path: str, num_classes: Optional[int] = None,
+                num_units: Optional[int] = None) -> DataSource:
+    """`num_units`: the CTC unit count when the loss needs targets (entries need tokens)."""
     if data_type == "auto":
         data_type = detect_data_type(path)
     if data_type == "shard":
         from toolkit.data import shards  # noqa: F401  (registers the shard source)
-    return SOURCES.get(data_type)(path, num_classes)
+    return SOURCES.get(data_type)(path, num_classes, num_units)
 
 
 def workers_per_rank(configured: int, local_world_size: int) -> int:

@@ -607,7 +607,11 @@ def make_shards(data_list: str, out_dir: str, utts_per_shard: int, nj: int = 1,
 class ShardSource(DataSource):
     """Tar shards listed in a shard list, planned from their index without opening them."""
 
-    def __init__(self, path: str, num_classes: Optional[int] = None):
+    def __init__(self, path: str, num_classes: Optional[int] = None,
+                 num_units: Optional[int] = None):
+        if num_units is not None:
+            raise ValueError(f"{path}: shard indexes do not carry CTC targets (tokens); "
+                             "train a loss with a ctc component from a data list")
         self.index = ShardIndex.load(path)
         self.bad = BadCounter()
         if num_classes is not None:

@@ -324,15 +324,18 @@ class Espeak:
         audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
         return audio.astype(np.float32) / 32768.0
 
-    def phonemes(self, text: str, voice: str) -> str:
-        """espeak's ASCII phoneme string for `text` (all clauses joined)."""
+    def phonemes(self, text: str, voice: str, separator: str = "") -> str:
+        """espeak's ASCII phoneme string for `text` (all clauses joined); `separator`
+        (one ASCII character) goes between the phonemes of a word."""
         if not self.set_voice(voice):
             raise SynthError(f"espeak-ng has no voice {voice!r}")
+        # Bits 8-23 of the phoneme mode hold the separator character.
+        mode = (ord(separator) << 8) if separator else 0
         buf = ctypes.create_string_buffer(text.encode())
         ptr = ctypes.c_void_p(ctypes.addressof(buf))
         out = []
         while ptr.value:
-            res = self.lib.espeak_TextToPhonemes(ctypes.byref(ptr), _CHARS_UTF8, 0)
+            res = self.lib.espeak_TextToPhonemes(ctypes.byref(ptr), _CHARS_UTF8, mode)
             if res:
                 out.append(res.decode("utf-8", "replace"))
         return " ".join(out)

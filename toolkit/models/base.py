@@ -17,6 +17,10 @@ class ModelConfigBase:
     input_dim: int = 0      # 0: taken from dataset.feature.num_mel_bins
     num_outputs: int = 0    # 0: taken from the class/keyword inventory
     cmvn_file: str = ""     # global CMVN JSON; its statistics become model buffers
+    # Units of an extra CTC output on the same hidden features, trained by a `ctc` loss
+    # component; 0: none, or taken from the unit list when the loss has a ctc component.
+    # Deployment uses the keyword output only.
+    ctc_outputs: int = 0
 
 
 class GlobalCMVN(nn.Module):
@@ -65,6 +69,8 @@ class CausalConv1d(nn.Module):
 class StreamingModel(nn.Module):
     """Base of causal models: forward(feats (B,T,D), cache (B,cache_size)) ->
     (logits (B,T,K), new_cache). A None cache means "start of stream" (zeros).
+    Subclasses implement `encode` (-> hidden features (B,T,H), new_cache) and call
+    `_build_heads(H)`; the keyword classifier and the optional CTC head share `encode`.
 
     Subclasses list their per-layer cache shapes in `cache_shapes` as (channels, frames);
     the flat cache is their concatenation, a single tensor that ONNX and TorchScript
@@ -78,6 +84,20 @@ class StreamingModel(nn.Module):
         self.config = config
         self.cache_shapes: List[Tuple[int, int]] = []
         self.cache_size = 0
+
+    def _build_heads(self, hidden_dim: int) -> None:
+        self.classifier = nn.Linear(hidden_dim, self.config.num_outputs)
+        self.ctc_head = (nn.Linear(hidden_dim, self.config.ctc_outputs)
+                         if self.config.ctc_outputs > 0 else None)
+
+    def encode(self, feats: torch.Tensor,
+               cache: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, feats: torch.Tensor,
+                cache: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        hidden, cache = self.encode(feats, cache)
+        return self.classifier(hidden), cache
 
     def _finalize_cache(self, shapes: List[Tuple[int, int]]) -> None:
         self.cache_shapes = [(int(c), int(f)) for c, f in shapes]
@@ -109,6 +129,9 @@ def build_model(config, cmvn: Optional[dict] = None) -> nn.Module:
     if config.input_dim <= 0 or config.num_outputs <= 0:
         raise ValueError("model.input_dim and model.num_outputs must be resolved before building")
     model = MODELS.get(config.type)(config)
+    if config.ctc_outputs > 0 and getattr(model, "ctc_head", None) is None:
+        raise ValueError(f"model type {config.type} has no CTC head (model.ctc_outputs="
+                         f"{config.ctc_outputs}); use a streaming model")
     if cmvn is not None:
         model.cmvn.load_stats(cmvn["mean"], cmvn["inv_std"])
     return model

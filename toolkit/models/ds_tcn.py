@@ -49,11 +49,11 @@ class DSTCN(StreamingModel):
             nn.BatchNorm1d(config.hidden_dim), nn.ReLU())
         self.blocks = nn.ModuleList(
             DSConvBlock(config.hidden_dim, config.kernel_size, d, config.dropout) for d in dilations)
-        self.classifier = nn.Linear(config.hidden_dim, config.num_outputs)
+        self._build_heads(config.hidden_dim)
         self._finalize_cache([(config.hidden_dim, b.depthwise.context) for b in self.blocks])
 
-    def forward(self, feats: torch.Tensor,
-                cache: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, feats: torch.Tensor,
+               cache: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         if cache is None:
             cache = torch.zeros(feats.size(0), self.cache_size, device=feats.device)
         x = self.input_proj(self.cmvn(feats).transpose(1, 2))
@@ -62,4 +62,4 @@ class DSTCN(StreamingModel):
         for i, block in enumerate(self.blocks):
             x, c = block(x, caches[i])
             new_caches.append(c)
-        return self.classifier(x.transpose(1, 2)), self.join_cache(new_caches)
+        return x.transpose(1, 2), self.join_cache(new_caches)

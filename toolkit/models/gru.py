@@ -31,20 +31,19 @@ class GRU(StreamingModel):
         self.gru = nn.GRU(h, h, config.num_layers, batch_first=True,
                           dropout=config.dropout if config.num_layers > 1 else 0.0)
         self.dropout = nn.Dropout(config.dropout)
-        self.classifier = nn.Linear(h, config.num_outputs)
+        self._build_heads(h)
         self._finalize_cache([(h, config.num_layers)])
 
     def receptive_field(self) -> int:
         # Recurrent: every past frame can influence the output. -1 means unbounded.
         return -1
 
-    def forward(self, feats: torch.Tensor,
-                cache: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, feats: torch.Tensor,
+               cache: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         if cache is None:
             cache = torch.zeros(feats.size(0), self.cache_size, device=feats.device)
         # (B, hidden, layers) -> the (layers, B, hidden) layout nn.GRU expects.
         h0 = self.split_cache(cache)[0].permute(2, 0, 1).contiguous()
         x = self.input_proj(self.cmvn(feats))
         y, hn = self.gru(x, h0)
-        logits = self.classifier(self.dropout(y))
-        return logits, self.join_cache([hn.permute(1, 2, 0)])
+        return self.dropout(y), self.join_cache([hn.permute(1, 2, 0)])

@@ -67,12 +67,12 @@ class MDTC(StreamingModel):
                 self.blocks.append(DTCBlock(h, config.kernel_size, 2 ** layer, config.dropout))
                 ends.append(layer == config.num_layers_per_stack - 1)
         self.stack_ends: List[bool] = ends
-        self.classifier = nn.Linear(h, config.num_outputs)
+        self._build_heads(h)
         self._finalize_cache([(config.input_dim, self.front_depthwise.context)]
                              + [(h, b.depthwise.context) for b in self.blocks])
 
-    def forward(self, feats: torch.Tensor,
-                cache: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, feats: torch.Tensor,
+               cache: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         if cache is None:
             cache = torch.zeros(feats.size(0), self.cache_size, device=feats.device)
         caches = self.split_cache(cache)
@@ -85,4 +85,4 @@ class MDTC(StreamingModel):
             new_caches.append(c)
             if self.stack_ends[i]:
                 total = total + x
-        return self.classifier(total.transpose(1, 2)), self.join_cache(new_caches)
+        return total.transpose(1, 2), self.join_cache(new_caches)

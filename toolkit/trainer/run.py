@@ -6,6 +6,7 @@ import traceback
 
 from toolkit.config import ConfigError, apply_overrides, load_yaml, validate
 from toolkit.data.datalist import read_inventory
+from toolkit.data.tokens import read_units
 from toolkit.logging_utils import setup_logging
 from toolkit.trainer import distributed as dist_util
 from toolkit.trainer.experiment import prepare_exp_dir
@@ -37,7 +38,23 @@ def resolve_config(args, inventory):
     if cfg.model.num_outputs != len(inventory):
         raise ConfigError(f"model.num_outputs={cfg.model.num_outputs} but the inventory "
                           f"{args.inventory} has {len(inventory)} entries")
+    units_path = getattr(args, "units", None)
+    if units_path and loss_has_ctc(cfg.loss):
+        try:
+            units = read_units(units_path)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"--units: {err}") from None
+        if cfg.model.ctc_outputs <= 0:
+            cfg.model.ctc_outputs = len(units)
+        if cfg.model.ctc_outputs != len(units):
+            raise ConfigError(f"model.ctc_outputs={cfg.model.ctc_outputs} but the unit list "
+                              f"{units_path} has {len(units)} entries")
     return cfg
+
+
+def loss_has_ctc(loss_cfg) -> bool:
+    from toolkit.losses import build_loss, uses_ctc_head
+    return uses_ctc_head(build_loss(loss_cfg))
 
 
 def run_training(args) -> int:

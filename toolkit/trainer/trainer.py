@@ -15,7 +15,7 @@ from toolkit.config import Config, redact, to_dict
 from toolkit.data.datalist import BAD_REASONS, BadCounter, DataList
 from toolkit.data.dataset import (DataSource, UtteranceProcessor, open_source, rank_batches,
                                   workers_per_rank)
-from toolkit.losses import build_loss
+from toolkit.losses import build_loss, uses_ctc_head
 from toolkit.models import build_model, count_parameters
 from toolkit.trainer import checkpoint as ckpt
 from toolkit.trainer import distributed as dist_util
@@ -29,6 +29,20 @@ logger = logging.getLogger(__name__)
 
 class TrainingError(RuntimeError):
     pass
+
+
+class WithCTCHead(nn.Module):
+    """Keyword logits and CTC logits from one encoder pass. DDP wraps this instead of
+    the model when the loss has a CTC component: DDP synchronises only parameters used
+    through the forward it wraps, and the model's own forward skips the CTC head."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, feats: torch.Tensor):
+        hidden, _ = self.model.encode(feats, None)
+        return self.model.classifier(hidden), self.model.ctc_head(hidden)
 
 
 _LIBC = None
@@ -93,6 +107,14 @@ class Trainer:
                 torch.backends.cudnn.benchmark = False
                 torch.backends.cudnn.deterministic = True
 
+        self.loss_fn = build_loss(cfg.loss)
+        self.use_ctc = uses_ctc_head(self.loss_fn)
+        if self.use_ctc and cfg.model.ctc_outputs <= 0:
+            raise TrainingError("the loss has a ctc component but model.ctc_outputs is 0: "
+                                "pass --units (toolkit.bin.make_lexicon) or set it")
+        if self.use_ctc and cfg.loss.type == "ctc":
+            raise TrainingError("loss.type ctc alone trains no keyword output: use weighted_sum "
+                                "with a keyword loss and a ctc component")
         self.train_list = self._load_list(cfg.dataset.train_data, "train")
         self.dev_list = (self._load_list(cfg.dataset.dev_data, "dev")
                          if cfg.dataset.dev_data else None)
@@ -101,7 +123,6 @@ class Trainer:
         self.model = build_model(cfg.model, cmvn).to(self.device)
         if t.init_checkpoint and not resuming:
             load_init_weights(self.model, t.init_checkpoint, t.init_allow_missing)
-        self.loss_fn = build_loss(cfg.loss)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.amp_dtype = amp_dtype(cfg, self.device)
         self.scaler = (torch.amp.GradScaler(self.device.type)
@@ -114,10 +135,11 @@ class Trainer:
         # Each rank has its own dropout randomness; restored per rank on resume.
         torch.manual_seed(t.seed + 1000003 * info.rank)
 
-        self.ddp = self.model
+        self.trained = WithCTCHead(self.model) if self.use_ctc else self.model
+        self.ddp = self.trained
         if info.distributed:
             self.ddp = nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+                self.trained, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
         self.step = 0
         self.epoch = 0
@@ -159,7 +181,11 @@ class Trainer:
     def _load_list(self, path: str, name: str) -> DataSource:
         if not path or not os.path.exists(path):
             raise FileNotFoundError(f"dataset.{name}_data: data list '{path}' not found")
-        datalist = open_source(self.cfg.dataset.data_type, path, self.cfg.model.num_outputs)
+        try:
+            datalist = open_source(self.cfg.dataset.data_type, path, self.cfg.model.num_outputs,
+                                   self.cfg.model.ctc_outputs if self.use_ctc else None)
+        except ValueError as err:
+            raise TrainingError(str(err)) from None
         total = len(datalist) + datalist.bad.total()
         if total == 0 or len(datalist) == 0:
             raise TrainingError(f"{path}: no usable entries ({datalist.bad.summary()})")
@@ -249,14 +275,22 @@ class Trainer:
         labels = batch.labels.to(self.device)
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
-            logits, _ = self.ddp(feats)
-        return self.loss_fn(logits, lengths, labels)   # loss in fp32
+            out = self.ddp(feats)
+        return self._loss(out, lengths, labels, batch)   # loss in fp32
+
+    def _loss(self, out, lengths, labels, batch):
+        if not self.use_ctc:
+            return self.loss_fn(out[0], lengths, labels)
+        logits, ctc_logits = out
+        return self.loss_fn(logits, lengths, labels, ctc_logits,
+                            batch.tokens.to(self.device), batch.token_lengths.to(self.device))
 
     def _dummy_batch(self):
         from toolkit.data.dataset import collate
         dim = self.cfg.model.input_dim
         # Two frames: BatchNorm in training mode needs more than one value per channel.
-        return collate(["<empty>"], [np.zeros((2, dim), np.float32)], [-1], 0.0, BadCounter(), dim)
+        return collate(["<empty>"], [np.zeros((2, dim), np.float32)], [-1], 0.0, BadCounter(), dim,
+                       [[]] if self.use_ctc else None)
 
     def _micro_step(self, batch, boundary: bool) -> Dict[str, float]:
         empty = len(batch) == 0
@@ -330,8 +364,8 @@ class Trainer:
         feats = batch.feats.to(self.device)
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
-            logits, _ = self.model(feats)   # the bare module: no DDP sync in eval
-        return self.loss_fn(logits, batch.lengths.to(self.device), batch.labels.to(self.device))
+            out = self.trained(feats)   # the bare module: no DDP sync in eval
+        return self._loss(out, batch.lengths.to(self.device), batch.labels.to(self.device), batch)
 
     def _after_validation(self, result: Optional[Dict[str, float]], tag: str) -> Optional[float]:
         if result is None:
