@@ -220,3 +220,41 @@ def test_fbank_is_log_energy_of_int16_scaled_input():
     # Kaldi works on int16-scaled samples: scaling by 32768 adds 2*log(32768) ~ 20.8 to
     # every log energy compared with [-1, 1] input (which would average ~1 here).
     assert a.mean() > 10.0
+
+
+def test_compute_feats_speed_copies(tmp_path):
+    """3-way speed perturbation of a training list: each utterance plus copies at 0.9 and
+    1.1 whose features match speeding the audio up, with Kaldi's sp<factor>- keys."""
+    import json
+    import subprocess
+    import sys
+
+    import kaldiio
+
+    from kws_data import make_datalist
+    from toolkit.data import augment
+    from toolkit.data.features import compute_fbank, options_from_config
+    from toolkit.config import DatasetConfig
+
+    src = make_datalist(str(tmp_path), "train", 2, 2, 5)
+    out = tmp_path / "fbank"
+    cmd = [sys.executable, "-m", "toolkit.bin.compute_feats", src, str(out), "--nj", "2",
+           "--speed-copies", "0.9,1.1"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    entries = {e["key"]: e for e in map(json.loads, open(out / "data.list"))}
+    originals = [json.loads(line) for line in open(src)]
+    assert len(entries) == 3 * len(originals)
+    opts = options_from_config(DatasetConfig().feature, 16000)
+    for orig in originals:
+        for factor in (0.9, 1.1):
+            copy = entries[f"sp{factor:g}-{orig['key']}"]
+            assert copy["label"] == orig["label"] and copy["speed"] == factor
+            assert copy["duration"] == pytest.approx(orig["duration"] / factor, abs=1e-3)
+            wave = augment.load_mono(orig["wav"], 16000, DatasetConfig().channel, 0.0, -1.0)
+            expected = compute_fbank(augment.speed_perturb(wave, 16000, factor), opts)
+            got = kaldiio.load_mat(copy["feat"])
+            assert got.shape == expected.shape
+            assert np.abs(got - expected).max() < 1e-4
+        assert kaldiio.load_mat(entries[orig["key"]]["feat"]).shape[0] > 0
+    bad = subprocess.run(cmd[:-1] + ["1.0,1.1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "other than 1" in bad.stderr

@@ -13,8 +13,22 @@ from toolkit.fileio import atomic_write_text
 logger = logging.getLogger(__name__)
 
 
+def perturbed_key(key: str, factor: float) -> str:
+    """Kaldi's naming for speed-perturbed copies: sp0.9-<key>."""
+    return f"sp{factor:g}-{key}"
+
+
+def _speed_copy(processor, entry: dict, factor: float):
+    """(entry, features) of `entry` played `factor` times faster (a new utterance)."""
+    copy = dict(entry, key=perturbed_key(entry["key"], factor),
+                duration=round(float(entry["duration"]) / factor, 4), speed=factor)
+    if "spk" in entry:
+        copy["spk"] = perturbed_key(str(entry["spk"]), factor)
+    return copy, processor.features_at_speed(entry, factor)
+
+
 def _job(args):
-    list_path, out_dir, dataset_cfg, part, parts = args
+    list_path, out_dir, dataset_cfg, part, parts, speeds = args
     import kaldiio
     from toolkit.data.dataset import UtteranceProcessor
     datalist = DataList.load(list_path, require_label=False)
@@ -34,12 +48,28 @@ def _job(args):
                 continue
             writer(entry["key"], feats.astype(np.float32))
             lines.append(entry)
+            for factor in speeds:
+                try:
+                    copy, feats = _speed_copy(processor, entry, factor)
+                except BadEntry as err:
+                    bad.add(err.reason, perturbed_key(entry["key"], factor), err.detail)
+                    continue
+                writer(copy["key"], feats.astype(np.float32))
+                lines.append(copy)
     return scp, lines, bad
 
 
-def compute_features_for_list(list_path: str, out_dir: str, dataset_cfg, nj: int) -> str:
+def compute_features_for_list(list_path: str, out_dir: str, dataset_cfg, nj: int,
+                              speed_copies=()) -> str:
+    """`speed_copies`: factors (e.g. 0.9, 1.1) of speed-perturbed copies added beside each
+    utterance, as Kaldi's 3-way speed perturbation of training data does: new voices
+    (pitch and formants move with the speed) at the cost of features computed once."""
+    speeds = [float(f) for f in speed_copies]
+    bad_speeds = [f for f in speeds if f <= 0 or f == 1.0]
+    if bad_speeds or len(set(speeds)) != len(speeds):
+        raise ValueError(f"speed copies must be distinct positive factors other than 1: {speeds}")
     os.makedirs(out_dir, exist_ok=True)
-    jobs = [(list_path, out_dir, dataset_cfg, p, max(1, nj)) for p in range(max(1, nj))]
+    jobs = [(list_path, out_dir, dataset_cfg, p, max(1, nj), speeds) for p in range(max(1, nj))]
     if len(jobs) == 1:
         results = [_job(jobs[0])]
     else:

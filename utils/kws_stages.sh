@@ -18,6 +18,9 @@
 #                      $dict); stage 6 = accuracy and confusion matrix.
 #   precompute_feats   true (default): fbank once into $data/*/fbank/ and train from it
 #   target_fa_per_hour detection only: FA/h at which the deployment threshold is chosen (1.0)
+#   train_speed_copies e.g. 0.9,1.1: with precompute_feats, the training features also get
+#                      copies of every utterance at these speeds (Kaldi's 3-way speed
+#                      perturbation, computed once). Empty: none.
 #   ctc_unit           phone or char: stage 1 also writes $data/dict/{lexicon,units}.txt
 #                      and CTC targets into the data lists, for configs whose loss has a
 #                      ctc component (phone: espeak-ng pronunciations). Empty: none.
@@ -43,6 +46,7 @@ task_type=${task_type:-detection}
 precompute_feats=${precompute_feats:-true}
 target_fa_per_hour=${target_fa_per_hour:-1.0}
 ctc_unit=${ctc_unit:-}
+train_speed_copies=${train_speed_copies:-}
 case "$task_type" in
   detection) _label_mode=keyword ;;
   classification) _label_mode=class ;;
@@ -65,7 +69,10 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
     python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" --inventory "$dict" \
       --label-mode $_label_mode --nj "$nj" "${_ctc_args[@]}"
     if [ "$precompute_feats" = true ]; then
-      python -m toolkit.bin.compute_feats "$data/$x/data.list" "$data/$x/fbank" --config "$config" --nj "$nj"
+      _speed_args=()
+      [ "$x" = train ] && [ -n "$train_speed_copies" ] && _speed_args=(--speed-copies "$train_speed_copies")
+      python -m toolkit.bin.compute_feats "$data/$x/data.list" "$data/$x/fbank" --config "$config" \
+        --nj "$nj" "${_speed_args[@]}"
     fi
   done
 fi

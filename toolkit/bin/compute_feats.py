@@ -17,14 +17,27 @@ def get_args(argv=None):
     p.add_argument("--config", help="training config: its dataset section (sample rate, "
                    "feature options) is used; default: 40-bin fbank at 16 kHz")
     p.add_argument("--nj", type=int, default=2)
-    return p.parse_args(argv)
+    p.add_argument("--speed-copies", default="",
+                   help="comma-separated speed factors, e.g. 0.9,1.1: each utterance also gets "
+                   "copies played that much faster (keys sp0.9-<key>), as in Kaldi's 3-way speed "
+                   "perturbation; for training lists")
+    args = p.parse_args(argv)
+    try:
+        args.speed_copies = [float(f) for f in args.speed_copies.split(",") if f.strip()]
+    except ValueError:
+        p.error(f"--speed-copies: expected numbers like 0.9,1.1, got {args.speed_copies!r}")
+    return args
 
 
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
     cfg = load_config(args.config).dataset if args.config else DatasetConfig()
-    compute_features_for_list(args.data_list, args.out_dir, cfg, args.nj)
+    try:
+        compute_features_for_list(args.data_list, args.out_dir, cfg, args.nj, args.speed_copies)
+    except ValueError as err:
+        print(f"compute_feats: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -140,6 +140,15 @@ class UtteranceProcessor:
                                          sa.num_freq_masks, sa.max_freq_width)
         return feats
 
+    def features_at_speed(self, entry: dict, factor: float) -> np.ndarray:
+        """Features of `entry` played `factor` times faster, nothing else applied
+        (speed-perturbed copies of training data, computed once)."""
+        wave = augment.speed_perturb(self.load(entry), self.cfg.sample_rate, factor)
+        feats = compute_fbank(wave, self.opts)
+        if len(feats) < self.min_frames:
+            raise BadEntry("too_short_after_processing", f"{len(feats)} frames")
+        return feats
+
     def features_from_waveform(self, wave: np.ndarray, key: str, epoch: int) -> np.ndarray:
         """Same as __call__ for audio already decoded (tar shards): mono at the
         configured rate."""

@@ -41,6 +41,7 @@ precompute_feats=true  # compute fbank once (no waveform augmentation then)
 train_overrides=""     # extra config overrides, e.g. "training.max_epoch=2 dataset.batch_size=64"
 average_num=5
 target_fa_per_hour=1.0
+ctc_unit=""  # char (or phone): CTC targets for configs with a ctc loss component
 
 help_message="Usage: $0 [--corpus-dir DIR] [--stage N] [--stop-stage M] [--gpus 0,1] ..."
 . utils/parse_options.sh
