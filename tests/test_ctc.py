@@ -290,6 +290,12 @@ def test_train_with_ctc_on_two_gloo_ranks(ctc_corpus, tmp_path):
     dev_losses = [float(line.split("dev: loss ")[1].split()[0])
                   for line in log.splitlines() if "dev: loss " in line]
     assert len(dev_losses) == 2 and dev_losses[1] < dev_losses[0]
+    # Each component is logged on its own, in the log and in TensorBoard.
+    assert "loss components: loss_0_max_pooling " in log and " loss_1_ctc " in log
+    import glob
+    from tensorboard_reader import scalar_tags
+    tags = scalar_tags(glob.glob(os.path.join(exp, "tensorboard", "events.out.tfevents.*")))
+    assert {"train/loss_0_max_pooling", "train/loss_1_ctc"} <= set(tags)
     # The checkpoint loads into a fresh model built from the experiment's config.
     from toolkit.export import model_from_checkpoint
     model = model_from_checkpoint(os.path.join(exp, os.path.basename(

@@ -9,7 +9,7 @@ def softplus64(x):
     return torch.log1p(torch.exp(-x.abs())) + x.clamp(min=0)
 
 
-def max_pooling_reference(logits, lengths, labels, min_duration):
+def max_pooling_reference(logits, lengths, labels, min_duration, focal_gamma=0.0):
     """Loop over utterances and keywords; float64. Returns (loss, accuracy)."""
     total = logits.new_zeros(())
     correct = 0
@@ -22,10 +22,12 @@ def max_pooling_reference(logits, lengths, labels, min_duration):
             if k == label:
                 guarded = seq[min_duration:, k] if length > min_duration else seq[:, k]
                 m = guarded.max()
-                total = total + softplus64(-m)         # -log sigmoid(m)
+                p_wrong = 1 - 1 / (1 + torch.exp(-m))   # 1 - sigmoid(m)
+                total = total + softplus64(-m) * p_wrong ** focal_gamma   # -log sigmoid(m)
             else:
                 m = seq[:, k].max()
-                total = total + softplus64(m)          # -log (1 - sigmoid(m))
+                p_wrong = 1 / (1 + torch.exp(-m))
+                total = total + softplus64(m) * p_wrong ** focal_gamma    # -log (1 - sigmoid(m))
             detected.append(bool(m > 0))
         if label >= 0:
             correct += int(detected[label] and sum(detected) == 1)
@@ -144,3 +146,22 @@ def test_cross_entropy_2d_used_as_is():
                                                           labels)
     ref = cross_entropy_reference(logits.double(), None, labels, 0.0)
     assert loss.item() == pytest.approx(ref.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("gamma", [0.5, 2.0])
+def test_max_pooling_focal_matches_reference(gamma):
+    logits, lengths, labels = random_batch(7)
+    crit = MaxPoolingLoss(MaxPoolingLoss.Config(type="max_pooling", min_duration=5,
+                                                focal_gamma=gamma))
+    loss, _ = crit(logits, lengths, labels)
+    expected, _ = max_pooling_reference(logits.double(), lengths, labels, 5, gamma)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    plain, _ = MaxPoolingLoss(MaxPoolingLoss.Config(type="max_pooling", min_duration=5))(
+        logits, lengths, labels)
+    assert loss.item() < plain.item()          # every term is scaled by a factor < 1
+
+
+def test_focal_gamma_must_not_be_negative():
+    from toolkit.config import ConfigError
+    with pytest.raises(ConfigError, match="focal_gamma"):
+        MaxPoolingLoss.Config(type="max_pooling", focal_gamma=-1.0)

@@ -70,6 +70,30 @@ def test_stages_are_rerunnable(recipe_run):
     assert sorted(p.name for p in (tmp / "exp").glob("ckpt-*.pt")) == before
 
 
+def test_ctc_config_trains_exports_and_scores(recipe_run):
+    """The phone CTC auxiliary loss through the recipe: stage 1 wrote an espeak-ng lexicon
+    and targets; stages 3-6 train keyword + CTC heads on two ranks, and the exported
+    model keeps the keyword output only."""
+    tmp, _ = recipe_run
+    data = tmp / "data"
+    units = (data / "dict" / "units.txt").read_text().split()
+    assert units[0] == "<blank>"
+    lexicon = dict(line.split(None, 1) for line in (data / "dict" / "lexicon.txt").read_text().splitlines())
+    assert lexicon["snips"].split()[0] == "s"
+    entry = json.loads((data / "train" / "fbank" / "data.list").read_text().splitlines()[0])
+    assert all(0 < t < len(units) for t in entry["tokens"])
+    exp = tmp / "exp_ctc"
+    result = run_recipe(tmp, "--stage", "3", "--config", "conf/ds_tcn_ctc.yaml",
+                        "--exp", str(exp), timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    import torch
+    avg = torch.load(exp / "avg_2.pt", weights_only=True)
+    assert avg["model"]["ctc_head.weight"].shape[0] == len(units)
+    from toolkit.export import read_metadata
+    assert read_metadata(str(exp / "export" / "model.onnx"))["keywords"] == ["hey snips"]
+    assert (exp / "score" / "summary.txt").read_text().startswith("hey_snips: FRR")
+
+
 def test_bad_option_is_refused(tmp_path):
     result = subprocess.run(["bash", os.path.join(RECIPE, "run.sh"), "--no-such-option", "1"],
                             capture_output=True, text=True, timeout=120)

@@ -34,10 +34,20 @@ class MaxPoolingLoss(nn.Module):
         # A keyword cannot be complete in its first frames: its positive maximum is taken
         # from frame `min_duration` on (falling back to all frames for shorter inputs).
         min_duration: int = 0
+        # Focal weighting (1 - p_target)^gamma of each pooled term: utterances the model
+        # already gets right (most fillers, clear keywords) count less, the near misses
+        # (confusables scoring high, keywords scoring low) more. 0: plain cross-entropy.
+        focal_gamma: float = 0.0
+
+        def __post_init__(self):
+            from toolkit.config import ConfigError
+            if self.focal_gamma < 0:
+                raise ConfigError("loss.focal_gamma must be >= 0")
 
     def __init__(self, config: "MaxPoolingLoss.Config"):
         super().__init__()
         self.min_duration = config.min_duration
+        self.focal_gamma = config.focal_gamma
 
     def forward(self, logits: torch.Tensor, lengths: torch.Tensor,
                 labels: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
@@ -53,7 +63,12 @@ class MaxPoolingLoss(nn.Module):
         target = F.one_hot(labels.clamp(min=0), num_kw).float() * (labels >= 0).float()[:, None]
         # Positive targets use the guarded maximum, negative targets any frame.
         pooled = torch.where(target > 0, max_late, max_all)
-        loss = F.binary_cross_entropy_with_logits(pooled, target, reduction="none").sum(dim=1)
+        loss = F.binary_cross_entropy_with_logits(pooled, target, reduction="none")
+        if self.focal_gamma > 0:
+            # 1 - p_target = sigmoid(-z) for a target 1, sigmoid(z) for a target 0.
+            p_wrong = torch.sigmoid(torch.where(target > 0, -pooled, pooled))
+            loss = loss * p_wrong.pow(self.focal_gamma)
+        loss = loss.sum(dim=1)
         with torch.no_grad():
             detected = pooled > 0                                   # sigmoid > 0.5
             correct = torch.where(labels >= 0,

@@ -109,6 +109,11 @@ class Trainer:
 
         self.loss_fn = build_loss(cfg.loss)
         self.use_ctc = uses_ctc_head(self.loss_fn)
+        # Each component of a weighted-sum loss is logged on its own (loss_<i>).
+        parts = getattr(self.loss_fn, "parts", [])
+        self.part_names = [f"loss_{i}" for i in range(len(parts))]
+        self.part_labels = [f"loss_{i}_{sub.type}" for i, (sub, _, _) in
+                            enumerate(getattr(cfg.loss, "parsed", []))]
         if self.use_ctc and cfg.model.ctc_outputs <= 0:
             raise TrainingError("the loss has a ctc component but model.ctc_outputs is 0: "
                                 "pass --units (toolkit.bin.make_lexicon) or set it")
@@ -311,7 +316,11 @@ class Trainer:
             scaled.backward()
         if empty:
             return {"loss": 0.0, "acc": 0.0, "n": 0}
-        return {"loss": float(loss.detach()), "acc": float(metrics["acc"]), "n": len(batch)}
+        stats = {"loss": float(loss.detach()), "acc": float(metrics["acc"]), "n": len(batch)}
+        for name in self.part_names:     # components of a weighted sum, when switched on
+            if name in metrics:
+                stats[name] = float(metrics[name])
+        return stats
 
     def _optimizer_step(self) -> Dict[str, float]:
         norm, applied = clip_and_step(self.model.parameters(), self.optimizer,
@@ -417,7 +426,7 @@ class Trainer:
             loader = self.train_list.loader(plan, self.train_proc, self.epoch, self.batch_pos,
                                             self.workers, self.cfg.dataset.prefetch_factor,
                                             t.seed + self.epoch)
-            window = {"loss": 0.0, "acc": 0.0, "n": 0, "audio": 0.0, "wait": 0.0, "t0": time.time()}
+            window = {"loss": 0.0, "acc": 0.0, "n": 0, "audio": 0.0, "wait": 0.0, "parts": {}, "t0": time.time()}
             waited = time.time()
             for index, batch in zip(range(self.batch_pos, len(plan)), loader):
                 window["wait"] += time.time() - waited
@@ -427,6 +436,10 @@ class Trainer:
                 stats = self._micro_step(batch, boundary)
                 window["loss"] += stats["loss"] * stats["n"]
                 window["acc"] += stats["acc"] * stats["n"]
+                for name in self.part_names:
+                    if name in stats:
+                        total, count = window["parts"].get(name, (0.0, 0))
+                        window["parts"][name] = (total + stats[name] * stats["n"], count + stats["n"])
                 window["n"] += stats["n"]
                 window["audio"] += batch.audio_seconds
                 if not boundary:
@@ -441,7 +454,7 @@ class Trainer:
                 if self.step % t.log_interval == 0:
                     self._log(window, run_start, start_step, total_steps)
                     self._check_bad(final=False)
-                    window = {"loss": 0.0, "acc": 0.0, "n": 0, "audio": 0.0, "wait": 0.0,
+                    window = {"loss": 0.0, "acc": 0.0, "n": 0, "audio": 0.0, "wait": 0.0, "parts": {},
                               "t0": time.time()}
                 dev_loss = None
                 if t.val_interval_steps and self.step % t.val_interval_steps == 0 \
@@ -468,11 +481,15 @@ class Trainer:
                         100.0 * self.save_seconds / max(wall, 1e-9))
 
     def _log(self, window, run_start, start_step, total_steps) -> None:
+        parts = [window["parts"].get(name, (0.0, 0)) for name in self.part_names]
         values = dist_util.all_reduce_sum(
-            [window["loss"], window["acc"], window["n"], window["audio"]], self.info)
+            [window["loss"], window["acc"], window["n"], window["audio"]]
+            + [v for total_count in parts for v in total_count], self.info)
         if not self.info.is_main:
             return
-        loss_sum, acc_sum, n, audio = values
+        loss_sum, acc_sum, n, audio = values[:4]
+        part_means = {label: values[4 + 2 * i] / values[5 + 2 * i]
+                      for i, label in enumerate(self.part_labels) if values[5 + 2 * i] > 0}
         elapsed = max(1e-6, time.time() - window["t0"])
         done = self.step - start_step
         rate = done / max(1e-6, time.time() - run_start)
@@ -482,7 +499,12 @@ class Trainer:
                     "loader wait %.0f%% | ETA %.0f s", self.epoch, self.step, total_steps, loss,
                     acc_sum / max(n, 1), self.schedule.lr(), n / elapsed, audio / elapsed,
                     100.0 * window["wait"] / elapsed, eta)
+        if part_means:
+            logger.info("epoch %d step %d loss components: %s", self.epoch, self.step,
+                        " ".join(f"{k} {v:.5f}" for k, v in part_means.items()))
         if self.writer:
+            for label, value in part_means.items():
+                self.writer.add_scalar(f"train/{label}", value, self.step)
             self.writer.add_scalar("train/loss", loss, self.step)
             self.writer.add_scalar("train/acc", acc_sum / max(n, 1), self.step)
             self.writer.add_scalar("train/utts_per_s", n / elapsed, self.step)
