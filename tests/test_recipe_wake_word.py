@@ -78,7 +78,8 @@ def test_ctc_config_trains_exports_and_scores(recipe_run):
     data = tmp / "data"
     units = (data / "dict" / "units.txt").read_text().split()
     assert units[0] == "<blank>"
-    lexicon = dict(line.split(None, 1) for line in (data / "dict" / "lexicon.txt").read_text().splitlines())
+    lexicon = dict(line.split(None, 1)
+                   for line in (data / "dict" / "lexicon.txt").read_text().splitlines())
     assert lexicon["snips"].split()[0] == "s"
     entry = json.loads((data / "train" / "fbank" / "data.list").read_text().splitlines()[0])
     assert all(0 < t < len(units) for t in entry["tokens"])

@@ -53,7 +53,8 @@ def read_units(path: str) -> List[str]:
     from toolkit.data.datalist import read_inventory
     units = read_inventory(path)
     if units[0] != BLANK:
-        raise ValueError(f"{path}: the first unit must be {BLANK} (the CTC blank), got {units[0]!r}")
+        raise ValueError(f"{path}: the first unit must be {BLANK} (the CTC blank), "
+                         f"got {units[0]!r}")
     if len(units) < 2:
         raise ValueError(f"{path}: no units besides {BLANK}")
     return units

@@ -144,7 +144,8 @@ class Trainer:
         self.ddp = self.trained
         if info.distributed:
             self.ddp = nn.parallel.DistributedDataParallel(
-                self.trained, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+                self.trained,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
         self.step = 0
         self.epoch = 0
@@ -426,7 +427,7 @@ class Trainer:
             loader = self.train_list.loader(plan, self.train_proc, self.epoch, self.batch_pos,
                                             self.workers, self.cfg.dataset.prefetch_factor,
                                             t.seed + self.epoch)
-            window = {"loss": 0.0, "acc": 0.0, "n": 0, "audio": 0.0, "wait": 0.0, "parts": {}, "t0": time.time()}
+            window = self._new_window()
             waited = time.time()
             for index, batch in zip(range(self.batch_pos, len(plan)), loader):
                 window["wait"] += time.time() - waited
@@ -439,7 +440,8 @@ class Trainer:
                 for name in self.part_names:
                     if name in stats:
                         total, count = window["parts"].get(name, (0.0, 0))
-                        window["parts"][name] = (total + stats[name] * stats["n"], count + stats["n"])
+                        window["parts"][name] = (total + stats[name] * stats["n"],
+                                                 count + stats["n"])
                 window["n"] += stats["n"]
                 window["audio"] += batch.audio_seconds
                 if not boundary:
@@ -454,8 +456,7 @@ class Trainer:
                 if self.step % t.log_interval == 0:
                     self._log(window, run_start, start_step, total_steps)
                     self._check_bad(final=False)
-                    window = {"loss": 0.0, "acc": 0.0, "n": 0, "audio": 0.0, "wait": 0.0, "parts": {},
-                              "t0": time.time()}
+                    window = self._new_window()
                 dev_loss = None
                 if t.val_interval_steps and self.step % t.val_interval_steps == 0 \
                         and self.batch_pos < len(plan):
@@ -479,6 +480,12 @@ class Trainer:
                         "checkpointing %.2f s = %.2f%% of wall time", self.step, wall,
                         (self.step - start_step) / max(wall, 1e-9), self.save_seconds,
                         100.0 * self.save_seconds / max(wall, 1e-9))
+
+    @staticmethod
+    def _new_window() -> dict:
+        """Sums over the steps between two log lines ("parts": loss components)."""
+        return {"loss": 0.0, "acc": 0.0, "n": 0, "audio": 0.0, "wait": 0.0, "parts": {},
+                "t0": time.time()}
 
     def _log(self, window, run_start, start_step, total_steps) -> None:
         parts = [window["parts"].get(name, (0.0, 0)) for name in self.part_names]

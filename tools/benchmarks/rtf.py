@@ -8,6 +8,7 @@ microphone loop would. RTF = processing time / audio time; the feature-only RTF
 
   python tools/benchmarks/rtf.py                         # all models x all formats, 60 s
   python tools/benchmarks/rtf.py --models ds_tcn --formats onnx --seconds 20
+  python tools/benchmarks/rtf.py --models ds_tcn --model-option hidden_dim=128
 """
 import argparse
 import os
@@ -47,8 +48,11 @@ def synthetic_wave(seconds: float, seed: int = 0) -> np.ndarray:
     return np.clip(tone + 0.03 * rng.standard_normal(n), -1, 1).astype(np.float32)
 
 
-def build(model_type: str) -> torch.nn.Module:
-    config = MODELS.get(model_type).Config(type=model_type, input_dim=INPUT_DIM, num_outputs=1)
+def build(model_type: str, options=()) -> torch.nn.Module:
+    import yaml
+    extra = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in options)}
+    config = MODELS.get(model_type).Config(type=model_type, input_dim=INPUT_DIM, num_outputs=1,
+                                           **extra)
     torch.manual_seed(0)
     return build_model(config).eval()
 
@@ -110,6 +114,8 @@ def get_args(argv=None):
     p.add_argument("--models", nargs="+", default=MODEL_TYPES, choices=MODEL_TYPES)
     p.add_argument("--formats", nargs="+", default=FORMATS, choices=FORMATS)
     p.add_argument("--seconds", type=float, default=60.0, help="audio length streamed")
+    p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="model config field, e.g. hidden_dim=128 (repeatable)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes; the fastest counts")
     return p.parse_args(argv)
 
@@ -126,7 +132,7 @@ def main(argv=None):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in args.models:
-            model = build(model_type)
+            model = build(model_type, args.model_option)
             metadata = build_metadata(model, feature, ["keyword"], THRESHOLD)
             for fmt in args.formats:
                 detector = Detector(make_backend(fmt, model, metadata, tmp))
