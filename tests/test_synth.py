@@ -1,7 +1,6 @@
 """Tests of the synthetic wake-word data generator (toolkit.data.synth)."""
 import hashlib
 import os
-import time
 
 import numpy as np
 import pytest
@@ -172,13 +171,12 @@ def test_determinism_across_nj_and_seed(corpus, corpus_nj1, tmp_path):
     assert other["train/wav.scp"] != small["train/wav.scp"]
 
 
-def test_rerun_is_quick_and_args_change_regenerates(tmp_path):
+def test_rerun_skips_work_and_args_change_regenerates(tmp_path):
     out = _generate(tmp_path / "e", sizes=S.Sizes(3, 3, 2, 2, 2, 2))
     wav = _table(os.path.join(out, "train", "wav.scp"))[0][1]
     mtime = os.stat(wav).st_mtime_ns
-    t0 = time.time()
     _generate(out, nj=1, sizes=S.Sizes(3, 3, 2, 2, 2, 2))      # nj is not an output argument
-    assert time.time() - t0 < 1.0 and os.stat(wav).st_mtime_ns == mtime
+    assert os.stat(wav).st_mtime_ns == mtime                    # nothing was rendered again
     _generate(out, sizes=S.Sizes(2, 2, 2, 2, 2, 2))
     assert len(_table(os.path.join(out, "train", "wav.scp"))) == 4
     assert len(os.listdir(os.path.join(out, "wavs", "train"))) == 4   # old wavs removed
