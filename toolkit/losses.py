@@ -182,19 +182,18 @@ class WeightedSumLoss(nn.Module):
         for i, (part, weight, start) in enumerate(zip(self.parts, self.weights, self.starts)):
             if self.progress < start:
                 continue
-            if getattr(part, "uses_ctc_head", False):
-                loss, m = part(ctc_logits, lengths, tokens, token_lengths)
-            else:
-                loss, m = part(logits, lengths, labels)
+            loss, m = self._run_part(i, logits, lengths, labels, ctc_logits, tokens,
+                                     token_lengths)
             total = weight * loss if total is None else total + weight * loss
             metrics.update({f"{k}_{i}" if k in metrics else k: v for k, v in m.items()})
             metrics[f"loss_{i}"] = loss.detach()
         if total is None:     # nothing switched on yet: the earliest component counts
-            return self._only(int(np.argmin(self.starts)), logits, lengths, labels,
-                              ctc_logits, tokens, token_lengths)
+            return self._run_part(int(np.argmin(self.starts)), logits, lengths, labels,
+                                  ctc_logits, tokens, token_lengths)
         return total, metrics
 
-    def _only(self, i, logits, lengths, labels, ctc_logits, tokens, token_lengths):
+    def _run_part(self, i, logits, lengths, labels, ctc_logits, tokens, token_lengths):
+        """Component i on what it consumes: the keyword output or the CTC head."""
         part = self.parts[i]
         if getattr(part, "uses_ctc_head", False):
             return part(ctc_logits, lengths, tokens, token_lengths)

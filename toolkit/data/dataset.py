@@ -132,8 +132,7 @@ class UtteranceProcessor:
         return wave
 
     def _finish(self, feats: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        if len(feats) < self.min_frames:
-            raise BadEntry("too_short_after_processing", f"{len(feats)} frames")
+        feats = self._check_length(feats)
         sa = self.cfg.spec_aug
         if self.train and sa.enabled:
             feats = augment.spec_augment(feats, rng, sa.num_time_masks, sa.max_time_width,
@@ -144,7 +143,9 @@ class UtteranceProcessor:
         """Features of `entry` played `factor` times faster, nothing else applied
         (speed-perturbed copies of training data, computed once)."""
         wave = augment.speed_perturb(self.load(entry), self.cfg.sample_rate, factor)
-        feats = compute_fbank(wave, self.opts)
+        return self._check_length(compute_fbank(wave, self.opts))
+
+    def _check_length(self, feats: np.ndarray) -> np.ndarray:
         if len(feats) < self.min_frames:
             raise BadEntry("too_short_after_processing", f"{len(feats)} frames")
         return feats

@@ -109,11 +109,9 @@ class Trainer:
 
         self.loss_fn = build_loss(cfg.loss)
         self.use_ctc = uses_ctc_head(self.loss_fn)
-        # Each component of a weighted-sum loss is logged on its own (loss_<i>).
-        parts = getattr(self.loss_fn, "parts", [])
-        self.part_names = [f"loss_{i}" for i in range(len(parts))]
-        self.part_labels = [f"loss_{i}_{sub.type}" for i, (sub, _, _) in
-                            enumerate(getattr(cfg.loss, "parsed", []))]
+        # Each component of a weighted-sum loss is logged on its own: (metric key, tag).
+        self.loss_parts = [(f"loss_{i}", f"loss_{i}_{sub.type}") for i, (sub, _, _) in
+                           enumerate(getattr(cfg.loss, "parsed", []))]
         if self.use_ctc and cfg.model.ctc_outputs <= 0:
             raise TrainingError("the loss has a ctc component but model.ctc_outputs is 0: "
                                 "pass --units (toolkit.bin.make_lexicon) or set it")
@@ -318,7 +316,7 @@ class Trainer:
         if empty:
             return {"loss": 0.0, "acc": 0.0, "n": 0}
         stats = {"loss": float(loss.detach()), "acc": float(metrics["acc"]), "n": len(batch)}
-        for name in self.part_names:     # components of a weighted sum, when switched on
+        for name, _ in self.loss_parts:     # components of a weighted sum, when switched on
             if name in metrics:
                 stats[name] = float(metrics[name])
         return stats
@@ -437,7 +435,7 @@ class Trainer:
                 stats = self._micro_step(batch, boundary)
                 window["loss"] += stats["loss"] * stats["n"]
                 window["acc"] += stats["acc"] * stats["n"]
-                for name in self.part_names:
+                for name, _ in self.loss_parts:
                     if name in stats:
                         total, count = window["parts"].get(name, (0.0, 0))
                         window["parts"][name] = (total + stats[name] * stats["n"],
@@ -488,7 +486,7 @@ class Trainer:
                 "t0": time.time()}
 
     def _log(self, window, run_start, start_step, total_steps) -> None:
-        parts = [window["parts"].get(name, (0.0, 0)) for name in self.part_names]
+        parts = [window["parts"].get(name, (0.0, 0)) for name, _ in self.loss_parts]
         values = dist_util.all_reduce_sum(
             [window["loss"], window["acc"], window["n"], window["audio"]]
             + [v for total_count in parts for v in total_count], self.info)
@@ -496,7 +494,7 @@ class Trainer:
             return
         loss_sum, acc_sum, n, audio = values[:4]
         part_means = {label: values[4 + 2 * i] / values[5 + 2 * i]
-                      for i, label in enumerate(self.part_labels) if values[5 + 2 * i] > 0}
+                      for i, (_, label) in enumerate(self.loss_parts) if values[5 + 2 * i] > 0}
         elapsed = max(1e-6, time.time() - window["t0"])
         done = self.step - start_step
         rate = done / max(1e-6, time.time() - run_start)
