@@ -237,17 +237,40 @@ def test_cli_end_to_end(tmp_path):
     rows = (out / "det_hey_snips.txt").read_text().splitlines()
     assert rows[0].startswith("#") and rows[0].split()[1:] == ["threshold", "fa_per_hour", "frr"]
     table = np.loadtxt(out / "det_hey_snips.txt")
-    assert table.shape == (1001, 3)
+    assert table.shape == (1001 + 36, 3)     # 0.000..1.000 plus 4 decades of tail below 1
     assert table[600].tolist() == pytest.approx([0.6, 1.0, 0.5])
+    assert rows[1001].split()[0] == "0.9991" and rows[-2].split()[0] == "0.9999999"
 
     doc = json.loads((out / "det.json").read_text())
     curve = doc["curves"]["hey snips"]
-    assert len(doc["thresholds"]) == len(curve["frr"]) == len(curve["fa_per_hour"]) == 1001
+    assert len(doc["thresholds"]) == len(curve["frr"]) == len(curve["fa_per_hour"]) == 1037
     assert curve["selected"]["threshold"] == pytest.approx(0.376)
     assert doc["config"]["refractory_frames"] == 20 and doc["missing_keys"] == 0
 
     png = (out / "det.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_threshold_tail_places_an_operating_point_above_0999():
+    """Negatives at 0.9995 and 0.999945, positives at 0.99999 and 0.5: the uniform grid's
+    last threshold below 1 (0.999) fires on both negatives, so 1 FA/h is only met at 1.0
+    (FRR 100 %); the tail grid finds 0.99995 with one positive kept."""
+    probs = [spikes(100, {50: 0.99999}), spikes(100, {50: 0.5}),
+             spikes(100, {30: 0.9995}), spikes(100, {30: 0.999945})]
+    args = (probs, [0, 0, -1, -1], [1.0, 1.0, 1800.0, 1800.0])
+    plain = scoring.compute_det(*args, num_keywords=1, thresholds=scoring.threshold_grid())
+    op = scoring.operating_point(plain.thresholds, plain.fa_per_hour[:, 0], plain.frr[:, 0], 0.0)
+    assert op.threshold == 1.0 and op.frr == 1.0
+    grid = scoring.threshold_grid(tail_decades=4)
+    assert np.all(np.diff(grid) > 0) and grid[0] == 0.0 and grid[-1] == 1.0
+    assert 0.9991 in grid and 0.9999999 in grid and grid.size == 1037
+    tail = scoring.compute_det(*args, num_keywords=1, thresholds=grid)
+    op = scoring.operating_point(tail.thresholds, tail.fa_per_hour[:, 0], tail.frr[:, 0], 0.0)
+    assert op.threshold == pytest.approx(0.99995) and op.frr == 0.5
+    assert scoring.format_threshold(op.threshold) == "0.99995"
+    assert scoring.format_threshold(0.5) == "0.500" and scoring.format_threshold(1.0) == "1.000"
+    with pytest.raises(ValueError, match="tail_decades"):
+        scoring.threshold_grid(tail_decades=-1)
 
 
 def test_scp_input_and_missing_keys(tmp_path, caplog):

@@ -110,13 +110,26 @@ def load_posteriors(path: str) -> Mapping[str, np.ndarray]:
     return table
 
 
-def threshold_grid(step: float = 0.001, start: float = 0.0, stop: float = 1.0) -> np.ndarray:
+def threshold_grid(step: float = 0.001, start: float = 0.0, stop: float = 1.0,
+                   tail_decades: int = 0) -> np.ndarray:
     """Inclusive grid start..stop; values are rounded so that e.g. 0.812 is the
-    same double a deployment config would parse, keeping scores reproducible."""
-    if step <= 0 or stop < start:
-        raise ValueError(f"bad threshold grid start={start} stop={stop} step={step}")
+    same double a deployment config would parse, keeping scores reproducible.
+
+    `tail_decades` > 0 adds 1 - m*10^-k (m = 1..9) for the next `tail_decades` powers
+    of ten below `step` (0.9991 ... 0.9999999 for step 0.001 and 4 decades): a sharp
+    model's confusables score above 1 - step, and a uniform grid cannot place a
+    threshold between them and 1."""
+    if step <= 0 or stop < start or tail_decades < 0:
+        raise ValueError(f"bad threshold grid start={start} stop={stop} step={step} "
+                         f"tail_decades={tail_decades}")
     n = int(math.floor((stop - start) / step + 1e-9))
-    return np.round(start + np.arange(n + 1) * step, 10)
+    grid = np.round(start + np.arange(n + 1) * step, 10)
+    if tail_decades and stop == 1.0:
+        first = int(math.ceil(-math.log10(step) - 1e-9)) + 1
+        tail = [round(1.0 - m * 10.0 ** -k, 12) for k in range(first, first + tail_decades)
+                for m in range(1, 10)]
+        grid = np.unique(np.concatenate([grid, [t for t in tail if t > grid[-2]]]))
+    return grid
 
 
 # ----------------------------------------------------------------------------- DET core
@@ -271,9 +284,11 @@ def keyword_file_name(keyword: str) -> str:
     return name or "keyword"
 
 
-def _threshold_decimals(thresholds: np.ndarray) -> int:
-    step = float(np.min(np.diff(thresholds))) if thresholds.size > 1 else 0.001
-    return max(3, int(math.ceil(-math.log10(step) - 1e-9)))
+def format_threshold(t: float) -> str:
+    """Shortest decimal form with at least 3 decimals: 0.500, 0.999, 0.99995."""
+    text = f"{t:.12f}".rstrip("0")
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(3, '0')}"
 
 
 def _fmt_pct(x: Optional[float]) -> str:
@@ -281,10 +296,10 @@ def _fmt_pct(x: Optional[float]) -> str:
 
 
 def summary_line(keyword: str, points: Sequence[OperatingPoint], num_positives: int,
-                 negative_hours: float, decimals: int = 3) -> str:
+                 negative_hours: float) -> str:
     parts = []
     for op in points:
-        thr = "none meets it" if op.threshold is None else f"thr {op.threshold:.{decimals}f}"
+        thr = "none meets it" if op.threshold is None else f"thr {format_threshold(op.threshold)}"
         parts.append(f"{_fmt_pct(op.frr)} @{op.target_fa_per_hour:g} FA/h ({thr})")
     return (f"{keyword}: FRR {', '.join(parts)}; "
             f"{num_positives} positives, {negative_hours:.2f} h negatives")
@@ -357,7 +372,6 @@ def write_outputs(out_dir: str, result: ScoreResult, config: Dict,
     os.makedirs(out_dir, exist_ok=True)
     det, keywords = result.det, result.keywords
     fa, frr = det.fa_per_hour, det.frr
-    dec = _threshold_decimals(det.thresholds)
     names: Dict[str, int] = {}
     for k, kw in enumerate(keywords):
         name = keyword_file_name(kw)
@@ -365,7 +379,8 @@ def write_outputs(out_dir: str, result: ScoreResult, config: Dict,
             name = f"{name}_{k}"
         names[name] = k
         lines = ["# threshold fa_per_hour frr"]
-        lines += [f"{t:.{dec}f} {a:.6f} {r:.6f}" for t, a, r in zip(det.thresholds, fa[:, k], frr[:, k])]
+        lines += [f"{format_threshold(t)} {a:.6f} {r:.6f}"
+                  for t, a, r in zip(det.thresholds, fa[:, k], frr[:, k])]
         atomic_write_text(os.path.join(out_dir, f"det_{name}.txt"), "\n".join(lines) + "\n")
 
     curves = {}
@@ -435,13 +450,12 @@ def score(data_list: str, posteriors: str, keywords_path: str,
     targets = sorted(set(float(t) for t in fa_targets) | {float(target_fa_per_hour)})
     fa, frr = det.fa_per_hour, det.frr
     points, selected, summary = [], [], []
-    dec = _threshold_decimals(det.thresholds)
     for k, kw in enumerate(keywords):
         pts = [operating_point(det.thresholds, fa[:, k], frr[:, k], t) for t in targets]
         points.append(pts)
         selected.append(next(p for p in pts if p.target_fa_per_hour == float(target_fa_per_hour)))
         summary.append(summary_line(keyword_file_name(kw), pts, int(det.num_positives[k]),
-                                    float(det.negative_hours[k]), dec))
+                                    float(det.negative_hours[k])))
     return ScoreResult(det=det, keywords=keywords, points=points, selected=selected,
                        summary=summary, missing_keys=missing,
                        extra={"num_utterances": len(utts), "num_scored": len(present)})

@@ -53,6 +53,10 @@ def get_args(argv=None):
                         help="comma-separated FA/h values to report FRR at (default 0.5,1,2)")
     parser.add_argument("--threshold-step", type=float, default=0.001,
                         help="threshold grid step over [0, 1] (default %(default)s)")
+    parser.add_argument("--threshold-tail-decades", type=int, default=4, metavar="N",
+                        help="also thresholds 1 - m*10^-k, m = 1..9, for the N powers of ten "
+                             "below the step (0.9991 ... 0.9999999 by default), for models "
+                             "whose negatives score above 1 - step (default %(default)s)")
     parser.add_argument("--max-missing-fraction", type=float,
                         default=scoring.DEFAULT_MAX_MISSING_FRACTION,
                         help="fail if more than this fraction of utterances lack posteriors "
@@ -68,6 +72,9 @@ def get_args(argv=None):
         parser.error("--refractory-s must be >= 0")
     if not 0 < args.threshold_step <= 1:
         parser.error("--threshold-step must be in (0, 1]")
+    if not 0 <= args.threshold_tail_decades <= 6:
+        parser.error("--threshold-tail-decades must be in [0, 6] (float32 posteriors resolve "
+                     "about 1e-7 below 1)")
     if args.target_fa_per_hour < 0:
         parser.error("--target-fa-per-hour must be >= 0")
     return args
@@ -78,7 +85,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     # Same rounding a deployment config should use to turn seconds into frames.
     refractory_frames = int(round(args.refractory_s * 1000.0 / args.frame_shift_ms))
-    thresholds = scoring.threshold_grid(args.threshold_step)
+    thresholds = scoring.threshold_grid(args.threshold_step,
+                                        tail_decades=args.threshold_tail_decades)
     try:
         result = scoring.score(args.data_list, args.posteriors, args.keywords,
                                thresholds=thresholds, smooth_frames=args.smooth_frames,
@@ -92,7 +100,8 @@ def main(argv=None) -> int:
         "data_list": args.data_list, "posteriors": args.posteriors, "keywords": args.keywords,
         "frame_shift_ms": args.frame_shift_ms, "smooth_frames": args.smooth_frames,
         "refractory_s": args.refractory_s, "refractory_frames": refractory_frames,
-        "threshold_step": args.threshold_step, "target_fa_per_hour": args.target_fa_per_hour,
+        "threshold_step": args.threshold_step,
+        "threshold_tail_decades": args.threshold_tail_decades, "target_fa_per_hour": args.target_fa_per_hour,
         "fa_targets": args.fa_targets,
     }
     scoring.write_outputs(args.out_dir, result, config, args.plot_max_fa_per_hour)
