@@ -250,6 +250,9 @@ def test_compute_feats_speed_copies(tmp_path):
             copy = entries[f"sp{factor:g}-{orig['key']}"]
             assert copy["label"] == orig["label"] and copy["speed"] == factor
             assert copy["duration"] == pytest.approx(orig["duration"] / factor, abs=1e-3)
+            if "kw_end" in orig:     # the keyword is heard earlier in a faster copy
+                assert copy["kw_end"] == pytest.approx(orig["kw_end"] / factor, abs=1e-3)
+                assert copy["kw_start"] == pytest.approx(orig["kw_start"] / factor, abs=1e-3)
             wave = augment.load_mono(orig["wav"], 16000, DatasetConfig().channel, 0.0, -1.0)
             expected = compute_fbank(augment.speed_perturb(wave, 16000, factor), opts)
             got = kaldiio.load_mat(copy["feat"])
@@ -258,3 +261,25 @@ def test_compute_feats_speed_copies(tmp_path):
         assert kaldiio.load_mat(entries[orig["key"]]["feat"]).shape[0] > 0
     bad = subprocess.run(cmd[:-1] + ["1.0,1.1"], capture_output=True, text=True)
     assert bad.returncode == 2 and "other than 1" in bad.stderr
+
+
+@pytest.mark.parametrize("factor", [0.9, 1.12])
+def test_vtlp_moves_a_tone_like_a_talker_with_scaled_formants(factor):
+    """Warping the fbank of a 1500 Hz tone by `factor` gives (nearly) the fbank of a tone
+    at 1500*factor Hz: same peak bin, and a log-mel profile around it far closer to that
+    tone's than the unwarped one is."""
+    from toolkit.data.augment import mel_bin_centers_hz, warp_frequency
+    opts = fbank_options(40, 25.0, 10.0, 0.0, RATE)
+    t = np.arange(RATE // 2) / RATE
+    fbank = lambda hz: compute_fbank(0.3 * np.sin(2 * np.pi * hz * t), opts)
+    centers = mel_bin_centers_hz(40, opts.mel_opts.low_freq, RATE / 2)
+    warped = warp_frequency(fbank(1500.0), factor, centers)
+    target = fbank(1500.0 * factor)
+    assert warped.shape == target.shape and warped.dtype == np.float32
+    assert np.all(warped.argmax(axis=1) == target.argmax(axis=1))
+    peak = int(target[10].argmax())
+    near = slice(peak - 3, peak + 4)
+    err = lambda x: float(np.sqrt(np.mean((x[10, near] - target[10, near]) ** 2)))
+    assert err(warped) < 0.4 * err(fbank(1500.0))
+    assert fbank(1500.0)[10].argmax() != peak        # unwarped, the tone sits elsewhere
+    np.testing.assert_array_equal(warp_frequency(target, 1.0, centers), target)

@@ -120,6 +120,9 @@ def test_value_checks():
         load_config(RECIPE, ["dataset.speed_perturb=[0.9,0.0]"])
     with pytest.raises(ConfigError, match="volume_range"):
         load_config(RECIPE, ["dataset.volume_range=[1.5,0.5]"])
+    with pytest.raises(ConfigError, match=r"vtlp_range: warp factors must lie in \[0.5, 2.0\]"):
+        load_config(RECIPE, ["dataset.vtlp_range=[0.0,1.1]"])
+    assert load_config(RECIPE, ["dataset.vtlp_range=[0.9,1.1]"]).dataset.vtlp_range == [0.9, 1.1]
     with pytest.raises(ConfigError, match="amp_dtype"):
         load_config(RECIPE, ["training.amp_dtype=float8"])
 

@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from toolkit.config import DatasetConfig
+from toolkit.config import DatasetConfig, SpecAugConfig
 from toolkit.data import augment
 from toolkit.data.audio import BadEntry
 from toolkit.data.augment import load_mono, utterance_rng
@@ -289,7 +289,8 @@ def test_batch_dataset_yields_good_and_counts_bad(wav_dir):
 
 
 def aug_cfg(**kw):
-    cfg = DatasetConfig(speed_perturb=[0.9, 1.0, 1.1], volume_range=[0.5, 1.5], batch_size=2)
+    cfg = DatasetConfig(speed_perturb=[0.9, 1.0, 1.1], volume_range=[0.5, 1.5],
+                        vtlp_range=[0.9, 1.1], batch_size=2)
     cfg.spec_aug.enabled = True
     for k, v in kw.items():
         setattr(cfg, k, v)
@@ -314,6 +315,29 @@ def test_augmentation_deterministic_per_seed_epoch_key(wav_dir):
     clean = UtteranceProcessor(cfg, seed=11, train=False)
     assert any(not np.array_equal(clean(e, 2), forward[e["key"]]) for e in entries)
     assert all(np.array_equal(clean(e, 2), clean(e, 3)) for e in entries)
+
+
+def test_spec_augment_can_spare_keyword_utterances(wav_dir):
+    """keyword_utterances=false: fillers (label -1) are masked, keyword utterances keep
+    every frame and band (a mask could turn "hey snips" into "hey snip")."""
+    entries = [dict(e, label=-1 if i % 2 else 0) for i, e in enumerate(wav_dir["good"])]
+    cfg = DatasetConfig(batch_size=2)
+    cfg.spec_aug = SpecAugConfig(enabled=True, num_time_masks=2, max_time_width=10,
+                                 num_freq_masks=2, max_freq_width=6)
+    clean = UtteranceProcessor(cfg, seed=5, train=False)
+    everyone = UtteranceProcessor(cfg, seed=5, train=True)
+    cfg_spare = DatasetConfig(batch_size=2)
+    cfg_spare.spec_aug = SpecAugConfig(enabled=True, num_time_masks=2, max_time_width=10,
+                                       num_freq_masks=2, max_freq_width=6,
+                                       keyword_utterances=False)
+    fillers_only = UtteranceProcessor(cfg_spare, seed=5, train=True)
+    for e in entries:
+        ref = clean(e, 1)
+        assert not np.array_equal(everyone(e, 1), ref), e["key"]
+        if e["label"] >= 0:
+            np.testing.assert_array_equal(fillers_only(e, 1), ref)
+        else:
+            np.testing.assert_array_equal(fillers_only(e, 1), everyone(e, 1))
 
 
 def test_loader_workers_do_not_change_batches(wav_dir):

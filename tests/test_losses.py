@@ -9,7 +9,8 @@ def softplus64(x):
     return torch.log1p(torch.exp(-x.abs())) + x.clamp(min=0)
 
 
-def max_pooling_reference(logits, lengths, labels, min_duration, focal_gamma=0.0):
+def max_pooling_reference(logits, lengths, labels, min_duration, focal_gamma=0.0,
+                          keyword_end=None, end_window=None):
     """Loop over utterances and keywords; float64. Returns (loss, accuracy)."""
     total = logits.new_zeros(())
     correct = 0
@@ -19,7 +20,13 @@ def max_pooling_reference(logits, lengths, labels, min_duration, focal_gamma=0.0
         seq = logits[b, :length]                       # (L, K) valid frames only
         detected = []
         for k in range(num_kw):
-            if k == label:
+            end = -1 if keyword_end is None else int(keyword_end[b])
+            if k == label and end_window and end >= 0 and \
+                    max(0, end + end_window[0]) <= min(length - 1, end + end_window[1]):
+                m = seq[max(0, end + end_window[0]):end + end_window[1] + 1, k].max()
+                p_wrong = 1 - 1 / (1 + torch.exp(-m))
+                total = total + softplus64(-m) * p_wrong ** focal_gamma
+            elif k == label:
                 guarded = seq[min_duration:, k] if length > min_duration else seq[:, k]
                 m = guarded.max()
                 p_wrong = 1 - 1 / (1 + torch.exp(-m))   # 1 - sigmoid(m)
@@ -165,3 +172,33 @@ def test_focal_gamma_must_not_be_negative():
     from toolkit.config import ConfigError
     with pytest.raises(ConfigError, match="focal_gamma"):
         MaxPoolingLoss.Config(type="max_pooling", focal_gamma=-1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_max_pooling_end_window_matches_reference(seed):
+    """Positives with a known keyword end take their maximum only in [end-3, end+2];
+    unknown ends (-1) and windows outside the utterance fall back to min_duration."""
+    logits, lengths, labels = random_batch(seed, short=4)
+    g = torch.Generator().manual_seed(100 + seed)
+    ends = torch.stack([torch.randint(0, int(n), (1,), generator=g)[0] for n in lengths])
+    ends[labels < 0] = -1
+    ends[3] = -1                                          # a positive without alignment
+    ends[0] = int(lengths[0]) + 10                        # window entirely past the end
+    window = [-3, 2]
+    loss_fn = build_loss(MaxPoolingLoss.Config(type="max_pooling", min_duration=4,
+                                               end_window=window))
+    x = logits.clone().requires_grad_(True)
+    loss, metrics = loss_fn(x, lengths, labels, keyword_end=ends)
+    ref_loss, ref_acc = max_pooling_reference(logits.double(), lengths, labels, 4,
+                                              keyword_end=ends, end_window=window)
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+    assert metrics["acc"].item() == pytest.approx(ref_acc)
+    # anchoring changes the loss: a peak before the window no longer counts for a positive
+    early = torch.full((1, 20, 1), -10.0)
+    early[0, 5, 0] = 10.0                                 # fires at frame 5 only
+    one = dict(lengths=torch.tensor([20]), labels=torch.tensor([0]))
+    anchored, _ = loss_fn(early, **one, keyword_end=torch.tensor([12]))   # window 9..14
+    unanchored, _ = loss_fn(early, **one)                                 # frames 4..19
+    assert unanchored.item() < 1e-3 and anchored.item() > 9.0
+    with pytest.raises(Exception, match="end_window"):
+        MaxPoolingLoss.Config(type="max_pooling", end_window=[5, 1])

@@ -127,9 +127,9 @@ class CountingProcessor(UtteranceProcessor):
         super().__init__(*args, **kwargs)
         self.calls = []
 
-    def features_from_waveform(self, wave, key, epoch):
+    def features_from_waveform(self, wave, key, epoch, label=-1):
         self.calls.append(key)
-        return super().features_from_waveform(wave, key, epoch)
+        return super().features_from_waveform(wave, key, epoch, label)
 
 
 def run(index, batches, processor, epoch, start=0, workers=0):
@@ -259,7 +259,7 @@ def test_shard_features_equal_datalist_pipeline(corpus):
             with open_shard(path) as f:
                 for key, data, meta in iterate_shard(f, path):
                     wave, rate = decode_wav(data, key, corpus.cfg.channel)
-                    got = process_waveform(proc, wave, rate, key, 4)
+                    got = process_waveform(proc, wave, rate, key, 4, by_key[key]["label"])
                     want = proc(by_key[key], 4)
                     assert got.dtype == want.dtype and np.array_equal(got, want), key
                     n += 1

@@ -80,6 +80,33 @@ def test_data_dirs_well_formed(corpus):
             assert 0.8 < info.frames / 16000 < 6.0
 
 
+def test_keyword_times_of_positives(corpus):
+    """kw_times: one span per positive, inside the audio, after the leading silence; the
+    keyword-alone positives end their span where the speech ends (espeak's END)."""
+    for split in S.SPLITS:
+        d = os.path.join(corpus, split)
+        kind, text, dur = (_dict(os.path.join(d, n)) for n in ("utt2kind", "text", "utt2dur"))
+        spans = {k: tuple(map(float, v.split())) for k, v in _table(os.path.join(d, "kw_times"))}
+        assert sorted(spans) == sorted(k for k, v in kind.items() if v == "pos")
+        for k, (start, end) in spans.items():
+            assert S.SILENCE_S[0] - 0.01 <= start < end <= float(dur[k]) - S.SILENCE_S[0] + 0.01
+            assert end - start > 0.25, (k, text[k], start, end)      # "hey snips" takes time
+            if text[k] == KW:
+                assert float(dur[k]) - end <= S.SILENCE_S[1] + 0.01
+
+
+def test_keyword_span_of_words():
+    starts = [(1, 0), (6, 2205), (10, 8820), (16, 17640)]       # "okay hey snips turn it"
+    text = "okay hey snips turn it"                              # "it" has no onset event
+    # 22050 -> 16000 Hz; 100 output samples of leading silence trimmed; 30000 kept
+    span = S.keyword_span(text, (1, 3), starts, 22050, 16000, (100, 30100))
+    assert span == pytest.approx(((1600 - 100) / 16000, (12800 - 100) / 16000))
+    assert S.keyword_span(text, (1, 4), starts, 22050, 16000, (100, 30100)) is None  # no "it"
+    assert S.keyword_span("okay hey snips", (1, 3), starts[:3], 22050, 16000, (0, 20000)) \
+        == pytest.approx((1600 / 16000, 20000 / 16000))          # last words: end of speech
+    assert S.word_char_starts("okay hey  snips") == [1, 6, 11]
+
+
 def test_voices_disjoint(corpus):
     spk = {s: set(_dict(os.path.join(corpus, s, "utt2spk")).values()) for s in S.SPLITS}
     assert not spk["test"] & (spk["train"] | spk["dev"])
@@ -162,9 +189,39 @@ def test_plan_is_deterministic_and_in_range():
     assert sum(s.kind == "noise" for s in specs) == 15
 
 
+def test_train_mix_shifts_confusables_to_whole_keyword_homophones():
+    voices = S.split_voices(S.espeak_voices(), 5)
+    filt = S.TextFilter([KW, "alexa"], {})
+    cats = {k: S.confusable_categories(k) for k in (KW, "alexa")}
+
+    def texts(split, **mix):
+        groups = S.plan_split(split, 100, 1000, [KW, "alexa"], voices[split], filt, cats, 7,
+                              (5.0, 30.0), **mix)
+        return [(s.kind, s.text) for g in groups for s in g.specs]
+
+    base = texts("train")
+    mixed = texts("train", conf_share=0.5, hard_share=0.5)
+    substitutes = set(cats[KW]["substitute"]) | set(cats["alexa"]["similar"])
+    n_conf = sum(k == "conf" for k, _ in mixed)
+    n_hard = sum(k == "conf" and t in substitutes for k, t in mixed)
+    n_hard_base = sum(k == "conf" and t in substitutes for k, t in base)
+    assert sum(k == "conf" for k, _ in base) == 300 and n_conf == 500
+    assert sum(k == "noise" for k, _ in mixed) == 100 and len(mixed) == 1100
+    # half are drawn from the whole-keyword homophones, and the in-turn walk adds more
+    assert 0.5 * n_conf <= n_hard <= 0.75 * n_conf and n_hard > 2.5 * n_hard_base
+    # both keywords get them: a substitute of the phrase, a similar word of the one-word keyword
+    assert {t for k, t in mixed if k == "conf"} & set(cats["alexa"]["similar"])
+    assert {t for k, t in mixed if k == "conf"} & set(cats[KW]["substitute"])
+    assert not any(S.contains_phrase(t.split(), kw.split()) for _, t in mixed if _ == "conf"
+                   for kw in (KW, "alexa"))
+    # a plan without the options is the plan before them (dev/test never get them)
+    assert texts("train", conf_share=S.NEG_MIX["conf"], hard_share=0.0) == base
+    assert texts("test") != base
+
+
 def test_determinism_across_nj_and_seed(corpus, corpus_nj1, tmp_path):
     a, b = _digest(corpus), _digest(corpus_nj1)
-    assert a == b and len(a) == sum(sum(SIZES.of(s)) for s in S.SPLITS) + 6 * 3 + 2
+    assert a == b and len(a) == sum(sum(SIZES.of(s)) for s in S.SPLITS) + 7 * 3 + 2
     other = _digest(_generate(tmp_path / "c", seed=778, sizes=S.Sizes(3, 3, 2, 2, 2, 2)))
     small = _digest(_generate(tmp_path / "d", seed=777, sizes=S.Sizes(3, 3, 2, 2, 2, 2)))
     assert other["train/text"] != small["train/text"]
@@ -242,6 +299,10 @@ def test_errors(tmp_path, monkeypatch, capsys):
         S.generate_corpus(["  "], str(tmp_path / "x"))
     with pytest.raises(S.SynthError, match="duplicate"):
         S.generate_corpus(["hey snips", "Hey  Snips"], str(tmp_path / "x"))
+    with pytest.raises(S.SynthError, match="train confusable share 0.95"):
+        S.generate_corpus(["hey snips"], str(tmp_path / "x"), train_conf_share=0.95)
+    with pytest.raises(S.SynthError, match="hard-confusable share -0.1"):
+        S.generate_corpus(["hey snips"], str(tmp_path / "x"), train_hard_share=-0.1)
     from toolkit.bin import synth_kws_data as cli
     assert cli.main(["--keyword", "", "--out-dir", str(tmp_path / "x")]) == 1
     assert "empty keyword" in capsys.readouterr().err

@@ -20,6 +20,7 @@ TINY_CONFIG = {
         "spec_aug": {"enabled": True, "num_time_masks": 1, "max_time_width": 5,
                      "num_freq_masks": 1, "max_freq_width": 3},
         "volume_range": [0.7, 1.3],
+        "vtlp_range": [0.9, 1.1],
         "speed_perturb": [0.9, 1.0, 1.1],
         "batch_size": 6,
         "sort_window": 20,

@@ -42,6 +42,11 @@ class SpecAugConfig:
     max_time_width: int = 20
     num_freq_masks: int = 2
     max_freq_width: int = 8
+    # false: mask only filler utterances (label -1). A time mask over the final /s/ of
+    # "hey snips", or a frequency mask over its vowel's formants, leaves a positive that
+    # sounds like "hey snip" or "hey sneeps": label noise against exactly the confusables
+    # a wake word must reject. (Classification lists have no fillers: nothing is masked.)
+    keyword_utterances: bool = True
 
 
 @dataclass
@@ -67,6 +72,9 @@ class DatasetConfig:
     feature: FeatureConfig = field(default_factory=FeatureConfig)
     speed_perturb: List[float] = field(default_factory=list)   # e.g. [0.9, 1.0, 1.1]
     volume_range: List[float] = field(default_factory=list)    # e.g. [0.5, 1.5] gain
+    # Vocal tract length perturbation, e.g. [0.9, 1.1]: formants scaled by a factor drawn
+    # per utterance, on the fbank features (so it also works on precomputed ones).
+    vtlp_range: List[float] = field(default_factory=list)
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     reverb: ReverbConfig = field(default_factory=ReverbConfig)
     spec_aug: SpecAugConfig = field(default_factory=SpecAugConfig)
@@ -254,10 +262,13 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError("dataset.batch_size or dataset.max_frames_in_batch must be positive")
     if d.speed_perturb and any(s <= 0 for s in d.speed_perturb):
         raise ConfigError("dataset.speed_perturb: factors must be positive")
-    for name in ("volume_range",):
+    for name in ("volume_range", "vtlp_range"):
         v = getattr(d, name)
         if v and (len(v) != 2 or v[0] > v[1]):
             raise ConfigError(f"dataset.{name}: expected [low, high]")
+    if d.vtlp_range and not 0.5 <= d.vtlp_range[0] <= d.vtlp_range[1] <= 2.0:
+        raise ConfigError(f"dataset.vtlp_range: warp factors must lie in [0.5, 2.0], "
+                          f"got {d.vtlp_range}")
     if len(d.noise.snr_db) != 2:
         raise ConfigError("dataset.noise.snr_db: expected [low, high]")
 

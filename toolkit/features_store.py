@@ -24,6 +24,9 @@ def _speed_copy(processor, entry: dict, factor: float):
                 duration=round(float(entry["duration"]) / factor, 4), speed=factor)
     if "spk" in entry:
         copy["spk"] = perturbed_key(str(entry["spk"]), factor)
+    for name in ("kw_start", "kw_end"):      # keyword times shrink with the audio
+        if isinstance(entry.get(name), (int, float)):
+            copy[name] = round(float(entry[name]) / factor, 4)
     return copy, processor.features_at_speed(entry, factor)
 
 

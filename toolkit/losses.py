@@ -1,7 +1,9 @@
-"""Training criteria. Each takes (logits, lengths, labels) and returns (loss, metrics);
-criteria with `uses_ctc_head` take (ctc_logits, lengths, tokens, token_lengths) instead."""
+"""Training criteria. Each takes (logits, lengths, labels, keyword_end=None) and returns
+(loss, metrics); keyword_end holds each utterance's keyword end frame (-1: unknown) for the
+criteria that use it. Criteria with `uses_ctc_head` take (ctc_logits, lengths, tokens,
+token_lengths) instead."""
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -38,25 +40,43 @@ class MaxPoolingLoss(nn.Module):
         # already gets right (most fillers, clear keywords) count less, the near misses
         # (confusables scoring high, keywords scoring low) more. 0: plain cross-entropy.
         focal_gamma: float = 0.0
+        # [first, last] frame relative to the keyword's end (data list `kw_end`) where its
+        # positive maximum is taken, e.g. [-5, 50]. Unaligned max pooling lets a causal
+        # model fire as soon as "hey sni" is heard, so "hey snip" and "hey sneeps" fire
+        # too; anchored at the end, the keyword must be heard whole. Utterances without
+        # `kw_end` fall back to `min_duration`. Empty: no anchoring.
+        end_window: List[int] = field(default_factory=list)
 
         def __post_init__(self):
             from toolkit.config import ConfigError
             if self.focal_gamma < 0:
                 raise ConfigError("loss.focal_gamma must be >= 0")
+            if self.end_window and (len(self.end_window) != 2
+                                    or self.end_window[0] > self.end_window[1]):
+                raise ConfigError(f"loss.end_window: expected [first, last] frames relative "
+                                  f"to the keyword end, got {self.end_window}")
 
     def __init__(self, config: "MaxPoolingLoss.Config"):
         super().__init__()
         self.min_duration = config.min_duration
         self.focal_gamma = config.focal_gamma
+        self.end_window = list(config.end_window)
 
-    def forward(self, logits: torch.Tensor, lengths: torch.Tensor,
-                labels: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    def forward(self, logits: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor,
+                keyword_end: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         logits = logits.float()                                     # loss always in fp32
         batch, frames, num_kw = logits.shape
         valid = valid_frame_mask(lengths, frames)                   # (B, T)
         neg_inf = torch.finfo(logits.dtype).min
         max_all = logits.masked_fill(~valid[:, :, None], neg_inf).amax(dim=1)   # (B, K)
-        late = valid & (torch.arange(frames, device=logits.device)[None, :] >= self.min_duration)
+        t = torch.arange(frames, device=logits.device)[None, :]
+        late = valid & (t >= self.min_duration)
+        if self.end_window and keyword_end is not None:
+            end = keyword_end[:, None]
+            window = valid & (end >= 0) & (t >= end + self.end_window[0]) \
+                & (t <= end + self.end_window[1])
+            late = torch.where(window.any(dim=1, keepdim=True), window, late)
         has_late = late.any(dim=1, keepdim=True)                    # (B, 1)
         max_late = logits.masked_fill(~late[:, :, None], neg_inf).amax(dim=1)
         max_late = torch.where(has_late, max_late, max_all)
@@ -91,8 +111,9 @@ class CrossEntropyLoss(nn.Module):
         super().__init__()
         self.label_smoothing = config.label_smoothing
 
-    def forward(self, logits: torch.Tensor, lengths: torch.Tensor,
-                labels: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    def forward(self, logits: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor,
+                keyword_end: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         logits = logits.float()
         if logits.dim() == 3:
             valid = valid_frame_mask(lengths, logits.size(1)).float()[:, :, None]
@@ -176,28 +197,30 @@ class WeightedSumLoss(nn.Module):
         self.starts = [s for _, _, s in config.parsed]
         self.progress = 0.0       # fraction of training done; set by the trainer each step
 
-    def forward(self, logits, lengths, labels, ctc_logits=None, tokens=None, token_lengths=None):
+    def forward(self, logits, lengths, labels, ctc_logits=None, tokens=None, token_lengths=None,
+                keyword_end=None):
         total = None
         metrics: Dict[str, torch.Tensor] = {}
         for i, (part, weight, start) in enumerate(zip(self.parts, self.weights, self.starts)):
             if self.progress < start:
                 continue
             loss, m = self._run_part(i, logits, lengths, labels, ctc_logits, tokens,
-                                     token_lengths)
+                                     token_lengths, keyword_end)
             total = weight * loss if total is None else total + weight * loss
             metrics.update({f"{k}_{i}" if k in metrics else k: v for k, v in m.items()})
             metrics[f"loss_{i}"] = loss.detach()
         if total is None:     # nothing switched on yet: the earliest component counts
             return self._run_part(int(np.argmin(self.starts)), logits, lengths, labels,
-                                  ctc_logits, tokens, token_lengths)
+                                  ctc_logits, tokens, token_lengths, keyword_end)
         return total, metrics
 
-    def _run_part(self, i, logits, lengths, labels, ctc_logits, tokens, token_lengths):
+    def _run_part(self, i, logits, lengths, labels, ctc_logits, tokens, token_lengths,
+                  keyword_end):
         """Component i on what it consumes: the keyword output or the CTC head."""
         part = self.parts[i]
         if getattr(part, "uses_ctc_head", False):
             return part(ctc_logits, lengths, tokens, token_lengths)
-        return part(logits, lengths, labels)
+        return part(logits, lengths, labels, keyword_end=keyword_end)
 
 
 def build_loss(config) -> nn.Module:

@@ -1,5 +1,7 @@
 """Kaldi data dir -> data list (one JSON object per line: key, wav, txt, duration, label,
-and `tokens`, the CTC target ids, when --lexicon and --units are given).
+and `tokens`, the CTC target ids, when --lexicon and --units are given). A `kw_times`
+file in the data dir (`utt start end`, seconds) adds `kw_start`/`kw_end` to those
+utterances: the max-pooling loss can then score a keyword where it ends.
 
 Labels come from the inventory: `--label-mode keyword` gives the index of the keyword
 whose words occur in the transcript (else -1, filler); `--label-mode class` needs the
@@ -7,10 +9,11 @@ transcript to be a class name. Utterances whose label cannot be resolved are rep
 """
 import argparse
 import logging
+import os
 import sys
 
 from toolkit.data.datalist import read_inventory, write_datalist
-from toolkit.data.kaldi import LABELERS, load_data_dir, read_table
+from toolkit.data.kaldi import LABELERS, load_data_dir, read_kw_times, read_table
 from toolkit.data.tokens import Tokenizer, read_lexicon, read_units
 from toolkit.logging_utils import setup_logging
 
@@ -43,8 +46,16 @@ def main(argv=None):
     feats = read_table(args.feats_scp) if args.feats_scp else {}
     tokenizer = (Tokenizer(read_lexicon(args.lexicon), read_units(args.units))
                  if args.lexicon else None)
+    times_path = os.path.join(args.data_dir, "kw_times")
+    try:
+        kw_times = read_kw_times(times_path) if os.path.exists(times_path) else {}
+    except ValueError as err:
+        logger.error("%s", err)
+        return 1
     entries, unlabeled, no_feats, no_tokens = [], [], [], []
     for entry in load_data_dir(args.data_dir, nj=args.nj):
+        if entry["key"] in kw_times:
+            entry["kw_start"], entry["kw_end"] = kw_times[entry["key"]]
         if args.feats_scp:
             if entry["key"] not in feats:
                 no_feats.append(entry["key"])

@@ -7,7 +7,8 @@ import argparse
 import logging
 import sys
 
-from toolkit.data.synth import Sizes, SynthError, generate_corpus
+from toolkit.data.synth import (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, Sizes, SynthError,
+                                generate_corpus)
 
 _DEFAULTS = Sizes()
 
@@ -45,6 +46,13 @@ def get_args(argv=None):
                    help="lowest speech-to-noise ratio (default %(default)s)")
     p.add_argument("--snr-max", type=float, default=30.0, metavar="DB",
                    help="highest speech-to-noise ratio (default %(default)s)")
+    p.add_argument("--train-conf-share", type=float, default=TRAIN_CONF_SHARE, metavar="F",
+                   help="fraction of the training negatives that are confusables; dev/test "
+                        "keep 0.3 (default %(default)s)")
+    p.add_argument("--train-hard-share", type=float, default=TRAIN_HARD_SHARE, metavar="F",
+                   help="fraction of the training confusables that are near-homophones of the "
+                        "whole keyword ('hey snoops' for 'hey snips'); the rest cover every "
+                        "confusable category in turn (default %(default)s)")
     p.add_argument("--no-flite", action="store_true",
                    help="use espeak-ng only even when the flite binary is on PATH")
     return p.parse_args(argv)
@@ -60,7 +68,9 @@ def main(argv=None):
         summary = generate_corpus(args.keyword, args.out_dir, seed=args.seed, sizes=sizes,
                                   nj=args.nj, sample_rate=args.sample_rate,
                                   snr_db=(args.snr_min, args.snr_max),
-                                  use_flite=not args.no_flite)
+                                  use_flite=not args.no_flite,
+                                  train_conf_share=args.train_conf_share,
+                                  train_hard_share=args.train_hard_share)
     except SynthError as err:
         print(f"synth_kws_data: error: {err}", file=sys.stderr)
         return 1

@@ -50,6 +50,28 @@ def add_reverb(wave: np.ndarray, rir: np.ndarray) -> np.ndarray:
     return wet.astype(np.float32)
 
 
+def mel_bin_centers_hz(num_bins: int, low_hz: float, high_hz: float) -> np.ndarray:
+    """Centre frequencies of Kaldi's triangular mel filters (1127 ln(1 + f/700) scale)."""
+    mel = lambda f: 1127.0 * np.log1p(np.asarray(f, dtype=np.float64) / 700.0)
+    lo, hi = mel(low_hz), mel(high_hz)
+    centers = lo + (hi - lo) * np.arange(1, num_bins + 1) / (num_bins + 1)
+    return 700.0 * np.expm1(centers / 1127.0)
+
+
+def warp_frequency(feats: np.ndarray, factor: float, centers_hz: np.ndarray) -> np.ndarray:
+    """Vocal tract length perturbation on log-mel features: the spectrum a talker with
+    formants `factor` times higher would give. Bin i takes the (log-mel) value found at
+    frequency centers[i] / factor, interpolated between bins; beyond the edges the edge
+    bins are repeated. Works on precomputed features, unlike a warped filterbank."""
+    if factor == 1.0 or feats.shape[0] == 0:
+        return feats
+    src = np.interp(centers_hz / factor, centers_hz, np.arange(len(centers_hz)))
+    lo = np.floor(src).astype(np.int64)
+    hi = np.minimum(lo + 1, len(centers_hz) - 1)
+    w = (src - lo).astype(np.float32)
+    return (feats[:, lo] * (1.0 - w) + feats[:, hi] * w).astype(np.float32)
+
+
 def spec_augment(feats: np.ndarray, rng: np.random.Generator, num_time_masks: int,
                  max_time_width: int, num_freq_masks: int, max_freq_width: int) -> np.ndarray:
     """Masks random time and frequency stripes. Features are raw fbank here (CMVN lives

@@ -104,6 +104,10 @@ class UtteranceProcessor:
         self.from_features = from_features
         self.opts = options_from_config(dataset_cfg.feature, dataset_cfg.sample_rate)
         self.min_frames = 1
+        mel = self.opts.mel_opts
+        nyquist = dataset_cfg.sample_rate / 2
+        self.mel_centers = augment.mel_bin_centers_hz(
+            mel.num_bins, mel.low_freq, mel.high_freq if mel.high_freq > 0 else nyquist + mel.high_freq)
 
     def load(self, entry: dict) -> np.ndarray:
         """Decoded mono audio at the configured rate (segment applied)."""
@@ -131,10 +135,13 @@ class UtteranceProcessor:
                 wave = augment.add_noise(wave, noise, float(rng.uniform(*d.noise.snr_db)), rng)
         return wave
 
-    def _finish(self, feats: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def _finish(self, feats: np.ndarray, rng: np.random.Generator, label: int) -> np.ndarray:
         feats = self._check_length(feats)
+        if self.train and self.cfg.vtlp_range:
+            factor = float(rng.uniform(*self.cfg.vtlp_range))
+            feats = augment.warp_frequency(feats, factor, self.mel_centers)
         sa = self.cfg.spec_aug
-        if self.train and sa.enabled:
+        if self.train and sa.enabled and (sa.keyword_utterances or label < 0):
             feats = augment.spec_augment(feats, rng, sa.num_time_masks, sa.max_time_width,
                                          sa.num_freq_masks, sa.max_freq_width)
         return feats
@@ -150,11 +157,13 @@ class UtteranceProcessor:
             raise BadEntry("too_short_after_processing", f"{len(feats)} frames")
         return feats
 
-    def features_from_waveform(self, wave: np.ndarray, key: str, epoch: int) -> np.ndarray:
+    def features_from_waveform(self, wave: np.ndarray, key: str, epoch: int,
+                               label: int = -1) -> np.ndarray:
         """Same as __call__ for audio already decoded (tar shards): mono at the
         configured rate."""
         rng = augment.utterance_rng(self.seed, epoch, key)
-        return self._finish(compute_fbank(self.augment_waveform(wave, rng), self.opts), rng)
+        return self._finish(compute_fbank(self.augment_waveform(wave, rng), self.opts), rng,
+                            label)
 
     def __call__(self, entry: dict, epoch: int) -> np.ndarray:
         rng = augment.utterance_rng(self.seed, epoch, entry["key"])
@@ -168,7 +177,8 @@ class UtteranceProcessor:
                 raise BadEntry("nonfinite_samples", entry["feat"])
         else:
             feats = compute_fbank(self.augment_waveform(self.load(entry), rng), self.opts)
-        return self._finish(feats, rng)
+        label = entry.get("label")
+        return self._finish(feats, rng, label if isinstance(label, int) else -1)
 
 
 @dataclass
@@ -182,13 +192,26 @@ class Batch:
     # CTC targets when the loss needs them: (B, L) unit ids zero padded, (B,) lengths.
     tokens: Optional[torch.Tensor] = None
     token_lengths: Optional[torch.Tensor] = None
+    # (B,) int64: frame at which each utterance's keyword ends, -1 where unknown.
+    keyword_end: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
 
+def keyword_end_frame(entry: dict, num_frames: int) -> int:
+    """Frame where the entry's keyword ends (`kw_end` seconds), -1 when the entry has none.
+    Taken as a fraction of the duration, so it follows any speed perturbation."""
+    end, duration = entry.get("kw_end"), entry.get("duration")
+    if not isinstance(end, (int, float)) or not isinstance(duration, (int, float)) \
+            or duration <= 0 or num_frames <= 0:
+        return -1
+    return min(int(end / duration * num_frames), num_frames - 1)
+
+
 def collate(keys, feats_list, labels, audio_seconds, bad, dim: int,
-            tokens: Optional[Sequence[Sequence[int]]] = None) -> Batch:
+            tokens: Optional[Sequence[Sequence[int]]] = None,
+            keyword_end: Optional[Sequence[int]] = None) -> Batch:
     lengths = np.array([len(f) for f in feats_list], dtype=np.int64)
     longest = int(lengths.max()) if len(lengths) else 0
     padded = np.zeros((len(feats_list), longest, dim), dtype=np.float32)
@@ -196,6 +219,8 @@ def collate(keys, feats_list, labels, audio_seconds, bad, dim: int,
         padded[i, :len(f)] = f
     batch = Batch(keys, torch.from_numpy(padded), torch.from_numpy(lengths),
                   torch.tensor(labels, dtype=torch.int64), audio_seconds, bad)
+    if keyword_end is not None:
+        batch.keyword_end = torch.tensor(list(keyword_end), dtype=torch.int64)
     if tokens is not None:
         token_lengths = np.array([len(t) for t in tokens], dtype=np.int64)
         ids = np.zeros((len(tokens), max(1, int(token_lengths.max(initial=0)))), dtype=np.int64)
@@ -222,7 +247,7 @@ class BatchDataset(Dataset):
         return len(self.batches)
 
     def __getitem__(self, i: int) -> Batch:
-        keys, feats, labels, tokens = [], [], [], []
+        keys, feats, labels, tokens, ends = [], [], [], [], []
         bad = BadCounter()
         seconds = 0.0
         for idx in self.batches[i]:
@@ -235,11 +260,12 @@ class BatchDataset(Dataset):
             keys.append(entry["key"])
             feats.append(f)
             labels.append(int(self.datalist.labels[int(idx)]))
+            ends.append(keyword_end_frame(entry, len(f)) if labels[-1] >= 0 else -1)
             if self.with_tokens:
                 tokens.append(entry["tokens"])    # checked when the list was loaded
             seconds += float(self.datalist.durations[int(idx)])
         return collate(keys, feats, labels, seconds, bad, self.dim,
-                       tokens if self.with_tokens else None)
+                       tokens if self.with_tokens else None, ends)
 
 
 def _identity(x):

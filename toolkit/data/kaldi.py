@@ -31,6 +31,25 @@ def read_table(path: str, required: bool = True) -> Dict[str, str]:
     return table
 
 
+def read_kw_times(path: str) -> Dict[str, Tuple[float, float]]:
+    """`utt start end` lines (seconds, 0 <= start <= end): where the keyword of each
+    listed positive is spoken. Malformed lines are errors naming file and line."""
+    out: Dict[str, Tuple[float, float]] = {}
+    for lineno, key, value in read_kv(path):
+        parts = value.split()
+        try:
+            start, end = (float(x) for x in parts) if len(parts) == 2 else (None, None)
+        except ValueError:
+            start = end = None
+        if start is None or not 0.0 <= start <= end:
+            raise ValueError(f"{path}:{lineno}: expected '<utt> <start> <end>' with "
+                             f"0 <= start <= end seconds, got {value!r}")
+        if key in out:
+            raise ValueError(f"{path}:{lineno}: duplicate key {key}")
+        out[key] = (start, end)
+    return out
+
+
 def _duration_of(args: Tuple[str, str, float, float]) -> Tuple[str, Optional[float], str]:
     key, source, start, end = args
     if end >= 0:

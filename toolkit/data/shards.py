@@ -341,12 +341,12 @@ def decode_wav(data: bytes, name: str, channel: int = -1) -> Tuple[np.ndarray, i
 
 
 def process_waveform(processor: UtteranceProcessor, wave: np.ndarray, rate: int, key: str,
-                     epoch: int) -> np.ndarray:
+                     epoch: int, label: int = -1) -> np.ndarray:
     """Decoded mono wave -> features, as `processor(entry, epoch)` would give for the
     same audio."""
     if rate != processor.cfg.sample_rate:
         wave = resample(wave, rate, processor.cfg.sample_rate)
-    return processor.features_from_waveform(wave, key, epoch)
+    return processor.features_from_waveform(wave, key, epoch, label)
 
 
 # --------------------------------------------------------------------------- batch plan
@@ -475,7 +475,8 @@ class ShardBatchDataset(IterableDataset):
             data = held.pop((s, m))
             try:
                 wave, rate = decode_wav(data, key, channel)
-                f = process_waveform(self.processor, wave, rate, key, self.epoch)
+                f = process_waveform(self.processor, wave, rate, key, self.epoch,
+                                     int(self.index.labels[i]))
             except BadEntry as err:
                 bad.add(err.reason, key, err.detail)
                 continue

@@ -35,7 +35,8 @@ from toolkit.data.audio import resample
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1           # bump when the rendering changes, so old stamps are stale
+FORMAT_VERSION = 2           # bump when the outputs change, so old stamps are stale
+                             # (2: kw_times, the keyword's span in each positive)
 SPLITS = ("train", "dev", "test")
 GROUP_SIZE = 64              # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_kws_data.json"
@@ -67,6 +68,12 @@ NOISE_TYPES = ("white", "pink", "brown", "babble")
 BABBLE_SOURCES = (3, 6)      # talkers summed into one babble noise
 BABBLE_POOL = 6              # babble sentences synthesized per group
 NEG_MIX = {"noise": 0.1, "conf": 0.3}     # rest of the negatives: random word sequences
+# Train split only: the share of confusables among negatives, and the share of those that are
+# near-homophones of the whole keyword (HARD_CATEGORY). Categories taken in turn give each of
+# the ~90 "hey snips" substitutes ~3 training copies while the one "snips hey" gets 300, and
+# the substitutes are what fires on unseen voices (measured: the top test false alarms).
+TRAIN_CONF_SHARE = 0.3
+TRAIN_HARD_SHARE = 0.0
 RANDOM_WORDS = (2, 8)
 POS_ALONE = 0.4              # positives with no carrier phrase
 
@@ -229,6 +236,15 @@ _POS_CHARACTER = 1
 _PARAM_RATE, _PARAM_PITCH, _PARAM_RANGE = 1, 3, 4
 _SYNTH_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
                              ctypes.c_void_p)
+_EVENT_WORD = 1
+
+
+class _EspeakEvent(ctypes.Structure):
+    """espeak_EVENT of speak_lib.h; a list of them ends with type 0."""
+    _fields_ = [("type", ctypes.c_int), ("unique_identifier", ctypes.c_uint),
+                ("text_position", ctypes.c_int), ("length", ctypes.c_int),
+                ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
+                ("user_data", ctypes.c_void_p), ("id", ctypes.c_char * 8)]
 _espeak_pid: Optional[int] = None     # pid of the process that loaded espeak-ng, if any
 
 
@@ -290,12 +306,21 @@ class Espeak:
         else:
             self._set_seed.argtypes = [ctypes.c_long]
         self._chunks: List[np.ndarray] = []
+        # (1-based character position of the word in the text, its first output sample)
+        self.word_starts: List[Tuple[int, int]] = []
         self._cb = _SYNTH_CB(self._collect)   # keep a reference: C holds the pointer
         lib.espeak_SetSynthCallback(self._cb)
 
-    def _collect(self, wav, n, _events):
+    def _collect(self, wav, n, events):
         if n > 0 and wav:
             self._chunks.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
+        if events:
+            ev = ctypes.cast(events, ctypes.POINTER(_EspeakEvent))
+            i = 0
+            while ev[i].type != 0:
+                if ev[i].type == _EVENT_WORD:
+                    self.word_starts.append((int(ev[i].text_position), int(ev[i].sample)))
+                i += 1
         return 0
 
     def seed(self, value: int) -> None:
@@ -315,6 +340,7 @@ class Espeak:
         for param, value in ((_PARAM_RATE, rate), (_PARAM_PITCH, pitch), (_PARAM_RANGE, prange)):
             self.lib.espeak_SetParameter(param, int(value), 0)
         self._chunks = []
+        self.word_starts = []
         data = text.encode()
         err = self.lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8,
                                     None, None)
@@ -441,10 +467,39 @@ def to_int16(x: np.ndarray) -> np.ndarray:
     return np.round(np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
 
 
+def speech_bounds(x: np.ndarray, threshold: float = 1e-3) -> Tuple[int, int]:
+    """[start, stop) without the TTS's own leading/trailing near-silence."""
+    idx = np.flatnonzero(np.abs(x) > threshold)
+    return (int(idx[0]), int(idx[-1]) + 1) if len(idx) else (0, 0)
+
+
 def trim_silence(x: np.ndarray, threshold: float = 1e-3) -> np.ndarray:
     """Drop the TTS's own leading/trailing near-silence so SILENCE_S controls padding."""
-    idx = np.flatnonzero(np.abs(x) > threshold)
-    return x[idx[0]:idx[-1] + 1] if len(idx) else x[:0]
+    start, stop = speech_bounds(x, threshold)
+    return x[start:stop]
+
+
+def word_char_starts(text: str) -> List[int]:
+    """1-based character position of each whitespace-separated word (espeak's text_position)."""
+    return [m.start() + 1 for m in re.finditer(r"\S+", text)]
+
+
+def keyword_span(text: str, word_range: Tuple[int, int], word_starts: Sequence[Tuple[int, int]],
+                 rate_in: int, rate_out: int, bounds: Tuple[int, int]) -> Optional[Tuple[float, float]]:
+    """(start, end) seconds of words [a, b) of `text` in the trimmed output audio: from
+    the first word's onset to the next word's onset (or the end of speech). None when
+    the TTS did not report those onsets (espeak-ng reports none for some function words,
+    e.g. "the" in "turn on the lights")."""
+    starts = dict(word_starts)
+    chars = word_char_starts(text)
+    a, b = word_range
+    if chars[a] not in starts or (b < len(chars) and chars[b] not in starts):
+        return None
+    to_out = lambda sample: sample * rate_out / rate_in - bounds[0]
+    length = bounds[1] - bounds[0]
+    start = min(max(to_out(starts[chars[a]]), 0.0), length)
+    end = length if b >= len(chars) else min(max(to_out(starts[chars[b]]), start), length)
+    return start / rate_out, end / rate_out
 
 
 # --------------------------------------------------------------------------------------
@@ -474,6 +529,7 @@ class UttSpec:
     lead_s: float = 0.5
     trail_s: float = 0.5
     noise_s: float = 0.0          # duration of pure-noise utterances
+    kw_words: Optional[Tuple[int, int]] = None   # positives: word range [a, b) of the keyword
 
 
 @dataclass
@@ -632,25 +688,51 @@ def _confusable_text(i: int, rng, keywords: Sequence[str], cats: Dict[str, Dict[
     return _negative_text(rng, filt)
 
 
+def _hard_confusable_text(i: int, rng, keywords: Sequence[str],
+                          cats: Dict[str, Dict[str, List[str]]], filt: TextFilter) -> str:
+    """The i-th hard confusable: a near-homophone of the whole keyword (one word changed in
+    a phrase, the word changed for a one-word keyword), keywords taken in turn."""
+    kw = keywords[i % len(keywords)]
+    items = cats[kw]["substitute"] or cats[kw]["similar"]
+    for _ in range(100):
+        if not items:
+            break
+        text = items[int(rng.integers(len(items)))]
+        if filt.is_negative(text):
+            return text
+    return _confusable_text(i, rng, keywords, cats, filt)
+
+
 def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
                voices: Sequence[Voice], filt: TextFilter, cats, seed: int,
-               snr: Tuple[float, float], flite_share: float = FLITE_SHARE) -> List[Group]:
-    """All utterances of one split, in fixed groups of GROUP_SIZE."""
+               snr: Tuple[float, float], flite_share: float = FLITE_SHARE,
+               conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0) -> List[Group]:
+    """All utterances of one split, in fixed groups of GROUP_SIZE. `conf_share` of the
+    negatives are confusables, `hard_share` of those near-homophones of a whole keyword."""
     si = SPLITS.index(split)
     rng = _rng(seed, 1, si)
     n_noise = int(round(NEG_MIX["noise"] * n_neg))
-    n_conf = int(round(NEG_MIX["conf"] * n_neg))
+    n_conf = int(round(conf_share * n_neg))
     n_conf = min(n_conf, n_neg - n_noise)
     kinds = ["pos"] * n_pos + ["conf"] * n_conf + ["noise"] * n_noise + \
         ["neg"] * (n_neg - n_conf - n_noise)
     kinds = [kinds[i] for i in rng.permutation(len(kinds))]
     width = max(5, len(str(len(kinds))))
     specs: List[UttSpec] = []
-    n_seen = {"pos": 0, "conf": 0}
+    n_seen = {"pos": 0, "conf": 0, "hard": 0}
     for i, kind in enumerate(kinds):
         p = _sample_params(rng, voices, snr, flite_share)
+        kw_words = None
         if kind == "pos":
-            text = _positive_text(rng, keywords[n_seen["pos"] % len(keywords)], keywords)
+            kw = keywords[n_seen["pos"] % len(keywords)]
+            text = _positive_text(rng, kw, keywords)
+            words, kww = text.split(), kw.split()
+            a = next(j for j in range(len(words)) if words[j:j + len(kww)] == kww)
+            kw_words = (a, a + len(kww))
+        elif kind == "conf" and hard_share > 0 and rng.random() < hard_share:
+            text = _hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt)
+            n_seen["hard"] += 1
+            n_seen["conf"] -= 1         # the in-turn walk below counts only its own picks
         elif kind == "conf":
             text = _confusable_text(n_seen["conf"], rng, keywords, cats, filt)
         elif kind == "neg":
@@ -665,7 +747,8 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
                            noise_s=float(rng.uniform(*NOISE_ONLY_S)))
         else:
             spk = p["voice"].spk
-            spec = UttSpec(f"{spk}-{kind}-{i:0{width}d}", spk, kind, text, **p)
+            spec = UttSpec(f"{spk}-{kind}-{i:0{width}d}", spk, kind, text, **p,
+                           kw_words=kw_words)
         specs.append(spec)
     groups = []
     for g, start in enumerate(range(0, len(specs), GROUP_SIZE)):
@@ -690,8 +773,11 @@ class Renderer:
         self.tmp_dir = tmp_dir
         self._espeak: Optional[Espeak] = None
 
-    def speak(self, spec: UttSpec, seed: int) -> np.ndarray:
+    def speak(self, spec: UttSpec, seed: int) -> Tuple[np.ndarray, Optional[Tuple[float, float]]]:
+        """Trimmed speech, and the keyword's (start, end) seconds in it for positives whose
+        TTS reports word onsets (espeak-ng; None for flite)."""
         v = spec.voice
+        word_starts: List[Tuple[int, int]] = []
         if v.engine == "flite":
             audio, sr = flite_synth(spec.text, v.name, spec.rate, self.tmp_dir)
         else:
@@ -700,7 +786,13 @@ class Renderer:
             self._espeak.seed(seed)
             audio, sr = self._espeak.synth(spec.text, v.name, spec.rate, spec.pitch,
                                            spec.prange), self._espeak.rate
-        return trim_silence(resample(audio, sr, self.sr))
+            word_starts = list(self._espeak.word_starts)
+        audio = resample(audio, sr, self.sr)
+        bounds = speech_bounds(audio)
+        span = None
+        if spec.kw_words is not None and word_starts:
+            span = keyword_span(spec.text, spec.kw_words, word_starts, sr, self.sr, bounds)
+        return audio[bounds[0]:bounds[1]], span
 
 
 def render_utterance(spec: UttSpec, speech: Optional[np.ndarray], rng: np.random.Generator,
@@ -744,24 +836,29 @@ def _single_thread_blas() -> None:
                 break
 
 
-def _render_group(group: Group, out_dir: str, sr: int) -> List[Tuple[str, int]]:
-    """Child body: babble pool first, then every utterance; writes WAVs, returns lengths."""
+def _render_group(group: Group, out_dir: str, sr: int
+                  ) -> List[Tuple[str, int, Optional[Tuple[float, float]]]]:
+    """Child body: babble pool first, then every utterance; writes WAVs, returns
+    (utterance, samples, keyword span in seconds or None)."""
     import soundfile as sf
     _single_thread_blas()
     rng = np.random.default_rng(list(group.seed))
     wav_dir = os.path.join(out_dir, "wavs", group.split)
     with tempfile.TemporaryDirectory(prefix="synth_") as tmp:
         tts = Renderer(sr, tmp)
-        pool = [tts.speak(b, int(rng.integers(2 ** 31))) for b in group.babble]
+        pool = [tts.speak(b, int(rng.integers(2 ** 31)))[0] for b in group.babble]
         out = []
         for spec in group.specs:
             tts_seed = int(rng.integers(2 ** 31))
-            speech = None if spec.kind == "noise" else tts.speak(spec, tts_seed)
+            speech, span = (None, None) if spec.kind == "noise" else tts.speak(spec, tts_seed)
             if speech is not None and len(speech) == 0:
                 raise SynthError(f"{spec.utt}: TTS produced no audio for {spec.text!r}")
             audio = render_utterance(spec, speech, rng, pool, sr)
             sf.write(os.path.join(wav_dir, spec.utt + ".wav"), audio, sr, subtype="PCM_16")
-            out.append((spec.utt, len(audio)))
+            if span is not None:
+                lead = int(round(spec.lead_s * sr)) / sr      # as render_utterance pads
+                span = (lead + span[0], lead + span[1])
+            out.append((spec.utt, len(audio), span))
     return out
 
 
@@ -853,7 +950,9 @@ class Sizes:
         return getattr(self, f"{split}_pos"), getattr(self, f"{split}_neg")
 
 
-DATA_FILES = ("wav.scp", "text", "utt2dur", "utt2spk", "spk2utt", "utt2kind")
+# kw_times: `utt start end` (seconds) of the keyword in each positive whose TTS reports
+# word onsets; a plain table outside Kaldi's utt2* family because it covers positives only.
+DATA_FILES = ("wav.scp", "text", "utt2dur", "utt2spk", "spk2utt", "utt2kind", "kw_times")
 
 
 def _write_lines(path: str, lines: Sequence[str]) -> None:
@@ -863,7 +962,8 @@ def _write_lines(path: str, lines: Sequence[str]) -> None:
 
 
 def write_data_dir(data_dir: str, wav_dir: str, specs: Sequence[UttSpec],
-                   lengths: Dict[str, int], sr: int) -> None:
+                   lengths: Dict[str, int], sr: int,
+                   spans: Optional[Dict[str, Tuple[float, float]]] = None) -> None:
     """Kaldi data dir; every file sorted by key in C (code point) order."""
     os.makedirs(data_dir, exist_ok=True)
     specs = sorted(specs, key=lambda s: s.utt)
@@ -875,6 +975,10 @@ def write_data_dir(data_dir: str, wav_dir: str, specs: Sequence[UttSpec],
                  [f"{s.utt} {lengths[s.utt] / sr:.3f}" for s in specs])
     _write_lines(os.path.join(data_dir, "utt2spk"), [f"{s.utt} {s.spk}" for s in specs])
     _write_lines(os.path.join(data_dir, "utt2kind"), [f"{s.utt} {s.kind}" for s in specs])
+    spans = spans or {}
+    _write_lines(os.path.join(data_dir, "kw_times"),
+                 [f"{s.utt} {spans[s.utt][0]:.3f} {spans[s.utt][1]:.3f}"
+                  for s in specs if s.utt in spans])
     spk2utt: Dict[str, List[str]] = {}
     for s in specs:
         spk2utt.setdefault(s.spk, []).append(s.utt)
@@ -882,10 +986,11 @@ def write_data_dir(data_dir: str, wav_dir: str, specs: Sequence[UttSpec],
                  [f"{k} {' '.join(v)}" for k, v in sorted(spk2utt.items())])
 
 
-def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, flite) -> dict:
+def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, flite, train_mix) -> dict:
     return {"format": FORMAT_VERSION, "keywords": list(keywords), "seed": int(seed),
             "sizes": asdict(sizes), "sample_rate": int(sample_rate),
             "snr_db": [float(snr[0]), float(snr[1])], "flite_voices": list(flite),
+            "train_conf_share": float(train_mix[0]), "train_hard_share": float(train_mix[1]),
             "espeak": espeak_fingerprint()}
 
 
@@ -935,9 +1040,13 @@ def _clean_outputs(out_dir: str) -> None:
 
 def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     sizes: Sizes = Sizes(), nj: int = 2, sample_rate: int = 16000,
-                    snr_db: Tuple[float, float] = (5.0, 30.0), use_flite: bool = True) -> dict:
+                    snr_db: Tuple[float, float] = (5.0, 30.0), use_flite: bool = True,
+                    train_conf_share: float = TRAIN_CONF_SHARE,
+                    train_hard_share: float = TRAIN_HARD_SHARE) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
-    when `out_dir` already holds a complete corpus made with the same arguments."""
+    when `out_dir` already holds a complete corpus made with the same arguments.
+    `train_conf_share`/`train_hard_share` shape the training negatives only (see
+    TRAIN_CONF_SHARE); dev and test do not depend on them."""
     keywords = [normalize_keyword(k) for k in keywords]
     if not keywords:
         raise SynthError("no keyword given: use --keyword 'hey snips'")
@@ -954,11 +1063,17 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     for split in SPLITS:
         if min(sizes.of(split)) < 0:
             raise SynthError(f"negative size for {split}: {sizes.of(split)}")
+    if not 0.0 <= train_conf_share <= 1.0 - NEG_MIX["noise"]:
+        raise SynthError(f"train confusable share {train_conf_share} is outside "
+                         f"[0, {1.0 - NEG_MIX['noise']}] (the rest holds the noise-only share)")
+    if not 0.0 <= train_hard_share <= 1.0:
+        raise SynthError(f"train hard-confusable share {train_hard_share} is outside [0, 1]")
     espeak_paths()   # clear message before any work when the TTS is not installed
     if _espeak_pid == os.getpid():
         logger.warning("espeak-ng was loaded in this process: output may not be reproducible")
     flite = flite_voices() if use_flite else []
-    config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, flite)
+    train_mix = (train_conf_share, train_hard_share)
+    config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, flite, train_mix)
     if is_complete(out_dir, config):
         logger.info("%s is complete for these arguments; nothing to do", out_dir)
         return summarize(out_dir)
@@ -968,7 +1083,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     tmp_dir = os.path.join(out_dir, ".synth_tmp")
     os.makedirs(tmp_dir)
     try:
-        groups = plan_corpus(keywords, seed, sizes, snr_db, flite, tmp_dir)
+        groups = plan_corpus(keywords, seed, sizes, snr_db, flite, tmp_dir, train_mix)
         logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
                     sum(len(g.specs) for g in groups), len(groups), time.time() - t0, nj)
         step = max(1, len(groups) // 10)
@@ -984,11 +1099,12 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                              tmp_dir, progress)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    lengths = {utt: n for res in results for utt, n in res}
+    lengths = {utt: n for res in results for utt, n, _ in res}
+    spans = {utt: span for res in results for utt, _, span in res if span is not None}
     for split in SPLITS:
         specs = [s for g in groups if g.split == split for s in g.specs]
         write_data_dir(os.path.join(out_dir, split), os.path.join(out_dir, "wavs", split),
-                       specs, lengths, sample_rate)
+                       specs, lengths, sample_rate, spans)
     os.makedirs(os.path.join(out_dir, "dict"), exist_ok=True)
     _write_lines(os.path.join(out_dir, "dict", "keywords.txt"), keywords)
     with open(os.path.join(out_dir, STAMP_NAME), "w", encoding="utf-8") as f:
@@ -998,7 +1114,9 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
 
 
 def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[float, float],
-                flite: Sequence[str], tmp_dir: str) -> List[Group]:
+                flite: Sequence[str], tmp_dir: str,
+                train_mix: Tuple[float, float] = (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE)
+                ) -> List[Group]:
     """Every group of every split. espeak is only asked (in a forked probe) which voices
     exist and how words sound; the plan itself is pure numpy randomness from `seed`."""
     voices = espeak_voices() + [Voice(f"flite_{v}", "flite", v) for v in flite]
@@ -1014,8 +1132,9 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     cats = {k: confusable_categories(k) for k in keywords}
     groups: List[Group] = []
     for split in SPLITS:
+        mix = dict(conf_share=train_mix[0], hard_share=train_mix[1]) if split == "train" else {}
         groups += plan_split(split, *sizes.of(split), keywords, by_split[split], filt, cats,
-                             seed, snr_db)
+                             seed, snr_db, **mix)
     return groups
 
 

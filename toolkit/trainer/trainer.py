@@ -283,11 +283,13 @@ class Trainer:
         return self._loss(out, lengths, labels, batch)   # loss in fp32
 
     def _loss(self, out, lengths, labels, batch):
+        end = None if batch.keyword_end is None else batch.keyword_end.to(self.device)
         if not self.use_ctc:
-            return self.loss_fn(out[0], lengths, labels)
+            return self.loss_fn(out[0], lengths, labels, keyword_end=end)
         logits, ctc_logits = out
         return self.loss_fn(logits, lengths, labels, ctc_logits,
-                            batch.tokens.to(self.device), batch.token_lengths.to(self.device))
+                            batch.tokens.to(self.device), batch.token_lengths.to(self.device),
+                            keyword_end=end)
 
     def _dummy_batch(self):
         from toolkit.data.dataset import collate
