@@ -37,6 +37,10 @@ num_dev_neg=900
 # point is not decided by a single utterance.
 num_test_pos=1200
 num_test_neg=5400
+# Training negatives only: confusable share, and the share of those that are near-homophones
+# of the whole keyword ("hey snoops"), which are what fires on unseen voices.
+train_conf_share=0.5
+train_hard_share=0.5
 nj=2
 
 config=conf/ds_tcn.yaml
@@ -60,7 +64,8 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   python -m toolkit.bin.synth_kws_data --keyword "$keyword" --out-dir "$data" --seed "$seed" \
     --num-train-pos $num_train_pos --num-train-neg $num_train_neg \
     --num-dev-pos $num_dev_pos --num-dev-neg $num_dev_neg \
-    --num-test-pos $num_test_pos --num-test-neg $num_test_neg --nj $nj
+    --num-test-pos $num_test_pos --num-test-neg $num_test_neg \
+    --train-conf-share $train_conf_share --train-hard-share $train_hard_share --nj $nj
 fi
 # --- end of stage 0 ---
 
