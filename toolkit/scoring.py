@@ -128,7 +128,8 @@ def threshold_grid(step: float = 0.001, start: float = 0.0, stop: float = 1.0,
         first = int(math.ceil(-math.log10(step) - 1e-9)) + 1
         tail = [round(1.0 - m * 10.0 ** -k, 12) for k in range(first, first + tail_decades)
                 for m in range(1, 10)]
-        grid = np.unique(np.concatenate([grid, [t for t in tail if t > grid[-2]]]))
+        below = grid[-2] if grid.size > 1 else start
+        grid = np.unique(np.concatenate([grid, [t for t in tail if t > below]]))
     return grid
 
 

@@ -69,9 +69,10 @@ BABBLE_SOURCES = (3, 6)      # talkers summed into one babble noise
 BABBLE_POOL = 6              # babble sentences synthesized per group
 NEG_MIX = {"noise": 0.1, "conf": 0.3}     # rest of the negatives: random word sequences
 # Train split only: the share of confusables among negatives, and the share of those that are
-# near-homophones of the whole keyword (HARD_CATEGORY). Categories taken in turn give each of
-# the ~90 "hey snips" substitutes ~3 training copies while the one "snips hey" gets 300, and
-# the substitutes are what fires on unseen voices (measured: the top test false alarms).
+# near-homophones of the whole keyword (category `substitute`, or `similar` for a one-word
+# keyword). Categories taken in turn give each of the ~90 "hey snips" substitutes ~3 training
+# copies while the one "snips hey" gets 300, and the substitutes are what fires on unseen
+# voices (measured: the top test false alarms). The recipe sets 0.5 and 0.5.
 TRAIN_CONF_SHARE = 0.3
 TRAIN_HARD_SHARE = 0.0
 RANDOM_WORDS = (2, 8)
