@@ -724,6 +724,7 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
     for i, kind in enumerate(kinds):
         p = _sample_params(rng, voices, snr, flite_share)
         kw_words = None
+        counter = kind
         if kind == "pos":
             kw = keywords[n_seen["pos"] % len(keywords)]
             text = _positive_text(rng, kw, keywords)
@@ -732,15 +733,14 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             kw_words = (a, a + len(kww))
         elif kind == "conf" and hard_share > 0 and rng.random() < hard_share:
             text = _hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt)
-            n_seen["hard"] += 1
-            n_seen["conf"] -= 1         # the in-turn walk below counts only its own picks
+            counter = "hard"            # the in-turn walk counts only its own picks
         elif kind == "conf":
             text = _confusable_text(n_seen["conf"], rng, keywords, cats, filt)
         elif kind == "neg":
             text = _negative_text(rng, filt)
         else:
             text = NOISE_TEXT
-        n_seen[kind] = n_seen.get(kind, 0) + 1
+        n_seen[counter] = n_seen.get(counter, 0) + 1
         if kind == "noise":
             spk = f"noise_{split}"     # no voice: a per-split pseudo speaker
             spec = UttSpec(f"{spk}-{kind}-{i:0{width}d}", spk, kind, text, None,
