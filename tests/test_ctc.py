@@ -321,3 +321,32 @@ def test_ctc_with_lists_lacking_tokens_is_refused(ctc_corpus, tmp_path):
     result = run_train(args)
     assert result.returncode != 0
     assert "missing_tokens" in result.stderr
+
+
+def test_train_with_ctc_from_shards(ctc_corpus, tmp_path):
+    """Tar shards carry the tokens (in each utterance's JSON): a CTC loss trains from
+    them, and shards made from a list without tokens fail the bad-input check."""
+    def shard(data_list, out):
+        subprocess.run([sys.executable, "-m", "toolkit.bin.make_shards", data_list, str(out),
+                        "--utts-per-shard", "6"], check=True, capture_output=True, env=env())
+        return str(out / "shards.list")
+
+    args = ctc_args(ctc_corpus, str(tmp_path / "exp"), "training.max_epoch=1")
+    args[args.index("--train-data") + 1] = shard(ctc_corpus["lists"]["train"], tmp_path / "sh")
+    result = run_train(args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "24 utterances used, 0 skipped" in result.stderr
+    log = open(os.path.join(str(tmp_path / "exp"), "log", "train.rank0.log")).read()
+    assert " loss_1_ctc " in log
+
+    plain = tmp_path / "plain.list"
+    with open(ctc_corpus["lists"]["train"]) as f, open(plain, "w") as w:
+        for line in f:
+            entry = json.loads(line)
+            entry.pop("tokens")
+            w.write(json.dumps(entry) + "\n")
+    args = ctc_args(ctc_corpus, str(tmp_path / "exp2"), "training.max_epoch=1")
+    args[args.index("--train-data") + 1] = shard(str(plain), tmp_path / "sh_plain")
+    result = run_train(args)
+    assert result.returncode != 0
+    assert "missing_tokens" in result.stderr

@@ -266,6 +266,45 @@ def test_shard_features_equal_datalist_pipeline(corpus):
         assert n == len(corpus.good)
 
 
+def test_shards_carry_ctc_tokens_and_keyword_end(corpus, tmp_path):
+    """`tokens` and `kw_end` travel in each utterance's JSON: batches built from shards
+    carry them as the data-list pipeline does, and an utterance whose tokens a CTC loss
+    cannot use is skipped and counted under the data list's reasons."""
+    from toolkit.data.dataset import keyword_end_frame
+    entries = []
+    for i, e in enumerate(corpus.good):
+        e = dict(e, tokens=[1 + i % 4, 1 + (i + 1) % 4])
+        if e["label"] >= 0:
+            e["kw_end"] = round(0.6 * e["duration"], 3)
+        entries.append(e)
+    entries[2]["tokens"] = [1, 9]                      # outside 5 units
+    del entries[3]["tokens"]
+    listed = tmp_path / "tokens.list"
+    listed.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    make_shards(str(listed), str(tmp_path / "sh"), PER_SHARD)
+    index = ShardIndex.load(str(tmp_path / "sh" / "shards.list"))
+    by_key = {e["key"]: e for e in entries}
+    batches = plan_shard_batches(index, corpus.cfg, SEED, 0, train=False)
+    proc = corpus.processor(train=False)
+    got = list(make_shard_loader(ShardBatchDataset(index, batches, proc, 0, num_units=5), 0, 2, 1))
+    seen, bad = [], Counter()
+    for batch in got:
+        bad.update(batch.bad.counts)
+        for i, key in enumerate(batch.keys):
+            entry, frames = by_key[key], int(batch.lengths[i])
+            assert batch.tokens[i, :batch.token_lengths[i]].tolist() == entry["tokens"]
+            want = keyword_end_frame(entry, frames) if entry["label"] >= 0 else -1
+            assert int(batch.keyword_end[i]) == want
+            seen.append(key)
+    assert dict(bad) == {"token_not_in_units": 1, "missing_tokens": 1}
+    assert sorted(seen) == sorted(e["key"] for e in entries[:2] + entries[4:])
+    assert sum(1 for e in entries if "kw_end" in e and e["key"] in seen) > 3
+    # Without a CTC loss tokens are not needed: every utterance is used, none counted.
+    plain = list(make_shard_loader(ShardBatchDataset(index, batches, proc, 0), 0, 2, 1))
+    assert sum(len(b.keys) for b in plain) == len(entries)
+    assert all(b.tokens is None and not b.bad.total() for b in plain)
+
+
 def test_resume_matches_full_pass_without_processing_skipped_batches(corpus, tmp_path, caplog):
     index = corpus.index
     plan = rank_batches(plan_shard_batches(index, corpus.cfg, SEED, 2, True), 0, 1)

@@ -131,7 +131,7 @@ class DataList:
                         bad.add("label_not_in_inventory", key, f"label={label}")
                         continue
                 if num_units is not None:
-                    problem = _token_problem(obj.get("tokens"), num_units)
+                    problem = token_problem(obj.get("tokens"), num_units)
                     if problem:
                         bad.add(problem[0], key, problem[1])
                         continue
@@ -147,7 +147,7 @@ class DataList:
                    np.asarray(labels, dtype=np.int32), path, bad)
 
 
-def _token_problem(tokens, num_units: int) -> Optional[Tuple[str, str]]:
+def token_problem(tokens, num_units: int) -> Optional[Tuple[str, str]]:
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
                                                for t in tokens):
         return "missing_tokens", "needs a `tokens` list of unit ids (make_datalist --lexicon)"

@@ -5,6 +5,8 @@ utterance or its segment, original rate and channels) then `<key>.json` (the dat
 entry without `wav`; its start/end describe the source, the WAV is already cut).
 `shards.list` names the tars (paths or URLs, one a line) and `shards.index.json` beside
 it lists (key, duration, label) per shard, so batches are planned without opening a tar.
+What only some losses need (CTC `tokens`, keyword times `kw_end`) is read from each
+utterance's JSON member when its batch is built, and checked there.
 
 Determinism contract, as in dataset.py:
 - the plan depends only on (seed, epoch, index, config): the shard order is shuffled,
@@ -39,9 +41,9 @@ import soundfile as sf
 from torch.utils.data import IterableDataset, get_worker_info
 
 from toolkit.data.audio import BadEntry, check_and_mix, read_audio, resample
-from toolkit.data.datalist import BadCounter, DataList
+from toolkit.data.datalist import BadCounter, DataList, token_problem
 from toolkit.data.dataset import (SOURCES, DataSource, UtteranceProcessor, build_loader, collate,
-                                  plan_batches)
+                                  keyword_end_frame, plan_batches)
 from toolkit.fileio import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -400,11 +402,16 @@ class ShardBatchDataset(IterableDataset):
 
     Worker w of W takes batches start+w, start+w+W, ...; it streams each shard its
     batches need once, when first needed, keeping only the wav bytes its own batches
-    use until each batch is built (so memory stays within a window's share)."""
+    use until each batch is built (so memory stays within a window's share).
+
+    With `num_units` (a CTC loss) each utterance's JSON must carry `tokens` in
+    [1, num_units); one without is skipped and counted, as a data list skips it on load."""
 
     def __init__(self, index: ShardIndex, batches: Sequence[np.ndarray],
-                 processor: UtteranceProcessor, epoch: int, start: int = 0):
+                 processor: UtteranceProcessor, epoch: int, start: int = 0,
+                 num_units: Optional[int] = None):
         self.index = index
+        self.num_units = num_units
         self.batches = batches
         self.processor = processor
         self.epoch = epoch
@@ -440,10 +447,10 @@ class ShardBatchDataset(IterableDataset):
         reason, detail = MISSING_FROM_SHARD, source
         try:
             with open_shard(source) as f, closing(_read_members(f, source)) as entries:
-                for key, wav, _meta in entries:
+                for key, wav, meta in entries:
                     m = want.pop(key, None)
                     if m is not None:
-                        held[(shard, m)] = wav
+                        held[(shard, m)] = (wav, meta)
                     if not want:
                         break      # the rest of the tar is not ours to read
         except ShardError as err:
@@ -460,7 +467,7 @@ class ShardBatchDataset(IterableDataset):
             failed[(shard, m)] = (reason, detail)
 
     def _build(self, rows: np.ndarray, held: dict, failed: dict):
-        keys, feats, labels = [], [], []
+        keys, feats, labels, tokens, ends = [], [], [], [], []
         bad = BadCounter()
         seconds = 0.0
         channel = self.processor.cfg.channel
@@ -472,19 +479,31 @@ class ShardBatchDataset(IterableDataset):
                 reason, detail = failed.pop((s, m))
                 bad.add(reason, key, detail, log=False)   # the shard got one log line
                 continue
-            data = held.pop((s, m))
+            data, meta = held.pop((s, m))
+            meta = meta if isinstance(meta, dict) else {}
+            if self.num_units is not None:
+                problem = token_problem(meta.get("tokens"), self.num_units)
+                if problem is not None:
+                    bad.add(problem[0], key, problem[1])
+                    continue
+            label = int(self.index.labels[i])
             try:
                 wave, rate = decode_wav(data, key, channel)
-                f = process_waveform(self.processor, wave, rate, key, self.epoch,
-                                     int(self.index.labels[i]))
+                f = process_waveform(self.processor, wave, rate, key, self.epoch, label)
             except BadEntry as err:
                 bad.add(err.reason, key, err.detail)
                 continue
             keys.append(key)
             feats.append(f)
-            labels.append(int(self.index.labels[i]))
+            labels.append(label)
+            # The JSON's duration is the WAV's (shards hold the cut segment), so the
+            # keyword end maps onto frames as in the data-list pipeline.
+            ends.append(keyword_end_frame(meta, len(f)) if label >= 0 else -1)
+            if self.num_units is not None:
+                tokens.append(meta["tokens"])
             seconds += float(self.index.durations[i])
-        return collate(keys, feats, labels, seconds, bad, self.dim)
+        return collate(keys, feats, labels, seconds, bad, self.dim,
+                       tokens if self.num_units is not None else None, ends)
 
 
 def make_shard_loader(dataset: ShardBatchDataset, num_workers: int, prefetch_factor: int,
@@ -610,10 +629,8 @@ class ShardSource(DataSource):
 
     def __init__(self, path: str, num_classes: Optional[int] = None,
                  num_units: Optional[int] = None):
-        if num_units is not None:
-            raise ValueError(f"{path}: shard indexes do not carry CTC targets (tokens); "
-                             "train a loss with a ctc component from a data list")
         self.index = ShardIndex.load(path)
+        self.num_units = num_units
         self.bad = BadCounter()
         if num_classes is not None:
             bad = (self.index.labels < -1) | (self.index.labels >= num_classes)
@@ -631,5 +648,6 @@ class ShardSource(DataSource):
         return plan_shard_batches(self.index, dataset_cfg, seed, epoch, train)
 
     def loader(self, batches, processor, epoch, start, num_workers, prefetch_factor, seed):
-        dataset = ShardBatchDataset(self.index, batches, processor, epoch, start=start)
+        dataset = ShardBatchDataset(self.index, batches, processor, epoch, start=start,
+                                    num_units=self.num_units)
         return make_shard_loader(dataset, num_workers, prefetch_factor, seed)
