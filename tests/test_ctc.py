@@ -309,15 +309,20 @@ def test_ctc_without_units_is_a_clear_error(ctc_corpus, tmp_path):
     assert "model.ctc_outputs is 0" in result.stderr
 
 
-def test_ctc_with_lists_lacking_tokens_is_refused(ctc_corpus, tmp_path):
+def list_without_tokens(c, tmp_path) -> str:
+    """The corpus's train list with every entry's `tokens` removed."""
     plain = tmp_path / "plain.list"
-    with open(ctc_corpus["lists"]["train"]) as f, open(plain, "w") as w:
+    with open(c["lists"]["train"]) as f, open(plain, "w") as w:
         for line in f:
             entry = json.loads(line)
             entry.pop("tokens")
             w.write(json.dumps(entry) + "\n")
+    return str(plain)
+
+
+def test_ctc_with_lists_lacking_tokens_is_refused(ctc_corpus, tmp_path):
     args = ctc_args(ctc_corpus, str(tmp_path / "exp"))
-    args[args.index("--train-data") + 1] = str(plain)
+    args[args.index("--train-data") + 1] = list_without_tokens(ctc_corpus, tmp_path)
     result = run_train(args)
     assert result.returncode != 0
     assert "missing_tokens" in result.stderr
@@ -339,14 +344,9 @@ def test_train_with_ctc_from_shards(ctc_corpus, tmp_path):
     log = open(os.path.join(str(tmp_path / "exp"), "log", "train.rank0.log")).read()
     assert " loss_1_ctc " in log
 
-    plain = tmp_path / "plain.list"
-    with open(ctc_corpus["lists"]["train"]) as f, open(plain, "w") as w:
-        for line in f:
-            entry = json.loads(line)
-            entry.pop("tokens")
-            w.write(json.dumps(entry) + "\n")
     args = ctc_args(ctc_corpus, str(tmp_path / "exp2"), "training.max_epoch=1")
-    args[args.index("--train-data") + 1] = shard(str(plain), tmp_path / "sh_plain")
+    args[args.index("--train-data") + 1] = shard(list_without_tokens(ctc_corpus, tmp_path),
+                                                 tmp_path / "sh_plain")
     result = run_train(args)
     assert result.returncode != 0
     assert "missing_tokens" in result.stderr
