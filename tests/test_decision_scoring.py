@@ -227,7 +227,7 @@ def test_cli_end_to_end(tmp_path):
     out = tmp_path / "score"
     proc = subprocess.run(
         [sys.executable, "-m", "toolkit.bin.score_kws", "--data-list", data, "--posteriors", ark,
-         "--keywords", kws, "--out-dir", str(out), "--refractory-s", "0.2"],
+         "--keywords", kws, "--out-dir", str(out), "--refractory-s", "0.2", "--bootstrap", "0"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert proc.returncode == 0, proc.stderr
@@ -249,6 +249,76 @@ def test_cli_end_to_end(tmp_path):
 
     png = (out / "det.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def bootstrap_set(seed, n_pos=40, n_neg=60):
+    """Positives peaking anywhere in [0.3, 1), negatives in [0, 0.9), some with two
+    peaks more than the refractory period apart (two false alarms)."""
+    rng = np.random.default_rng(seed)
+    probs = [spikes(120, {60: float(rng.uniform(0.3, 0.999))}) for _ in range(n_pos)]
+    for _ in range(n_neg):
+        peaks = {20: float(rng.uniform(0, 0.9))}
+        if rng.random() < 0.3:
+            peaks[100] = float(rng.uniform(0, 0.9))
+        probs.append(spikes(120, peaks))
+    return probs, [0] * n_pos + [-1] * n_neg, [2.0] * n_pos + [60.0] * n_neg
+
+
+def test_bootstrap_replicate_is_the_det_of_a_resampled_test_set():
+    """One replicate = compute_det + operating_point on the test set drawn with the same
+    generator: negatives first, then positives."""
+    probs, labels, durations = bootstrap_set(1)
+    thresholds = scoring.threshold_grid(0.01)
+    for seed in (3, 4):
+        (ci,), = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
+                                                 replicates=1, seed=seed, refractory_frames=30)
+        rng = np.random.default_rng(seed)
+        neg, pos = list(range(40, 100)), list(range(40))
+        pick = [neg[i] for i in rng.integers(0, 60, 60)] + [pos[i] for i in rng.integers(0, 40, 40)]
+        det = scoring.compute_det([probs[i] for i in pick], [labels[i] for i in pick],
+                                  [durations[i] for i in pick], 1, thresholds,
+                                  refractory_frames=30)
+        want = scoring.operating_point(thresholds, det.fa_per_hour[:, 0], det.frr[:, 0], 20.0)
+        assert ci.low == ci.high == pytest.approx(want.frr)
+
+
+def test_bootstrap_interval_brackets_the_estimate_and_narrows_with_more_data():
+    probs, labels, durations = bootstrap_set(2)
+    thresholds = scoring.threshold_grid(0.01)
+    det = scoring.compute_det(probs, labels, durations, 1, thresholds)
+    point = scoring.operating_point(thresholds, det.fa_per_hour[:, 0], det.frr[:, 0], 20.0).frr
+    (small,), = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
+                                                replicates=300, seed=0)
+    assert small.low < point < small.high
+    again = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
+                                            replicates=300, seed=0)
+    assert again[0][0] == small                               # seeded: reproducible
+    # Four copies of every utterance: same estimate, about half the spread.
+    (big,), = scoring.bootstrap_frr_intervals(probs * 4, labels * 4, durations * 4, 1, thresholds,
+                                              [20.0], replicates=300, seed=0)
+    assert big.low < point < big.high
+    assert big.high - big.low < 0.75 * (small.high - small.low)
+    # Separable scores: every replicate has FRR 0 at the target.
+    clean = [spikes(120, {60: 0.95})] * 5 + [spikes(120, {20: 0.2})] * 5
+    (sep,), = scoring.bootstrap_frr_intervals(clean, [0] * 5 + [-1] * 5, [2.0] * 5 + [60.0] * 5,
+                                              1, thresholds, [1.0], replicates=50)
+    assert sep.low == sep.high == 0.0
+
+
+def test_cli_reports_bootstrap_intervals(tmp_path):
+    data, ark, kws = write_inputs(tmp_path, *bootstrap_set(5))
+    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
+                           "--out-dir", str(tmp_path / "s"), "--fa-targets", "20",
+                           "--bootstrap", "200"]) == 0
+    doc = json.loads((tmp_path / "s" / "det.json").read_text())
+    boot = doc["bootstrap"]
+    assert boot["replicates"] == 200 and boot["level"] == 0.95
+    for ci, op in zip(boot["frr_intervals"]["hey snips"],
+                      doc["curves"]["hey snips"]["operating_points"]):
+        assert ci["target_fa_per_hour"] == op["target_fa_per_hour"]
+        assert ci["low"] <= op["frr"] <= ci["high"]
+    line = (tmp_path / "s" / "summary.txt").read_text()
+    assert "@20 FA/h (thr " in line and ", 95% CI " in line
 
 
 def test_threshold_tail_places_an_operating_point_above_0999():

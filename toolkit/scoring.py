@@ -210,6 +210,21 @@ class DetCurves:
                             self.fa_count / np.where(self.negative_hours > 0, self.negative_hours, 1), np.nan)
 
 
+def _utterance_firings(x: np.ndarray, num_keywords: int, thresholds: np.ndarray,
+                       smooth_frames: int, refractory_frames: int
+                       ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One utterance's detections for every grid threshold: arrays (keyword, lo, hi),
+    each detection firing for threshold indices [lo, hi)."""
+    s = smooth_scores(x, smooth_frames)
+    if s.shape[1] != num_keywords:
+        raise ValueError(f"posteriors have {s.shape[1]} columns, expected {num_keywords}")
+    best, which = frame_max_and_argmax(s)
+    # Same `score >= threshold` comparison, in float64, as DecisionState.
+    c = np.searchsorted(thresholds, best, side="right")
+    frames, lo, hi = _firing_events(c, refractory_frames, thresholds.size)
+    return which[frames], lo, hi
+
+
 def compute_det(probs: Sequence[np.ndarray], labels: Sequence[int], durations: Sequence[float],
                 num_keywords: int, thresholds: Optional[np.ndarray] = None,
                 smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
@@ -229,16 +244,9 @@ def compute_det(probs: Sequence[np.ndarray], labels: Sequence[int], durations: S
     fa_diff = np.zeros((G + 1, K), dtype=np.int64)  # difference arrays over threshold index
     hits = np.zeros((G, K), dtype=np.int64)
     for x, label in zip(probs, labels_arr.tolist()):
-        s = smooth_scores(x, smooth_frames)
-        if s.shape[1] != K:
-            raise ValueError(f"posteriors have {s.shape[1]} columns, expected {K}")
-        best, which = frame_max_and_argmax(s)
-        # Same `score >= threshold` comparison, in float64, as DecisionState.
-        c = np.searchsorted(thresholds, best, side="right")
-        frames, lo, hi = _firing_events(c, refractory_frames, G)
-        if frames.size == 0:
+        kw, lo, hi = _utterance_firings(x, K, thresholds, smooth_frames, refractory_frames)
+        if kw.size == 0:
             continue
-        kw = which[frames]
         fa = kw != label
         np.add.at(fa_diff, (lo[fa], kw[fa]), 1)
         np.add.at(fa_diff, (hi[fa], kw[fa]), -1)
@@ -278,6 +286,75 @@ def operating_point(thresholds: np.ndarray, fa_per_hour: np.ndarray, frr: np.nda
                           float(fa_per_hour[i]))
 
 
+@dataclass
+class FrrInterval:
+    """Percentile bootstrap interval of the FRR at one FA/h target."""
+    target_fa_per_hour: float
+    low: Optional[float]
+    high: Optional[float]
+
+
+def bootstrap_frr_intervals(probs: Sequence[np.ndarray], labels: Sequence[int],
+                            durations: Sequence[float], num_keywords: int,
+                            thresholds: np.ndarray, targets: Sequence[float],
+                            replicates: int = 1000, level: float = 0.95, seed: int = 0,
+                            smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
+                            refractory_frames: int = DEFAULT_REFRACTORY_FRAMES
+                            ) -> List[List[FrrInterval]]:
+    """How far the FRR at each FA/h target could move with another test set of the same
+    size: utterances are drawn with replacement (a keyword's positives and the other
+    utterances separately, so every replicate keeps the positive count), the operating
+    point is chosen again in each replicate, and the central `level` of the FRRs is
+    returned per keyword and target. At 1 FA/h over a few hours the threshold rests on
+    a handful of negatives, and this interval shows how much that matters."""
+    thresholds = np.asarray(thresholds, dtype=np.float64)
+    K, G = int(num_keywords), thresholds.size
+    labels_arr = np.asarray(labels, dtype=np.int64)
+    dur = np.asarray(durations, dtype=np.float64)
+    firings = [_utterance_firings(x, K, thresholds, smooth_frames, refractory_frames)
+               for x in probs]
+    rng = np.random.default_rng(seed)
+    tail = (1.0 - level) / 2
+    out: List[List[FrrInterval]] = []
+    for k in range(K):
+        pos = np.flatnonzero(labels_arr == k)
+        neg = np.flatnonzero(labels_arr != k)
+        if replicates <= 0 or pos.size == 0 or neg.size == 0 or dur[neg].sum() <= 0:
+            out.append([FrrInterval(float(t), None, None) for t in targets])
+            continue
+        # Per utterance and threshold: false alarms of k, and whether a positive is hit.
+        fa_rows = np.zeros((neg.size, G + 1), dtype=np.float32)
+        for row, i in enumerate(neg.tolist()):
+            kw, lo, hi = firings[i]
+            mine = kw == k
+            np.add.at(fa_rows[row], lo[mine], 1)
+            np.add.at(fa_rows[row], hi[mine], -1)
+        fa_rows = np.cumsum(fa_rows[:, :-1], axis=1)
+        hit_rows = np.zeros((pos.size, G + 1), dtype=np.int64)
+        for row, i in enumerate(pos.tolist()):
+            kw, lo, hi = firings[i]
+            mine = kw == k
+            np.add.at(hit_rows[row], lo[mine], 1)
+            np.add.at(hit_rows[row], hi[mine], -1)
+        hit_rows = (np.cumsum(hit_rows[:, :-1], axis=1) > 0).astype(np.float32)
+        w_neg = np.stack([np.bincount(rng.integers(0, neg.size, neg.size), minlength=neg.size)
+                          for _ in range(replicates)]).astype(np.float32)
+        w_pos = np.stack([np.bincount(rng.integers(0, pos.size, pos.size), minlength=pos.size)
+                          for _ in range(replicates)]).astype(np.float32)
+        fa_per_hour = (w_neg @ fa_rows) / ((w_neg @ dur[neg]) / 3600.0)[:, None]
+        frr = 1.0 - (w_pos @ hit_rows) / pos.size
+        per_target = []
+        for t in targets:
+            # A replicate where no threshold meets the target rejects everything.
+            vals = [1.0 if op.frr is None else op.frr for op in
+                    (operating_point(thresholds, fa_per_hour[r], frr[r], t)
+                     for r in range(replicates))]
+            low, high = np.quantile(vals, [tail, 1.0 - tail])
+            per_target.append(FrrInterval(float(t), float(low), float(high)))
+        out.append(per_target)
+    return out
+
+
 # ----------------------------------------------------------------------------- outputs
 
 def keyword_file_name(keyword: str) -> str:
@@ -297,10 +374,14 @@ def _fmt_pct(x: Optional[float]) -> str:
 
 
 def summary_line(keyword: str, points: Sequence[OperatingPoint], num_positives: int,
-                 negative_hours: float) -> str:
+                 negative_hours: float, intervals: Optional[Sequence[FrrInterval]] = None,
+                 level: float = 0.95) -> str:
     parts = []
-    for op in points:
+    for i, op in enumerate(points):
         thr = "none meets it" if op.threshold is None else f"thr {format_threshold(op.threshold)}"
+        ci = intervals[i] if intervals else None
+        if ci is not None and ci.low is not None:
+            thr += f", {100 * level:g}% CI {100 * ci.low:.2f}-{100 * ci.high:.2f}%"
         parts.append(f"{_fmt_pct(op.frr)} @{op.target_fa_per_hour:g} FA/h ({thr})")
     return (f"{keyword}: FRR {', '.join(parts)}; "
             f"{num_positives} positives, {negative_hours:.2f} h negatives")
@@ -420,8 +501,11 @@ def score(data_list: str, posteriors: str, keywords_path: str,
           refractory_frames: int = DEFAULT_REFRACTORY_FRAMES,
           fa_targets: Sequence[float] = DEFAULT_FA_TARGETS,
           target_fa_per_hour: float = 1.0,
-          max_missing_fraction: float = DEFAULT_MAX_MISSING_FRACTION) -> ScoreResult:
-    """Read the inputs, score every keyword, pick operating points."""
+          max_missing_fraction: float = DEFAULT_MAX_MISSING_FRACTION,
+          bootstrap_replicates: int = 0, bootstrap_seed: int = 0,
+          bootstrap_level: float = 0.95) -> ScoreResult:
+    """Read the inputs, score every keyword, pick operating points (with bootstrap
+    intervals of their FRR when `bootstrap_replicates` > 0)."""
     keywords = read_keywords(keywords_path)
     utts = read_data_list(data_list, num_keywords=len(keywords))
     table = load_posteriors(posteriors)
@@ -449,6 +533,12 @@ def score(data_list: str, posteriors: str, keywords_path: str,
                       len(keywords), thresholds, smooth_frames, refractory_frames)
 
     targets = sorted(set(float(t) for t in fa_targets) | {float(target_fa_per_hour)})
+    intervals = None
+    if bootstrap_replicates > 0:
+        intervals = bootstrap_frr_intervals(
+            mats, [u.label for u in present], [u.duration for u in present], len(keywords),
+            det.thresholds, targets, bootstrap_replicates, bootstrap_level, bootstrap_seed,
+            smooth_frames, refractory_frames)
     fa, frr = det.fa_per_hour, det.frr
     points, selected, summary = [], [], []
     for k, kw in enumerate(keywords):
@@ -456,7 +546,13 @@ def score(data_list: str, posteriors: str, keywords_path: str,
         points.append(pts)
         selected.append(next(p for p in pts if p.target_fa_per_hour == float(target_fa_per_hour)))
         summary.append(summary_line(keyword_file_name(kw), pts, int(det.num_positives[k]),
-                                    float(det.negative_hours[k])))
+                                    float(det.negative_hours[k]),
+                                    intervals[k] if intervals else None, bootstrap_level))
+    extra = {"num_utterances": len(utts), "num_scored": len(present)}
+    if intervals is not None:
+        extra["bootstrap"] = {
+            "replicates": bootstrap_replicates, "level": bootstrap_level, "seed": bootstrap_seed,
+            "frr_intervals": {kw: [vars(ci) for ci in intervals[k]]
+                              for k, kw in enumerate(keywords)}}
     return ScoreResult(det=det, keywords=keywords, points=points, selected=selected,
-                       summary=summary, missing_keys=missing,
-                       extra={"num_utterances": len(utts), "num_scored": len(present)})
+                       summary=summary, missing_keys=missing, extra=extra)

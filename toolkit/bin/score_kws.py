@@ -5,7 +5,8 @@ a grid and writes, into --out-dir:
   det_<keyword>.txt  threshold, FA/h, FRR columns
   det.json           all curves, operating points, config
   det.png            FRR vs FA/h, one curve per keyword
-  summary.txt        one line per keyword (also printed to stdout)
+  summary.txt        one line per keyword (also printed to stdout), each FRR with
+                     its 95% bootstrap interval over resampled test utterances
 
 Example:
   python -m toolkit.bin.score_kws --data-list data/test/data.list \\
@@ -61,6 +62,11 @@ def get_args(argv=None):
                         default=scoring.DEFAULT_MAX_MISSING_FRACTION,
                         help="fail if more than this fraction of utterances lack posteriors "
                              "(default %(default)s)")
+    parser.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                        help="resample the test utterances N times and report the 95%% interval "
+                             "of each FRR (0: off; default %(default)s)")
+    parser.add_argument("--bootstrap-seed", type=int, default=0,
+                        help="seed of the resampling (default %(default)s)")
     parser.add_argument("--plot-max-fa-per-hour", type=float, default=None,
                         help="x-axis limit of det.png (default max(5, 2.5 x largest target))")
     args = parser.parse_args(argv)
@@ -77,6 +83,8 @@ def get_args(argv=None):
                      "about 1e-7 below 1)")
     if args.target_fa_per_hour < 0:
         parser.error("--target-fa-per-hour must be >= 0")
+    if args.bootstrap < 0:
+        parser.error("--bootstrap must be >= 0")
     return args
 
 
@@ -92,7 +100,9 @@ def main(argv=None) -> int:
                                thresholds=thresholds, smooth_frames=args.smooth_frames,
                                refractory_frames=refractory_frames, fa_targets=args.fa_targets,
                                target_fa_per_hour=args.target_fa_per_hour,
-                               max_missing_fraction=args.max_missing_fraction)
+                               max_missing_fraction=args.max_missing_fraction,
+                               bootstrap_replicates=args.bootstrap,
+                               bootstrap_seed=args.bootstrap_seed)
     except (ValueError, OSError) as err:
         logging.error("%s", err)
         return 1
@@ -102,7 +112,8 @@ def main(argv=None) -> int:
         "refractory_s": args.refractory_s, "refractory_frames": refractory_frames,
         "threshold_step": args.threshold_step,
         "threshold_tail_decades": args.threshold_tail_decades, "target_fa_per_hour": args.target_fa_per_hour,
-        "fa_targets": args.fa_targets,
+        "fa_targets": args.fa_targets, "bootstrap": args.bootstrap,
+        "bootstrap_seed": args.bootstrap_seed,
     }
     scoring.write_outputs(args.out_dir, result, config, args.plot_max_fa_per_hour)
     for line in result.summary:
