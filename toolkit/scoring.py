@@ -294,6 +294,18 @@ class FrrInterval:
     high: Optional[float]
 
 
+def _detections_per_threshold(firings, utterances: np.ndarray, keyword: int,
+                              num_thresholds: int) -> np.ndarray:
+    """(utterances, thresholds) float32: detections of `keyword` in each utterance."""
+    rows = np.zeros((utterances.size, num_thresholds + 1), dtype=np.float32)
+    for row, i in enumerate(utterances.tolist()):
+        kw, lo, hi = firings[i]
+        mine = kw == keyword
+        np.add.at(rows[row], lo[mine], 1)
+        np.add.at(rows[row], hi[mine], -1)
+    return np.cumsum(rows[:, :-1], axis=1)
+
+
 def bootstrap_frr_intervals(probs: Sequence[np.ndarray], labels: Sequence[int],
                             durations: Sequence[float], num_keywords: int,
                             thresholds: np.ndarray, targets: Sequence[float],
@@ -323,20 +335,8 @@ def bootstrap_frr_intervals(probs: Sequence[np.ndarray], labels: Sequence[int],
             out.append([FrrInterval(float(t), None, None) for t in targets])
             continue
         # Per utterance and threshold: false alarms of k, and whether a positive is hit.
-        fa_rows = np.zeros((neg.size, G + 1), dtype=np.float32)
-        for row, i in enumerate(neg.tolist()):
-            kw, lo, hi = firings[i]
-            mine = kw == k
-            np.add.at(fa_rows[row], lo[mine], 1)
-            np.add.at(fa_rows[row], hi[mine], -1)
-        fa_rows = np.cumsum(fa_rows[:, :-1], axis=1)
-        hit_rows = np.zeros((pos.size, G + 1), dtype=np.int64)
-        for row, i in enumerate(pos.tolist()):
-            kw, lo, hi = firings[i]
-            mine = kw == k
-            np.add.at(hit_rows[row], lo[mine], 1)
-            np.add.at(hit_rows[row], hi[mine], -1)
-        hit_rows = (np.cumsum(hit_rows[:, :-1], axis=1) > 0).astype(np.float32)
+        fa_rows = _detections_per_threshold(firings, neg, k, G)
+        hit_rows = (_detections_per_threshold(firings, pos, k, G) > 0).astype(np.float32)
         w_neg = np.stack([np.bincount(rng.integers(0, neg.size, neg.size), minlength=neg.size)
                           for _ in range(replicates)]).astype(np.float32)
         w_pos = np.stack([np.bincount(rng.integers(0, pos.size, pos.size), minlength=pos.size)
