@@ -225,11 +225,23 @@ def _utterance_firings(x: np.ndarray, num_keywords: int, thresholds: np.ndarray,
     return which[frames], lo, hi
 
 
+def all_firings(probs: Sequence[np.ndarray], num_keywords: int, thresholds: np.ndarray,
+                smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
+                refractory_frames: int = DEFAULT_REFRACTORY_FRAMES) -> List[Tuple]:
+    """Every utterance's (keyword, lo, hi) detections: the replay that compute_det and
+    bootstrap_frr_intervals share, so scoring with intervals replays once."""
+    thresholds = np.asarray(thresholds, dtype=np.float64)
+    return [_utterance_firings(x, num_keywords, thresholds, smooth_frames, refractory_frames)
+            for x in probs]
+
+
 def compute_det(probs: Sequence[np.ndarray], labels: Sequence[int], durations: Sequence[float],
                 num_keywords: int, thresholds: Optional[np.ndarray] = None,
                 smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
-                refractory_frames: int = DEFAULT_REFRACTORY_FRAMES) -> DetCurves:
-    """DET counts for every threshold; probs[i] is utterance i's posteriors [T, K]."""
+                refractory_frames: int = DEFAULT_REFRACTORY_FRAMES,
+                firings: Optional[List[Tuple]] = None) -> DetCurves:
+    """DET counts for every threshold; probs[i] is utterance i's posteriors [T, K]
+    (or `firings` from all_firings with the same thresholds and rule)."""
     thresholds = threshold_grid() if thresholds is None else np.asarray(thresholds, dtype=np.float64)
     if thresholds.ndim != 1 or thresholds.size == 0 or np.any(np.diff(thresholds) <= 0):
         raise ValueError("thresholds must be a non-empty strictly increasing 1-D array")
@@ -243,8 +255,9 @@ def compute_det(probs: Sequence[np.ndarray], labels: Sequence[int], durations: S
 
     fa_diff = np.zeros((G + 1, K), dtype=np.int64)  # difference arrays over threshold index
     hits = np.zeros((G, K), dtype=np.int64)
-    for x, label in zip(probs, labels_arr.tolist()):
-        kw, lo, hi = _utterance_firings(x, K, thresholds, smooth_frames, refractory_frames)
+    if firings is None:
+        firings = all_firings(probs, K, thresholds, smooth_frames, refractory_frames)
+    for (kw, lo, hi), label in zip(firings, labels_arr.tolist()):
         if kw.size == 0:
             continue
         fa = kw != label
@@ -311,8 +324,8 @@ def bootstrap_frr_intervals(probs: Sequence[np.ndarray], labels: Sequence[int],
                             thresholds: np.ndarray, targets: Sequence[float],
                             replicates: int = 1000, level: float = 0.95, seed: int = 0,
                             smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
-                            refractory_frames: int = DEFAULT_REFRACTORY_FRAMES
-                            ) -> List[List[FrrInterval]]:
+                            refractory_frames: int = DEFAULT_REFRACTORY_FRAMES,
+                            firings: Optional[List[Tuple]] = None) -> List[List[FrrInterval]]:
     """How far the FRR at each FA/h target could move with another test set of the same
     size: utterances are drawn with replacement (a keyword's positives and the other
     utterances separately, so every replicate keeps the positive count), the operating
@@ -323,8 +336,8 @@ def bootstrap_frr_intervals(probs: Sequence[np.ndarray], labels: Sequence[int],
     K, G = int(num_keywords), thresholds.size
     labels_arr = np.asarray(labels, dtype=np.int64)
     dur = np.asarray(durations, dtype=np.float64)
-    firings = [_utterance_firings(x, K, thresholds, smooth_frames, refractory_frames)
-               for x in probs]
+    if firings is None:
+        firings = all_firings(probs, K, thresholds, smooth_frames, refractory_frames)
     rng = np.random.default_rng(seed)
     tail = (1.0 - level) / 2
     out: List[List[FrrInterval]] = []
@@ -529,8 +542,10 @@ def score(data_list: str, posteriors: str, keywords_path: str,
             raise ValueError(f"{posteriors}: {u.key!r} has values outside [0, 1] "
                              "(posteriors expected, not logits or log-probabilities)")
         mats.append(m)
+    thresholds = threshold_grid() if thresholds is None else thresholds
+    firings = all_firings(mats, len(keywords), thresholds, smooth_frames, refractory_frames)
     det = compute_det(mats, [u.label for u in present], [u.duration for u in present],
-                      len(keywords), thresholds, smooth_frames, refractory_frames)
+                      len(keywords), thresholds, firings=firings)
 
     targets = sorted(set(float(t) for t in fa_targets) | {float(target_fa_per_hour)})
     intervals = None
@@ -538,7 +553,7 @@ def score(data_list: str, posteriors: str, keywords_path: str,
         intervals = bootstrap_frr_intervals(
             mats, [u.label for u in present], [u.duration for u in present], len(keywords),
             det.thresholds, targets, bootstrap_replicates, bootstrap_level, bootstrap_seed,
-            smooth_frames, refractory_frames)
+            firings=firings)
     fa, frr = det.fa_per_hour, det.frr
     points, selected, summary = [], [], []
     for k, kw in enumerate(keywords):
