@@ -370,3 +370,91 @@ def test_flite_voices_when_present(tmp_path, monkeypatch):
     assert S.generate_corpus([KW], out, sizes=S.Sizes(12, 12, 8, 8, 8, 8), use_flite=False)
     spk2 = set(_dict(os.path.join(out, "train", "utt2spk")).values())
     assert not any(v.startswith("flite_") for v in spk2)      # args changed: regenerated
+
+
+def test_random_variant_files_are_well_formed_and_seeded():
+    a = S.random_voices(30, S.ACCENTS, seed=5)
+    assert [v.variant for v in a] == [v.variant for v in S.random_voices(30, S.ACCENTS, 5)]
+    assert [v.variant for v in a] != [v.variant for v in S.random_voices(30, S.ACCENTS, 6)]
+    assert {v.name.split("+")[0] for v in a} == set(S.ACCENTS)       # accents in turn
+    assert len({v.spk for v in a}) == 30 and all("_rv" in v.spk for v in a)
+    for v in a:
+        lines = [line.split() for line in v.variant.splitlines()]
+        assert lines[0] == ["language", "variant"] and lines[1] == ["name", v.name.split("+")[1]]
+        keys = [line[0] for line in lines]
+        assert keys.count("formant") == 9 and "pitch" in keys
+        base, top = (int(x) for x in lines[keys.index("pitch")][1:])
+        assert 65 <= base <= 250 and base < top
+        for line in lines:
+            if line[0] == "formant":
+                assert 70 <= int(line[2]) <= 135 and 0 <= int(line[3]) <= 140
+
+
+def test_procedural_voices_join_training_only(tmp_path):
+    sizes = S.Sizes(train_pos=16, train_neg=16, dev_pos=4, dev_neg=4, test_pos=4, test_neg=4)
+    plain = _generate(tmp_path / "plain", sizes=sizes)
+    kwargs = dict(seed=777, sizes=sizes, train_random_voices=40)
+    S.generate_corpus([KW], str(tmp_path / "rv2"), nj=2, **kwargs)
+    S.generate_corpus([KW], str(tmp_path / "rv1"), nj=1, **kwargs)
+    rv = str(tmp_path / "rv2")
+    digest = _digest(rv)
+    assert digest == _digest(str(tmp_path / "rv1"))          # reproducible whatever nj
+    plain_digest = _digest(plain)
+    for split in ("dev", "test"):                            # dev and test do not change
+        assert all(digest[k] == plain_digest[k] for k in digest if k.startswith(split))
+    spk = set(_dict(os.path.join(rv, "train", "utt2spk")).values())
+    procedural = {s for s in spk if "_rv" in s}
+    assert procedural and len(procedural) < len(spk)         # mixed with the fixed voices
+    for split in ("dev", "test"):
+        assert not any("_rv" in s for s in _dict(os.path.join(rv, split, "utt2spk")).values())
+    # procedural positives are speech with word timings, like the fixed voices' positives
+    times = _dict(os.path.join(rv, "train", "kw_times"))
+    assert any("_rv" in utt for utt in times)
+    wavs = _dict(os.path.join(rv, "train", "wav.scp"))
+    for utt in (u for u in times if "_rv" in u):
+        start, end = (float(x) for x in times[utt].split())
+        audio, sr = sf.read(wavs[utt])
+        assert 0.2 < end - start < 2.0 and end <= len(audio) / sr
+    with open(os.path.join(rv, S.STAMP_NAME), encoding="utf-8") as f:
+        assert '"train_random_voices": 40' in f.read()
+    assert not os.path.exists(os.path.join(rv, ".synth_tmp"))   # private data dir removed
+
+
+def test_missing_variant_file_is_an_error_not_a_silent_fallback(tmp_path, monkeypatch):
+    real = S.private_espeak_data
+
+    def without_files(voices, tmp_dir):
+        path = real(voices, tmp_dir)
+        for v in voices:
+            os.unlink(os.path.join(path, "voices", "!v", v.name.split("+")[1]))
+        return path
+
+    monkeypatch.setattr(S, "private_espeak_data", without_files)
+    with pytest.raises(S.SynthError, match="ignored the procedural voice"):
+        S.generate_corpus([KW], str(tmp_path / "x"), sizes=S.Sizes(2, 2, 2, 2, 2, 2),
+                          train_random_voices=3)
+
+
+def test_swap_share_puts_a_random_word_in_the_keywords_place():
+    filt = S.TextFilter([KW, "alexa"], {})
+    cats = {k: S.confusable_categories(k) for k in (KW, "alexa")}
+    rng = np.random.default_rng(3)
+    swapped = [S._hard_confusable_text(0, rng, [KW], cats, filt, swap_share=1.0)
+               for _ in range(300)]
+    vocab = set(S.VOCAB)
+    for text in swapped:
+        words = text.split()
+        assert filt.is_negative(text) and not S.contains_phrase(words, KW.split())
+        # "<random words> hey <vocab word> <random words>" or "... <vocab word> snips ..."
+        assert any(words[j:j + 2] in (["hey", w], [w, "snips"])
+                   for j in range(len(words) - 1) for w in (words[j], words[j + 1])
+                   if w in vocab)
+    assert len(set(swapped)) > 250                             # random, not a fixed list
+    assert sum(t.split()[0] != "hey" and "snips" in t.split() for t in swapped) > 100
+    plain = [S._hard_confusable_text(0, rng, [KW], cats, filt) for _ in range(100)]
+    assert set(plain) <= set(cats[KW]["substitute"])
+    # a one-word keyword has no word to swap: its near-homophones stay similar words
+    one = [S._hard_confusable_text(0, rng, ["alexa"], cats, filt, 1.0) for _ in range(50)]
+    assert set(one) <= set(cats["alexa"]["similar"])
+    with pytest.raises(S.SynthError, match="swap share"):
+        S.generate_corpus([KW], "unused", train_swap_share=1.5)

@@ -7,8 +7,8 @@ import argparse
 import logging
 import sys
 
-from toolkit.data.synth import (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, Sizes, SynthError,
-                                generate_corpus)
+from toolkit.data.synth import (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, TRAIN_SWAP_SHARE, Sizes,
+                                SynthError, generate_corpus)
 
 _DEFAULTS = Sizes()
 
@@ -53,6 +53,14 @@ def get_args(argv=None):
                    help="fraction of the training confusables that are near-homophones of the "
                         "whole keyword ('hey snoops' for 'hey snips'); the rest cover every "
                         "confusable category in turn (default %(default)s)")
+    p.add_argument("--train-swap-share", type=float, default=TRAIN_SWAP_SHARE, metavar="F",
+                   help="fraction of those near-homophones whose changed word is a random "
+                        "vocabulary word, among random words ('brother she snips coffee'); "
+                        "phrases only (default %(default)s)")
+    p.add_argument("--train-random-voices", type=int, default=0, metavar="N",
+                   help="procedural espeak-ng voices (random variant files: formants, pitch, "
+                        "voice source, klatt mode) added to the training voices; dev and test "
+                        "keep the fixed voices only (default %(default)s)")
     p.add_argument("--no-flite", action="store_true",
                    help="use espeak-ng only even when the flite binary is on PATH")
     return p.parse_args(argv)
@@ -70,7 +78,9 @@ def main(argv=None):
                                   snr_db=(args.snr_min, args.snr_max),
                                   use_flite=not args.no_flite,
                                   train_conf_share=args.train_conf_share,
-                                  train_hard_share=args.train_hard_share)
+                                  train_hard_share=args.train_hard_share,
+                                  train_swap_share=args.train_swap_share,
+                                  train_random_voices=args.train_random_voices)
     except SynthError as err:
         print(f"synth_kws_data: error: {err}", file=sys.stderr)
         return 1

@@ -55,6 +55,15 @@ VARIANTS = ("f1", "f2", "f3", "f4", "f5", "m1", "m2", "m3", "m4", "m5", "m6", "m
             "klatt", "klatt2", "klatt3", "klatt4", "Andy", "Annie", "adam", "anika",
             "belinda", "benjamin", "david", "linda", "max", "michael", "paul", "steph")
 FLITE_VOICES = ("kal16", "awb", "rms", "slt")
+# Procedural espeak-ng voices (training only): variant files drawn at random per corpus and
+# written into a private copy of the espeak-ng data dir. The test speaks with fixed variants
+# the model never heard; hundreds of random vocal tracts (formant frequencies, strengths and
+# bandwidths), glottal sources (pitch, flutter, roughness, breath, voicing) and klatt modes
+# cover that space better than the ~150 fixed training voices alone (README: measured).
+RANDOM_VOICE_PREFIX = "kwsrv"
+# espeak-ng lists the voice files of its data dir at start-up and stops at 349: the private
+# copy keeps only the English languages and the fixed variants, leaving room for these.
+MAX_RANDOM_VOICES = 300
 FLITE_SHARE = 0.2            # fraction of utterances spoken by flite when it is present
 VOICE_SPLIT = {"dev": 0.1, "test": 0.2}   # per accent; the rest is train
 
@@ -75,6 +84,11 @@ NEG_MIX = {"noise": 0.1, "conf": 0.3}     # rest of the negatives: random word s
 # voices (measured: the top test false alarms). The recipe sets 0.5 and 0.5.
 TRAIN_CONF_SHARE = 0.3
 TRAIN_HARD_SHARE = 0.0
+# Share of those whole-keyword near-homophones whose changed word is any vocabulary word,
+# among random words ("brother she snips coffee"), instead of a similar-sounding one: a
+# model that learned only the similar ones fires on the keyword's last word after any
+# vowel (measured: 34 of the 35 test false alarms at 1 FA/h were such phrases).
+TRAIN_SWAP_SHARE = 0.0
 RANDOM_WORDS = (2, 8)
 POS_ALONE = 0.4              # positives with no carrier phrase
 
@@ -246,6 +260,14 @@ class _EspeakEvent(ctypes.Structure):
                 ("text_position", ctypes.c_int), ("length", ctypes.c_int),
                 ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
                 ("user_data", ctypes.c_void_p), ("id", ctypes.c_char * 8)]
+
+
+class _EspeakVoice(ctypes.Structure):
+    """espeak_VOICE of speak_lib.h."""
+    _fields_ = [("name", ctypes.c_char_p), ("languages", ctypes.c_char_p),
+                ("identifier", ctypes.c_char_p), ("gender", ctypes.c_ubyte),
+                ("age", ctypes.c_ubyte), ("variant", ctypes.c_ubyte), ("xx1", ctypes.c_ubyte),
+                ("score", ctypes.c_int), ("spare", ctypes.c_void_p)]
 _espeak_pid: Optional[int] = None     # pid of the process that loaded espeak-ng, if any
 
 
@@ -276,9 +298,11 @@ def _libc_srand(value: int) -> None:
 class Espeak:
     """Synchronous espeak-ng synthesizer returning float32 samples at `self.rate` Hz."""
 
-    def __init__(self):
+    def __init__(self, data_path: Optional[str] = None):
+        """`data_path`: an espeak-ng data dir other than the wheel's (procedural voices)."""
         global _espeak_pid
-        lib_path, data_path = espeak_paths()
+        lib_path, wheel_data = espeak_paths()
+        data_path = data_path or wheel_data
         try:
             lib = ctypes.CDLL(lib_path)
         except OSError as err:
@@ -290,6 +314,7 @@ class Espeak:
         lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint,
                                      ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
                                      ctypes.c_void_p, ctypes.c_void_p]
+        lib.espeak_GetCurrentVoice.restype = ctypes.POINTER(_EspeakVoice)
         lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
         lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
                                               ctypes.c_int]
@@ -333,6 +358,11 @@ class Espeak:
     def set_voice(self, voice: str) -> bool:
         """False when espeak does not know the voice (it would silently fall back)."""
         return self.lib.espeak_SetVoiceByName(voice.encode()) == 0
+
+    def current_identifier(self) -> str:
+        """Data-dir path of the voice in use, with `+variant` only when the variant file
+        was found and applied, e.g. gmw/en-US+f3."""
+        return self.lib.espeak_GetCurrentVoice().contents.identifier.decode()
 
     def synth(self, text: str, voice: str, rate: int = 175, pitch: int = 50,
               prange: int = 50) -> np.ndarray:
@@ -512,6 +542,7 @@ class Voice:
     spk: str          # speaker id used as utterance-key prefix, e.g. en-us_f3
     engine: str       # espeak | flite
     name: str         # engine voice name, e.g. en-us+f3
+    variant: Optional[str] = None   # espeak variant file text of a procedural voice
 
 
 @dataclass
@@ -548,6 +579,68 @@ def _rng(seed: int, *stream: int) -> np.random.Generator:
 
 def espeak_voices() -> List[Voice]:
     return [Voice(f"{a}_{v}", "espeak", f"{a}+{v}") for a in ACCENTS for v in VARIANTS]
+
+
+def random_variant(rng: np.random.Generator, name: str) -> str:
+    """Text of an espeak-ng variant file for one random voice. Values are percentages of
+    the language's default voice, within the spread of espeak's own variants (f1-f5, m1-m7,
+    klatt*, david, anika, ...)."""
+    female = rng.random() < 0.5
+    base = rng.uniform(140, 250) if female else rng.uniform(65, 140)    # pitch, Hz
+    tract = rng.uniform(1.0, 1.2) if female else rng.uniform(0.8, 1.05)  # formant scale
+    lines = ["language variant", f"name {name}", f"gender {'female' if female else 'male'}",
+             f"pitch {base:.0f} {base * rng.uniform(1.15, 1.7):.0f}"]
+    for n in range(9):
+        # formants 0-5 shape the vowels; 6-8 only add high-frequency colour
+        strength = rng.uniform(60, 140) if n < 6 else rng.uniform(0, 100)
+        lines.append(f"formant {n} {100 * tract * rng.uniform(0.93, 1.07):.0f} "
+                     f"{strength:.0f} {rng.uniform(70, 170):.0f}")
+    lines += [f"flutter {int(rng.integers(0, 16))}", f"roughness {int(rng.integers(0, 6))}",
+              f"voicing {rng.uniform(40, 140):.0f}",
+              f"consonants {rng.uniform(50, 150):.0f} {rng.uniform(50, 150):.0f}"]
+    if rng.random() < 0.3:
+        lines.append("breath " + " ".join(str(int(b)) for b in rng.integers(0, 7, size=8)))
+    if rng.random() < 0.2:
+        lines.append(f"echo {int(rng.integers(50, 151))} {int(rng.integers(5, 21))}")
+    if rng.random() < 0.35:
+        lines.append(f"klatt {int(rng.integers(1, 7))}")
+    return "\n".join(lines) + "\n"
+
+
+def random_voices(count: int, accents: Sequence[str], seed: int) -> List[Voice]:
+    """`count` procedural voices, accents taken in turn; a pure function of the seed."""
+    rng = _rng(seed, 3)
+    out = []
+    for i in range(count):
+        accent, name = accents[i % len(accents)], f"{RANDOM_VOICE_PREFIX}{i:04d}"
+        out.append(Voice(f"{accent}_rv{i:04d}", "espeak", f"{accent}+{name}",
+                         random_variant(rng, name)))
+    return out
+
+
+def private_espeak_data(voices: Sequence[Voice], tmp_dir: str) -> Optional[str]:
+    """A copy of the espeak-ng data dir (files symlinked) with the variant files of the
+    procedural voices among `voices` added; None when there are none."""
+    variants = {v.name.split("+", 1)[1]: v.variant for v in voices if v.variant}
+    if not variants:
+        return None
+    src, dst = espeak_paths()[1], os.path.join(tmp_dir, "espeak-ng-data")
+    if os.path.isdir(dst):
+        shutil.rmtree(dst)
+    for root, _, files in os.walk(src):
+        rel = os.path.relpath(root, src)
+        top = rel.split(os.sep)[0]
+        for name in files:
+            if (top == "lang" and not name.lower().startswith("en")) or \
+                    (top == "voices" and name not in VARIANTS):
+                continue
+            os.makedirs(os.path.join(dst, rel), exist_ok=True)
+            os.symlink(os.path.join(root, name), os.path.join(dst, rel, name))
+    os.makedirs(os.path.join(dst, "voices", "!v"), exist_ok=True)
+    for name, text in variants.items():
+        with open(os.path.join(dst, "voices", "!v", name), "w", encoding="utf-8") as f:
+            f.write(text)
+    return dst
 
 
 def split_voices(voices: Sequence[Voice], seed: int) -> Dict[str, List[Voice]]:
@@ -690,10 +783,21 @@ def _confusable_text(i: int, rng, keywords: Sequence[str], cats: Dict[str, Dict[
 
 
 def _hard_confusable_text(i: int, rng, keywords: Sequence[str],
-                          cats: Dict[str, Dict[str, List[str]]], filt: TextFilter) -> str:
+                          cats: Dict[str, Dict[str, List[str]]], filt: TextFilter,
+                          swap_share: float = 0.0) -> str:
     """The i-th hard confusable: a near-homophone of the whole keyword (one word changed in
-    a phrase, the word changed for a one-word keyword), keywords taken in turn."""
+    a phrase, the word changed for a one-word keyword), keywords taken in turn. With
+    probability `swap_share` (phrases only) the word is changed for a random vocabulary
+    word and the phrase put among random words."""
     kw = keywords[i % len(keywords)]
+    words = kw.split()
+    if len(words) > 1 and swap_share > 0 and rng.random() < swap_share:
+        for _ in range(100):
+            at = int(rng.integers(len(words)))
+            phrase = words[:at] + _random_words(rng, 1, 1) + words[at + 1:]
+            text = " ".join(_random_words(rng, 0, 2) + phrase + _random_words(rng, 0, 3))
+            if filt.is_negative(text):
+                return text
     items = cats[kw]["substitute"] or cats[kw]["similar"]
     for _ in range(100):
         if not items:
@@ -707,9 +811,11 @@ def _hard_confusable_text(i: int, rng, keywords: Sequence[str],
 def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
                voices: Sequence[Voice], filt: TextFilter, cats, seed: int,
                snr: Tuple[float, float], flite_share: float = FLITE_SHARE,
-               conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0) -> List[Group]:
+               conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0,
+               swap_share: float = 0.0) -> List[Group]:
     """All utterances of one split, in fixed groups of GROUP_SIZE. `conf_share` of the
-    negatives are confusables, `hard_share` of those near-homophones of a whole keyword."""
+    negatives are confusables, `hard_share` of those near-homophones of a whole keyword,
+    `swap_share` of these with a random word in the keyword's place."""
     si = SPLITS.index(split)
     rng = _rng(seed, 1, si)
     n_noise = int(round(NEG_MIX["noise"] * n_neg))
@@ -732,7 +838,7 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             a = next(j for j in range(len(words)) if words[j:j + len(kww)] == kww)
             kw_words = (a, a + len(kww))
         elif kind == "conf" and hard_share > 0 and rng.random() < hard_share:
-            text = _hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt)
+            text = _hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt, swap_share)
             counter = "hard"            # the in-turn walk counts only its own picks
         elif kind == "conf":
             text = _confusable_text(n_seen["conf"], rng, keywords, cats, filt)
@@ -769,9 +875,10 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
 class Renderer:
     """TTS front end of one child process: speaks a spec at the output rate."""
 
-    def __init__(self, sample_rate: int, tmp_dir: str):
+    def __init__(self, sample_rate: int, tmp_dir: str, espeak_data: Optional[str] = None):
         self.sr = sample_rate
         self.tmp_dir = tmp_dir
+        self.espeak_data = espeak_data
         self._espeak: Optional[Espeak] = None
 
     def speak(self, spec: UttSpec, seed: int) -> Tuple[np.ndarray, Optional[Tuple[float, float]]]:
@@ -783,7 +890,7 @@ class Renderer:
             audio, sr = flite_synth(spec.text, v.name, spec.rate, self.tmp_dir)
         else:
             if self._espeak is None:
-                self._espeak = Espeak()
+                self._espeak = Espeak(self.espeak_data)
             self._espeak.seed(seed)
             audio, sr = self._espeak.synth(spec.text, v.name, spec.rate, spec.pitch,
                                            spec.prange), self._espeak.rate
@@ -837,7 +944,7 @@ def _single_thread_blas() -> None:
                 break
 
 
-def _render_group(group: Group, out_dir: str, sr: int
+def _render_group(group: Group, out_dir: str, sr: int, espeak_data: Optional[str] = None
                   ) -> List[Tuple[str, int, Optional[Tuple[float, float]]]]:
     """Child body: babble pool first, then every utterance; writes WAVs, returns
     (utterance, samples, keyword span in seconds or None)."""
@@ -846,7 +953,7 @@ def _render_group(group: Group, out_dir: str, sr: int
     rng = np.random.default_rng(list(group.seed))
     wav_dir = os.path.join(out_dir, "wavs", group.split)
     with tempfile.TemporaryDirectory(prefix="synth_") as tmp:
-        tts = Renderer(sr, tmp)
+        tts = Renderer(sr, tmp, espeak_data)
         pool = [tts.speak(b, int(rng.integers(2 ** 31)))[0] for b in group.babble]
         out = []
         for spec in group.specs:
@@ -863,10 +970,17 @@ def _render_group(group: Group, out_dir: str, sr: int
     return out
 
 
-def _probe(words: Sequence[str], voices: Sequence[Voice]) -> dict:
+def _probe(words: Sequence[str], voices: Sequence[Voice],
+           espeak_data: Optional[str] = None) -> dict:
     """Child body: checks espeak-ng works, which voices exist, and phonemizes `words`."""
-    es = Espeak()
+    es = Espeak(espeak_data)
     ok = [v for v in voices if v.engine != "espeak" or es.set_voice(v.name)]
+    for v in voices:
+        # espeak falls back to the plain accent, silently, when a variant file is missing
+        if v.variant and not (es.set_voice(v.name) and
+                              es.current_identifier().endswith("+" + v.name.split("+")[1])):
+            raise SynthError(f"espeak-ng ignored the procedural voice {v.name} "
+                             f"(variant file not found in {espeak_data})")
     phon = {a: {w: _clean_phonemes(es.phonemes(w, a)) for w in words}
             for a in ACCENTS if es.set_voice(a)}
     return {"voices": ok, "phonemes": phon, "rate": es.rate}
@@ -987,11 +1101,14 @@ def write_data_dir(data_dir: str, wav_dir: str, specs: Sequence[UttSpec],
                  [f"{k} {' '.join(v)}" for k, v in sorted(spk2utt.items())])
 
 
-def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, flite, train_mix) -> dict:
+def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, flite, train_mix,
+                  train_random_voices: int = 0) -> dict:
     return {"format": FORMAT_VERSION, "keywords": list(keywords), "seed": int(seed),
             "sizes": asdict(sizes), "sample_rate": int(sample_rate),
             "snr_db": [float(snr[0]), float(snr[1])], "flite_voices": list(flite),
             "train_conf_share": float(train_mix[0]), "train_hard_share": float(train_mix[1]),
+            "train_swap_share": float(train_mix[2]),
+            "train_random_voices": int(train_random_voices),
             "espeak": espeak_fingerprint()}
 
 
@@ -1043,11 +1160,14 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     sizes: Sizes = Sizes(), nj: int = 2, sample_rate: int = 16000,
                     snr_db: Tuple[float, float] = (5.0, 30.0), use_flite: bool = True,
                     train_conf_share: float = TRAIN_CONF_SHARE,
-                    train_hard_share: float = TRAIN_HARD_SHARE) -> dict:
+                    train_hard_share: float = TRAIN_HARD_SHARE,
+                    train_swap_share: float = TRAIN_SWAP_SHARE,
+                    train_random_voices: int = 0) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
-    `train_conf_share`/`train_hard_share` shape the training negatives only (see
-    TRAIN_CONF_SHARE); dev and test do not depend on them."""
+    `train_conf_share`/`train_hard_share`/`train_swap_share` shape the training negatives
+    only (see TRAIN_CONF_SHARE, TRAIN_SWAP_SHARE); dev and test do not depend on them, nor on `train_random_voices`,
+    the number of procedural espeak-ng voices added to the training voices."""
     keywords = [normalize_keyword(k) for k in keywords]
     if not keywords:
         raise SynthError("no keyword given: use --keyword 'hey snips'")
@@ -1069,12 +1189,18 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                          f"[0, {1.0 - NEG_MIX['noise']}] (the rest holds the noise-only share)")
     if not 0.0 <= train_hard_share <= 1.0:
         raise SynthError(f"train hard-confusable share {train_hard_share} is outside [0, 1]")
+    if not 0.0 <= train_swap_share <= 1.0:
+        raise SynthError(f"train swap share {train_swap_share} is outside [0, 1]")
+    if not 0 <= train_random_voices <= MAX_RANDOM_VOICES:
+        raise SynthError(f"train random voices {train_random_voices} is outside "
+                         f"[0, {MAX_RANDOM_VOICES}] (espeak-ng lists at most 349 voice files)")
     espeak_paths()   # clear message before any work when the TTS is not installed
     if _espeak_pid == os.getpid():
         logger.warning("espeak-ng was loaded in this process: output may not be reproducible")
     flite = flite_voices() if use_flite else []
-    train_mix = (train_conf_share, train_hard_share)
-    config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, flite, train_mix)
+    train_mix = (train_conf_share, train_hard_share, train_swap_share)
+    config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, flite, train_mix,
+                           train_random_voices)
     if is_complete(out_dir, config):
         logger.info("%s is complete for these arguments; nothing to do", out_dir)
         return summarize(out_dir)
@@ -1084,7 +1210,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     tmp_dir = os.path.join(out_dir, ".synth_tmp")
     os.makedirs(tmp_dir)
     try:
-        groups = plan_corpus(keywords, seed, sizes, snr_db, flite, tmp_dir, train_mix)
+        groups, espeak_data = plan_corpus(keywords, seed, sizes, snr_db, flite, tmp_dir,
+                                          train_mix, train_random_voices)
         logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
                     sum(len(g.specs) for g in groups), len(groups), time.time() - t0, nj)
         step = max(1, len(groups) // 10)
@@ -1096,8 +1223,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
         out_abs = os.path.abspath(out_dir)
         for split in SPLITS:
             os.makedirs(os.path.join(out_abs, "wavs", split))
-        results = run_forked(lambda g: _render_group(g, out_abs, sample_rate), groups, nj,
-                             tmp_dir, progress)
+        results = run_forked(lambda g: _render_group(g, out_abs, sample_rate, espeak_data),
+                             groups, nj, tmp_dir, progress)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     lengths = {utt: n for res in results for utt, n, _ in res}
@@ -1116,16 +1243,26 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
 
 def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[float, float],
                 flite: Sequence[str], tmp_dir: str,
-                train_mix: Tuple[float, float] = (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE)
-                ) -> List[Group]:
-    """Every group of every split. espeak is only asked (in a forked probe) which voices
+                train_mix: Tuple[float, float, float] = (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE,
+                                                         TRAIN_SWAP_SHARE),
+                train_random_voices: int = 0) -> Tuple[List[Group], Optional[str]]:
+    """Every group of every split, and the private espeak-ng data dir that the procedural
+    voices need (None without them). espeak is only asked (in a forked probe) which voices
     exist and how words sound; the plan itself is pure numpy randomness from `seed`."""
     voices = espeak_voices() + [Voice(f"flite_{v}", "flite", v) for v in flite]
+    # Procedural voices join the training split only, after the fixed voices are split,
+    # so dev and test are the same with or without them.
+    procedural = random_voices(train_random_voices, ACCENTS, seed)
+    espeak_data = private_espeak_data(procedural, tmp_dir)
     words = lexicon_words(keywords)
-    probe = run_forked(lambda _: _probe(words, voices), [None], 1, tmp_dir)[0]
+    probe = run_forked(lambda _: _probe(words, voices + procedural[:1] + procedural[-1:], espeak_data),
+                       [None], 1, tmp_dir)[0]
     if not probe["phonemes"]:
         raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: {INSTALL_HINT}")
-    by_split = split_voices(probe["voices"], seed)
+    fixed = [v for v in probe["voices"] if not v.variant]
+    by_split = split_voices(fixed, seed)
+    accents = set(probe["phonemes"])
+    by_split["train"] += [v for v in procedural if v.name.split("+")[0] in accents]
     for split, vs in by_split.items():
         if not vs:
             raise SynthError(f"no voices left for {split}")
@@ -1133,10 +1270,11 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     cats = {k: confusable_categories(k) for k in keywords}
     groups: List[Group] = []
     for split in SPLITS:
-        mix = dict(conf_share=train_mix[0], hard_share=train_mix[1]) if split == "train" else {}
+        mix = dict(conf_share=train_mix[0], hard_share=train_mix[1],
+                   swap_share=train_mix[2]) if split == "train" else {}
         groups += plan_split(split, *sizes.of(split), keywords, by_split[split], filt, cats,
                              seed, snr_db, **mix)
-    return groups
+    return groups, espeak_data
 
 
 def summarize(out_dir: str) -> dict:

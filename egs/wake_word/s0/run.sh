@@ -41,6 +41,10 @@ num_test_neg=5400
 # of the whole keyword ("hey snoops"), which are what fires on unseen voices.
 train_conf_share=0.5
 train_hard_share=0.5
+# Share of those near-homophones with a random word in the keyword's place ("she snips").
+train_swap_share=0
+# Procedural espeak-ng voices (random variant files) added to the training voices only.
+train_random_voices=0
 nj=2
 
 config=conf/ds_tcn.yaml
@@ -65,7 +69,8 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     --num-train-pos $num_train_pos --num-train-neg $num_train_neg \
     --num-dev-pos $num_dev_pos --num-dev-neg $num_dev_neg \
     --num-test-pos $num_test_pos --num-test-neg $num_test_neg \
-    --train-conf-share $train_conf_share --train-hard-share $train_hard_share --nj $nj
+    --train-conf-share $train_conf_share --train-hard-share $train_hard_share \
+    --train-swap-share $train_swap_share --train-random-voices $train_random_voices --nj $nj
 fi
 # --- end of stage 0 ---
 
