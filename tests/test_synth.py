@@ -458,3 +458,20 @@ def test_swap_share_puts_a_random_word_in_the_keywords_place():
     assert set(one) <= set(cats["alexa"]["similar"])
     with pytest.raises(S.SynthError, match="swap share"):
         S.generate_corpus([KW], "unused", train_swap_share=1.5)
+
+
+def test_carrier_share_says_near_homophones_inside_the_positives_carriers():
+    filt = S.TextFilter([KW], {})
+    cats = {KW: S.confusable_categories(KW)}
+    rng = np.random.default_rng(4)
+    carried = [S._hard_confusable_text(0, rng, [KW], cats, filt, carrier_share=1.0)
+               for _ in range(200)]
+    forms = {c.format(kw=sub) for c in S.CARRIERS for sub in cats[KW]["substitute"]}
+    assert set(carried) <= forms and len({t.split(" ")[0] for t in carried}) > 5
+    assert all(filt.is_negative(t) for t in carried)
+    half = [S._hard_confusable_text(0, rng, [KW], cats, filt, carrier_share=0.5)
+            for _ in range(400)]
+    bare = sum(t in cats[KW]["substitute"] for t in half)
+    assert 150 < bare < 250 and set(half) <= forms | set(cats[KW]["substitute"])
+    with pytest.raises(S.SynthError, match="carrier share"):
+        S.generate_corpus([KW], "unused", train_carrier_share=-0.1)

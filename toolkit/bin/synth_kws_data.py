@@ -7,8 +7,8 @@ import argparse
 import logging
 import sys
 
-from toolkit.data.synth import (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, TRAIN_SWAP_SHARE, Sizes,
-                                SynthError, generate_corpus)
+from toolkit.data.synth import (TRAIN_CARRIER_SHARE, TRAIN_CONF_SHARE, TRAIN_HARD_SHARE,
+                                TRAIN_SWAP_SHARE, Sizes, SynthError, generate_corpus)
 
 _DEFAULTS = Sizes()
 
@@ -57,6 +57,9 @@ def get_args(argv=None):
                    help="fraction of those near-homophones whose changed word is a random "
                         "vocabulary word, among random words ('brother she snips coffee'); "
                         "phrases only (default %(default)s)")
+    p.add_argument("--train-carrier-share", type=float, default=TRAIN_CARRIER_SHARE,
+                   metavar="F", help="fraction of the other near-homophones spoken inside a "
+                   "carrier phrase, as positives are ('okay hey sneeps') (default %(default)s)")
     p.add_argument("--train-random-voices", type=int, default=0, metavar="N",
                    help="procedural espeak-ng voices (random variant files: formants, pitch, "
                         "voice source, klatt mode) added to the training voices; dev and test "
@@ -80,6 +83,7 @@ def main(argv=None):
                                   train_conf_share=args.train_conf_share,
                                   train_hard_share=args.train_hard_share,
                                   train_swap_share=args.train_swap_share,
+                                  train_carrier_share=args.train_carrier_share,
                                   train_random_voices=args.train_random_voices)
     except SynthError as err:
         print(f"synth_kws_data: error: {err}", file=sys.stderr)

@@ -89,6 +89,10 @@ TRAIN_HARD_SHARE = 0.0
 # model that learned only the similar ones fires on the keyword's last word after any
 # vowel (measured: 34 of the 35 test false alarms at 1 FA/h were such phrases).
 TRAIN_SWAP_SHARE = 0.0
+# Share of the other near-homophones spoken inside a carrier phrase ("okay hey sneeps"), as
+# positives are: when every near-homophone is a bare phrase, a bare "hey snips" is itself a
+# sign of "negative" (measured: the keyword alone was missed 3.5x as often as in a carrier).
+TRAIN_CARRIER_SHARE = 0.0
 RANDOM_WORDS = (2, 8)
 POS_ALONE = 0.4              # positives with no carrier phrase
 
@@ -784,11 +788,12 @@ def _confusable_text(i: int, rng, keywords: Sequence[str], cats: Dict[str, Dict[
 
 def _hard_confusable_text(i: int, rng, keywords: Sequence[str],
                           cats: Dict[str, Dict[str, List[str]]], filt: TextFilter,
-                          swap_share: float = 0.0) -> str:
+                          swap_share: float = 0.0, carrier_share: float = 0.0) -> str:
     """The i-th hard confusable: a near-homophone of the whole keyword (one word changed in
     a phrase, the word changed for a one-word keyword), keywords taken in turn. With
     probability `swap_share` (phrases only) the word is changed for a random vocabulary
-    word and the phrase put among random words."""
+    word and the phrase put among random words; otherwise, with probability
+    `carrier_share`, the near-homophone is put in one of the positives' carrier phrases."""
     kw = keywords[i % len(keywords)]
     words = kw.split()
     if len(words) > 1 and swap_share > 0 and rng.random() < swap_share:
@@ -799,10 +804,15 @@ def _hard_confusable_text(i: int, rng, keywords: Sequence[str],
             if filt.is_negative(text):
                 return text
     items = cats[kw]["substitute"] or cats[kw]["similar"]
+    carrier = None
+    if carrier_share > 0 and rng.random() < carrier_share:
+        carrier = CARRIERS[int(rng.integers(len(CARRIERS)))]
     for _ in range(100):
         if not items:
             break
         text = items[int(rng.integers(len(items)))]
+        if carrier is not None:
+            text = carrier.format(kw=text)
         if filt.is_negative(text):
             return text
     return _confusable_text(i, rng, keywords, cats, filt)
@@ -812,10 +822,11 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
                voices: Sequence[Voice], filt: TextFilter, cats, seed: int,
                snr: Tuple[float, float], flite_share: float = FLITE_SHARE,
                conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0,
-               swap_share: float = 0.0) -> List[Group]:
+               swap_share: float = 0.0, carrier_share: float = 0.0) -> List[Group]:
     """All utterances of one split, in fixed groups of GROUP_SIZE. `conf_share` of the
     negatives are confusables, `hard_share` of those near-homophones of a whole keyword,
-    `swap_share` of these with a random word in the keyword's place."""
+    `swap_share` of these with a random word in the keyword's place and `carrier_share` of
+    the others inside a carrier phrase."""
     si = SPLITS.index(split)
     rng = _rng(seed, 1, si)
     n_noise = int(round(NEG_MIX["noise"] * n_neg))
@@ -838,7 +849,8 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             a = next(j for j in range(len(words)) if words[j:j + len(kww)] == kww)
             kw_words = (a, a + len(kww))
         elif kind == "conf" and hard_share > 0 and rng.random() < hard_share:
-            text = _hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt, swap_share)
+            text = _hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt, swap_share,
+                                         carrier_share)
             counter = "hard"            # the in-turn walk counts only its own picks
         elif kind == "conf":
             text = _confusable_text(n_seen["conf"], rng, keywords, cats, filt)
@@ -1053,6 +1065,15 @@ def run_forked(fn: Callable, tasks: Sequence, nj: int, tmp_dir: str,
 # --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class TrainMix:
+    """How the training negatives differ from dev/test (see TRAIN_CONF_SHARE and below)."""
+    conf_share: float = TRAIN_CONF_SHARE
+    hard_share: float = TRAIN_HARD_SHARE
+    swap_share: float = TRAIN_SWAP_SHARE
+    carrier_share: float = TRAIN_CARRIER_SHARE
+
+
+@dataclass(frozen=True)
 class Sizes:
     train_pos: int = 2000
     train_neg: int = 6000
@@ -1101,13 +1122,12 @@ def write_data_dir(data_dir: str, wav_dir: str, specs: Sequence[UttSpec],
                  [f"{k} {' '.join(v)}" for k, v in sorted(spk2utt.items())])
 
 
-def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, flite, train_mix,
+def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, flite, train_mix: TrainMix,
                   train_random_voices: int = 0) -> dict:
     return {"format": FORMAT_VERSION, "keywords": list(keywords), "seed": int(seed),
             "sizes": asdict(sizes), "sample_rate": int(sample_rate),
             "snr_db": [float(snr[0]), float(snr[1])], "flite_voices": list(flite),
-            "train_conf_share": float(train_mix[0]), "train_hard_share": float(train_mix[1]),
-            "train_swap_share": float(train_mix[2]),
+            **{f"train_{k}": float(v) for k, v in asdict(train_mix).items()},
             "train_random_voices": int(train_random_voices),
             "espeak": espeak_fingerprint()}
 
@@ -1162,11 +1182,12 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     train_conf_share: float = TRAIN_CONF_SHARE,
                     train_hard_share: float = TRAIN_HARD_SHARE,
                     train_swap_share: float = TRAIN_SWAP_SHARE,
+                    train_carrier_share: float = TRAIN_CARRIER_SHARE,
                     train_random_voices: int = 0) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
-    `train_conf_share`/`train_hard_share`/`train_swap_share` shape the training negatives
-    only (see TRAIN_CONF_SHARE, TRAIN_SWAP_SHARE); dev and test do not depend on them, nor on `train_random_voices`,
+    The `train_*_share` arguments shape the training negatives only (see TRAIN_CONF_SHARE
+    and the shares after it); dev and test do not depend on them, nor on `train_random_voices`,
     the number of procedural espeak-ng voices added to the training voices."""
     keywords = [normalize_keyword(k) for k in keywords]
     if not keywords:
@@ -1189,8 +1210,9 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                          f"[0, {1.0 - NEG_MIX['noise']}] (the rest holds the noise-only share)")
     if not 0.0 <= train_hard_share <= 1.0:
         raise SynthError(f"train hard-confusable share {train_hard_share} is outside [0, 1]")
-    if not 0.0 <= train_swap_share <= 1.0:
-        raise SynthError(f"train swap share {train_swap_share} is outside [0, 1]")
+    for name, share in (("swap", train_swap_share), ("carrier", train_carrier_share)):
+        if not 0.0 <= share <= 1.0:
+            raise SynthError(f"train {name} share {share} is outside [0, 1]")
     if not 0 <= train_random_voices <= MAX_RANDOM_VOICES:
         raise SynthError(f"train random voices {train_random_voices} is outside "
                          f"[0, {MAX_RANDOM_VOICES}] (espeak-ng lists at most 349 voice files)")
@@ -1198,7 +1220,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     if _espeak_pid == os.getpid():
         logger.warning("espeak-ng was loaded in this process: output may not be reproducible")
     flite = flite_voices() if use_flite else []
-    train_mix = (train_conf_share, train_hard_share, train_swap_share)
+    train_mix = TrainMix(train_conf_share, train_hard_share, train_swap_share,
+                         train_carrier_share)
     config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, flite, train_mix,
                            train_random_voices)
     if is_complete(out_dir, config):
@@ -1243,8 +1266,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
 
 def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[float, float],
                 flite: Sequence[str], tmp_dir: str,
-                train_mix: Tuple[float, float, float] = (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE,
-                                                         TRAIN_SWAP_SHARE),
+                train_mix: TrainMix = TrainMix(),
                 train_random_voices: int = 0) -> Tuple[List[Group], Optional[str]]:
     """Every group of every split, and the private espeak-ng data dir that the procedural
     voices need (None without them). espeak is only asked (in a forked probe) which voices
@@ -1270,8 +1292,7 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     cats = {k: confusable_categories(k) for k in keywords}
     groups: List[Group] = []
     for split in SPLITS:
-        mix = dict(conf_share=train_mix[0], hard_share=train_mix[1],
-                   swap_share=train_mix[2]) if split == "train" else {}
+        mix = asdict(train_mix) if split == "train" else {}
         groups += plan_split(split, *sizes.of(split), keywords, by_split[split], filt, cats,
                              seed, snr_db, **mix)
     return groups, espeak_data

@@ -43,6 +43,8 @@ train_conf_share=0.5
 train_hard_share=0.5
 # Share of those near-homophones with a random word in the keyword's place ("she snips").
 train_swap_share=0
+# Share of the other near-homophones said inside the positives' carrier phrases.
+train_carrier_share=0
 # Procedural espeak-ng voices (random variant files) added to the training voices only.
 train_random_voices=0
 nj=2
@@ -70,7 +72,8 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     --num-dev-pos $num_dev_pos --num-dev-neg $num_dev_neg \
     --num-test-pos $num_test_pos --num-test-neg $num_test_neg \
     --train-conf-share $train_conf_share --train-hard-share $train_hard_share \
-    --train-swap-share $train_swap_share --train-random-voices $train_random_voices --nj $nj
+    --train-swap-share $train_swap_share --train-carrier-share $train_carrier_share \
+    --train-random-voices $train_random_voices --nj $nj
 fi
 # --- end of stage 0 ---
 
