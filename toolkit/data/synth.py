@@ -56,10 +56,10 @@ VARIANTS = ("f1", "f2", "f3", "f4", "f5", "m1", "m2", "m3", "m4", "m5", "m6", "m
             "belinda", "benjamin", "david", "linda", "max", "michael", "paul", "steph")
 FLITE_VOICES = ("kal16", "awb", "rms", "slt")
 # Procedural espeak-ng voices (training only): variant files drawn at random per corpus and
-# written into a private copy of the espeak-ng data dir. The test speaks with fixed variants
-# the model never heard; hundreds of random vocal tracts (formant frequencies, strengths and
-# bandwidths), glottal sources (pitch, flutter, roughness, breath, voicing) and klatt modes
-# cover that space better than the ~150 fixed training voices alone (README: measured).
+# written into a private copy of the espeak-ng data dir: random vocal tracts (formant
+# frequencies, strengths, bandwidths), voice sources (pitch, flutter, roughness, breath,
+# voicing) and klatt modes beside the ~150 fixed training voices. Measured on the wake-word
+# recipe (README, 35 h test): no gain; the worst unseen test variants stayed the worst.
 RANDOM_VOICE_PREFIX = "kwsrv"
 # espeak-ng lists the voice files of its data dir at start-up and stops at 349: the private
 # copy keeps only the English languages and the fixed variants, leaving room for these.
@@ -85,13 +85,14 @@ NEG_MIX = {"noise": 0.1, "conf": 0.3}     # rest of the negatives: random word s
 TRAIN_CONF_SHARE = 0.3
 TRAIN_HARD_SHARE = 0.0
 # Share of those whole-keyword near-homophones whose changed word is any vocabulary word,
-# among random words ("brother she snips coffee"), instead of a similar-sounding one: a
-# model that learned only the similar ones fires on the keyword's last word after any
-# vowel (measured: 34 of the 35 test false alarms at 1 FA/h were such phrases).
+# among random words ("brother she snips coffee"), instead of a similar-sounding one. It
+# halved such false alarms on the recipe's test, but as it takes the place of similar-word
+# near-homophones, those ("hey sneeps") fired three times as often (README).
 TRAIN_SWAP_SHARE = 0.0
 # Share of the other near-homophones spoken inside a carrier phrase ("okay hey sneeps"), as
-# positives are: when every near-homophone is a bare phrase, a bare "hey snips" is itself a
-# sign of "negative" (measured: the keyword alone was missed 3.5x as often as in a carrier).
+# positives are: when every near-homophone is a bare phrase, "bare" itself is a sign of
+# "negative" (the recipe's default model misses the keyword alone 3.5x as often as in a
+# carrier). It helped the bare positives and cost the carried ones (README).
 TRAIN_CARRIER_SHARE = 0.0
 RANDOM_WORDS = (2, 8)
 POS_ALONE = 0.4              # positives with no carrier phrase
