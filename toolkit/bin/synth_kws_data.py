@@ -63,7 +63,7 @@ def get_args(argv=None):
     p.add_argument("--train-random-voices", type=int, default=0, metavar="N",
                    help="procedural espeak-ng voices (random variant files: formants, pitch, "
                         "voice source, klatt mode) added to the training voices; dev and test "
-                        "keep the fixed voices only (default %(default)s)")
+                        "keep the fixed voices only; at most 300 (default %(default)s)")
     p.add_argument("--no-flite", action="store_true",
                    help="use espeak-ng only even when the flite binary is on PATH")
     return p.parse_args(argv)
