@@ -630,8 +630,6 @@ def private_espeak_data(voices: Sequence[Voice], tmp_dir: str) -> Optional[str]:
     if not variants:
         return None
     src, dst = espeak_paths()[1], os.path.join(tmp_dir, "espeak-ng-data")
-    if os.path.isdir(dst):
-        shutil.rmtree(dst)
     for root, _, files in os.walk(src):
         rel = os.path.relpath(root, src)
         top = rel.split(os.sep)[0]
@@ -983,15 +981,16 @@ def _render_group(group: Group, out_dir: str, sr: int, espeak_data: Optional[str
     return out
 
 
-def _probe(words: Sequence[str], voices: Sequence[Voice],
-           espeak_data: Optional[str] = None) -> dict:
-    """Child body: checks espeak-ng works, which voices exist, and phonemizes `words`."""
+def _probe(words: Sequence[str], voices: Sequence[Voice], espeak_data: Optional[str] = None,
+           procedural: Sequence[Voice] = ()) -> dict:
+    """Child body: checks espeak-ng works, which `voices` exist, that the `procedural`
+    voices load their variant files, and phonemizes `words`."""
     es = Espeak(espeak_data)
     ok = [v for v in voices if v.engine != "espeak" or es.set_voice(v.name)]
-    for v in voices:
+    for v in procedural:
         # espeak falls back to the plain accent, silently, when a variant file is missing
-        if v.variant and not (es.set_voice(v.name) and
-                              es.current_identifier().endswith("+" + v.name.split("+")[1])):
+        if not (es.set_voice(v.name) and
+                es.current_identifier().endswith("+" + v.name.split("+")[1])):
             raise SynthError(f"espeak-ng ignored the procedural voice {v.name} "
                              f"(variant file not found in {espeak_data})")
     phon = {a: {w: _clean_phonemes(es.phonemes(w, a)) for w in words}
@@ -1209,9 +1208,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     if not 0.0 <= train_conf_share <= 1.0 - NEG_MIX["noise"]:
         raise SynthError(f"train confusable share {train_conf_share} is outside "
                          f"[0, {1.0 - NEG_MIX['noise']}] (the rest holds the noise-only share)")
-    if not 0.0 <= train_hard_share <= 1.0:
-        raise SynthError(f"train hard-confusable share {train_hard_share} is outside [0, 1]")
-    for name, share in (("swap", train_swap_share), ("carrier", train_carrier_share)):
+    for name, share in (("hard-confusable", train_hard_share), ("swap", train_swap_share),
+                        ("carrier", train_carrier_share)):
         if not 0.0 <= share <= 1.0:
             raise SynthError(f"train {name} share {share} is outside [0, 1]")
     if not 0 <= train_random_voices <= MAX_RANDOM_VOICES:
@@ -1278,12 +1276,12 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     procedural = random_voices(train_random_voices, ACCENTS, seed)
     espeak_data = private_espeak_data(procedural, tmp_dir)
     words = lexicon_words(keywords)
-    probe = run_forked(lambda _: _probe(words, voices + procedural[:1] + procedural[-1:], espeak_data),
-                       [None], 1, tmp_dir)[0]
+    # the first and last variant file: espeak-ng's voice list is filled in order
+    probe = run_forked(lambda _: _probe(words, voices, espeak_data,
+                                        procedural[:1] + procedural[-1:]), [None], 1, tmp_dir)[0]
     if not probe["phonemes"]:
         raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: {INSTALL_HINT}")
-    fixed = [v for v in probe["voices"] if not v.variant]
-    by_split = split_voices(fixed, seed)
+    by_split = split_voices(probe["voices"], seed)
     accents = set(probe["phonemes"])
     by_split["train"] += [v for v in procedural if v.name.split("+")[0] in accents]
     for split, vs in by_split.items():
