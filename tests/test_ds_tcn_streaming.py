@@ -1,5 +1,6 @@
 """DS-TCN: chunked streaming with the cache equals the whole-utterance pass; cache size,
 receptive field and parameter count follow from the architecture."""
+import numpy as np
 import pytest
 import torch
 
@@ -145,3 +146,53 @@ def test_build_model_requires_resolved_dims():
     model = build_model(DSTCN.Config(type="ds_tcn", input_dim=40, num_outputs=1))
     with pytest.raises(ValueError, match="CMVN dimension"):
         model.cmvn.load_stats([0.0] * 39, [1.0] * 39)
+
+
+def test_conv_frontend_streams_and_exports(tmp_path):
+    import onnxruntime as ort
+
+    from toolkit.data.features import fbank_metadata, fbank_options
+    from toolkit.export import StreamingScorer, build_metadata, export_onnx
+
+    model, _ = make_model(seed=8, hidden_dim=16, frontend_channels=4)
+    # 40 bins -> 20 -> 10 after the two frequency strides; 2 frames of context each
+    assert model.frontend.cache_shapes == [(40, 2), (4 * 20, 2)]
+    assert model.cache_size == 40 * 2 + 80 * 2 + sum(16 * 7 * d for d in (1, 2, 4, 8, 16))
+    assert model.receptive_field() == 1 + 2 + 2 + 7 * 31
+    for m in model.modules():   # non-trivial 2-D BatchNorm statistics too
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.normal_(0, 0.3)
+            m.running_var.uniform_(0.5, 2.0)
+    T = 30
+    feats = features(2, T, 40, seed=9)
+    with torch.no_grad():
+        whole, final_cache = model(feats)
+        plain, _ = make_model(seed=8, hidden_dim=16)
+        assert whole.shape == plain(feats)[0].shape == (2, T, 2)
+        for chunk in range(1, T + 1):
+            got, cache = stream(model, feats, chunk)
+            assert (got - whole).abs().max().item() <= 1e-5, chunk
+            assert (cache - final_cache).abs().max().item() <= 1e-5, chunk
+        # the front end looks back in time only: a change at frame 20 leaves 0-19 alone
+        changed = feats.clone()
+        changed[:, 20] += 5.0
+        out, _ = model(changed)
+        assert torch.equal(out[:, :20], whole[:, :20]) and not torch.equal(out, whole)
+    path = str(tmp_path / "model.onnx")
+    meta = build_metadata(model, fbank_metadata(fbank_options(num_mel_bins=40)), ["a", "b"], None)
+    export_onnx(model, path, meta)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    scorer = StreamingScorer(model).eval()
+    scripted = torch.jit.script(scorer)
+    cache = torch.zeros(2, model.cache_size)
+    for start, stop in ((0, 11), (11, T)):
+        with torch.no_grad():
+            probs, cache_next = scorer(feats[:, start:stop], cache)
+            ts_probs, ts_cache = scripted(feats[:, start:stop], cache)
+        assert (ts_probs - probs).abs().max().item() <= 1e-5
+        assert (ts_cache - cache_next).abs().max().item() <= 1e-5
+        o_probs, o_cache = session.run(None, {"feats": feats[:, start:stop].numpy(),
+                                              "cache": cache.numpy()})
+        assert np.abs(o_probs - probs.numpy()).max() <= 1e-4
+        assert np.abs(o_cache - cache_next.numpy()).max() <= 1e-4
+        cache = cache_next

@@ -1,4 +1,5 @@
 """Tests of the synthetic wake-word data generator (toolkit.data.synth)."""
+import collections
 import hashlib
 import os
 
@@ -475,3 +476,50 @@ def test_carrier_share_says_near_homophones_inside_the_positives_carriers():
     assert 150 < bare < 250 and set(half) <= forms | set(cats[KW]["substitute"])
     with pytest.raises(S.SynthError, match="carrier share"):
         S.generate_corpus([KW], "unused", train_carrier_share=-0.1)
+
+
+def test_pair_share_remakes_near_homophones_as_minimal_pairs_of_positives():
+    voices = S.split_voices(S.espeak_voices(), 5)["train"]
+    filt = S.TextFilter([KW, "alexa"], {})
+    cats = {k: S.confusable_categories(k) for k in (KW, "alexa")}
+
+    def plan(pair_share):
+        groups = S.plan_split("train", 200, 600, [KW, "alexa"], voices, filt, cats, 7,
+                              (5.0, 30.0), conf_share=0.5, hard_share=1.0,
+                              pair_share=pair_share)
+        return [s for g in groups for s in g.specs]
+
+    unpaired, paired = plan(0.0), plan(1.0)
+    assert len(paired) == 800 and len({s.utt for s in paired}) == 800
+    positives = [s for s in paired if s.kind == "pos"]
+    # positives are not touched; each near-homophone copies a different positive
+    assert positives == [s for s in unpaired if s.kind == "pos"]
+    prosody = ("voice", "rate", "pitch", "prange", "level_db", "noise", "snr_db",
+               "lead_s", "trail_s")
+    key = {tuple(getattr(s, f) for f in prosody): s for s in positives}
+    conf = [s for s in paired if s.kind == "conf"]
+    twins = [(key[k], s) for s in conf
+             if (k := tuple(getattr(s, f) for f in prosody)) in key]
+    assert len(conf) == 300 and len(twins) > 280
+    # 300 pairs of 200 positives: every positive used, none more than twice
+    uses = collections.Counter(id(p) for p, _ in twins)
+    assert len(uses) == 200 and max(uses.values()) == 2
+    for pos, neg in twins:
+        a, b = pos.kw_words
+        pw, nw = pos.text.split(), neg.text.split()
+        kw = " ".join(pw[a:b])
+        # only the keyword changed, to one of its near-homophones; carrier words kept
+        assert neg.kw_words is None and neg.spk == pos.spk and neg.utt.startswith(pos.spk)
+        assert filt.is_negative(neg.text)
+        sub = nw[a:len(nw) - (len(pw) - b)]
+        assert pw[:a] == nw[:a] and pw[b:] == nw[len(nw) - (len(pw) - b):]
+        assert " ".join(sub) in (cats[kw]["substitute"] or cats[kw]["similar"])
+    assert {" ".join(p.text.split()[:p.kw_words[0]]) for p, _ in twins} != {""}  # carriers
+    # the share: about half of the near-homophones are pairs at 0.5
+    half = plan(0.5)
+    n_twins = sum(tuple(getattr(s, f) for f in prosody) in
+                  {tuple(getattr(p, f) for f in prosody) for p in half if p.kind == "pos"}
+                  for s in half if s.kind == "conf")
+    assert 100 < n_twins < 200
+    with pytest.raises(S.SynthError, match="pair share"):
+        S.generate_corpus([KW], "unused", train_pair_share=1.2)

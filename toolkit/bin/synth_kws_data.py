@@ -8,7 +8,8 @@ import logging
 import sys
 
 from toolkit.data.synth import (TRAIN_CARRIER_SHARE, TRAIN_CONF_SHARE, TRAIN_HARD_SHARE,
-                                TRAIN_SWAP_SHARE, Sizes, SynthError, generate_corpus)
+                                TRAIN_PAIR_SHARE, TRAIN_SWAP_SHARE, Sizes, SynthError,
+                                generate_corpus)
 
 _DEFAULTS = Sizes()
 
@@ -60,6 +61,10 @@ def get_args(argv=None):
     p.add_argument("--train-carrier-share", type=float, default=TRAIN_CARRIER_SHARE,
                    metavar="F", help="fraction of the other near-homophones spoken inside a "
                    "carrier phrase, as positives are ('okay hey sneeps') (default %(default)s)")
+    p.add_argument("--train-pair-share", type=float, default=TRAIN_PAIR_SHARE, metavar="F",
+                   help="fraction of the near-homophones made as minimal pairs of training "
+                        "positives: same voice, prosody, noise, SNR and carrier words, only "
+                        "the keyword changed (default %(default)s)")
     p.add_argument("--train-random-voices", type=int, default=0, metavar="N",
                    help="procedural espeak-ng voices (random variant files: formants, pitch, "
                         "voice source, klatt mode) added to the training voices; dev and test "
@@ -84,6 +89,7 @@ def main(argv=None):
                                   train_hard_share=args.train_hard_share,
                                   train_swap_share=args.train_swap_share,
                                   train_carrier_share=args.train_carrier_share,
+                                  train_pair_share=args.train_pair_share,
                                   train_random_voices=args.train_random_voices)
     except SynthError as err:
         print(f"synth_kws_data: error: {err}", file=sys.stderr)

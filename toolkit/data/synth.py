@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -94,6 +94,11 @@ TRAIN_SWAP_SHARE = 0.0
 # "negative" (the recipe's default model misses the keyword alone 3.5x as often as in a
 # carrier). It helped the bare positives and cost the carried ones (README).
 TRAIN_CARRIER_SHARE = 0.0
+# Share of the whole-keyword near-homophones made as minimal pairs of a training positive:
+# the same voice, rate, pitch, level, noise, SNR, silences and carrier words, with only the
+# keyword changed ("okay hey snips" -> "okay hey sneeps"). Nothing but the changed phoneme
+# then tells the pair apart, so voice or context cannot stand in for it.
+TRAIN_PAIR_SHARE = 0.0
 RANDOM_WORDS = (2, 8)
 POS_ALONE = 0.4              # positives with no carrier phrase
 
@@ -821,11 +826,13 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
                voices: Sequence[Voice], filt: TextFilter, cats, seed: int,
                snr: Tuple[float, float], flite_share: float = FLITE_SHARE,
                conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0,
-               swap_share: float = 0.0, carrier_share: float = 0.0) -> List[Group]:
+               swap_share: float = 0.0, carrier_share: float = 0.0,
+               pair_share: float = 0.0) -> List[Group]:
     """All utterances of one split, in fixed groups of GROUP_SIZE. `conf_share` of the
     negatives are confusables, `hard_share` of those near-homophones of a whole keyword,
     `swap_share` of these with a random word in the keyword's place and `carrier_share` of
-    the others inside a carrier phrase."""
+    the others inside a carrier phrase; `pair_share` of the near-homophones are remade as
+    minimal pairs of positives (see `_pair_with_positives`)."""
     si = SPLITS.index(split)
     rng = _rng(seed, 1, si)
     n_noise = int(round(NEG_MIX["noise"] * n_neg))
@@ -837,6 +844,7 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
     width = max(5, len(str(len(kinds))))
     specs: List[UttSpec] = []
     n_seen = {"pos": 0, "conf": 0, "hard": 0}
+    hard: List[int] = []
     for i, kind in enumerate(kinds):
         p = _sample_params(rng, voices, snr, flite_share)
         kw_words = None
@@ -851,6 +859,7 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             text = _hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt, swap_share,
                                          carrier_share)
             counter = "hard"            # the in-turn walk counts only its own picks
+            hard.append(i)
         elif kind == "conf":
             text = _confusable_text(n_seen["conf"], rng, keywords, cats, filt)
         elif kind == "neg":
@@ -868,6 +877,9 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             spec = UttSpec(f"{spk}-{kind}-{i:0{width}d}", spk, kind, text, **p,
                            kw_words=kw_words)
         specs.append(spec)
+    if pair_share > 0:   # drawn after the loop: every other utterance stays as it was
+        to_pair = [i for i in hard if rng.random() < pair_share]
+        _pair_with_positives(specs, to_pair, rng, keywords, cats, filt, width)
     groups = []
     for g, start in enumerate(range(0, len(specs), GROUP_SIZE)):
         babble = []
@@ -877,6 +889,33 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             babble.append(UttSpec("babble", p["voice"].spk, "babble", text, **p))
         groups.append(Group(split, g, (int(seed), 2, si, g), specs[start:start + GROUP_SIZE], babble))
     return groups
+
+
+def _pair_with_positives(specs: List[UttSpec], indices: Sequence[int], rng,
+                         keywords: Sequence[str], cats: Dict[str, Dict[str, List[str]]],
+                         filt: TextFilter, width: int) -> None:
+    """Remakes the near-homophones at `indices` in place as minimal pairs: each copies a
+    different positive (drawn at random; positives are reused only when there are fewer
+    than pairs) with its keyword words replaced by a near-homophone of that keyword."""
+    positives = [s for s in specs if s.kind == "pos" and s.kw_words is not None]
+    if not positives:
+        return
+    order: List[int] = []
+    while len(order) < len(indices):
+        order += [int(j) for j in rng.permutation(len(positives))]
+    for i, j in zip(indices, order):
+        pos = positives[j]
+        words = pos.text.split()
+        a, b = pos.kw_words
+        kw = " ".join(words[a:b])
+        items = cats[kw]["substitute"] or cats[kw]["similar"]
+        for _ in range(100 if items else 0):
+            sub = items[int(rng.integers(len(items)))]
+            text = " ".join(words[:a] + sub.split() + words[b:])
+            if filt.is_negative(text):
+                specs[i] = replace(pos, utt=f"{pos.spk}-conf-{i:0{width}d}", kind="conf",
+                                   text=text, kw_words=None)
+                break
 
 
 # --------------------------------------------------------------------------------------
@@ -1071,6 +1110,7 @@ class TrainMix:
     hard_share: float = TRAIN_HARD_SHARE
     swap_share: float = TRAIN_SWAP_SHARE
     carrier_share: float = TRAIN_CARRIER_SHARE
+    pair_share: float = TRAIN_PAIR_SHARE
 
 
 @dataclass(frozen=True)
@@ -1183,6 +1223,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     train_hard_share: float = TRAIN_HARD_SHARE,
                     train_swap_share: float = TRAIN_SWAP_SHARE,
                     train_carrier_share: float = TRAIN_CARRIER_SHARE,
+                    train_pair_share: float = TRAIN_PAIR_SHARE,
                     train_random_voices: int = 0) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
@@ -1209,7 +1250,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
         raise SynthError(f"train confusable share {train_conf_share} is outside "
                          f"[0, {1.0 - NEG_MIX['noise']}] (the rest holds the noise-only share)")
     for name, share in (("hard-confusable", train_hard_share), ("swap", train_swap_share),
-                        ("carrier", train_carrier_share)):
+                        ("carrier", train_carrier_share), ("pair", train_pair_share)):
         if not 0.0 <= share <= 1.0:
             raise SynthError(f"train {name} share {share} is outside [0, 1]")
     if not 0 <= train_random_voices <= MAX_RANDOM_VOICES:
@@ -1220,7 +1261,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
         logger.warning("espeak-ng was loaded in this process: output may not be reproducible")
     flite = flite_voices() if use_flite else []
     train_mix = TrainMix(train_conf_share, train_hard_share, train_swap_share,
-                         train_carrier_share)
+                         train_carrier_share, train_pair_share)
     config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, flite, train_mix,
                            train_random_voices)
     if is_complete(out_dir, config):

@@ -66,6 +66,28 @@ class CausalConv1d(nn.Module):
         return self.conv(full), full[:, :, full.size(2) - self.context:]
 
 
+class CausalConv2d(nn.Module):
+    """Conv2d over (frequency, time) that only looks back in time; frequency is padded
+    on both sides and may be strided. The cache holds the last `context` input frames
+    as (channels * bins, context), the shape the flat model cache stores."""
+
+    def __init__(self, in_ch: int, out_ch: int, bins: int, freq_kernel: int = 3,
+                 time_kernel: int = 3, freq_stride: int = 1):
+        super().__init__()
+        self.in_ch, self.bins = in_ch, bins
+        self.context = time_kernel - 1
+        self.out_bins = (bins + 2 * (freq_kernel // 2) - freq_kernel) // freq_stride + 1
+        self.conv = nn.Conv2d(in_ch, out_ch, (freq_kernel, time_kernel),
+                              stride=(freq_stride, 1), padding=(freq_kernel // 2, 0))
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        # x: (B, C, F, T); cache: (B, C * F, context)
+        past = cache.reshape(cache.size(0), self.in_ch, self.bins, self.context)
+        full = torch.cat([past, x], dim=3)
+        new = full[:, :, :, full.size(3) - self.context:]
+        return self.conv(full), new.reshape(new.size(0), self.in_ch * self.bins, self.context)
+
+
 class StreamingModel(nn.Module):
     """Base of causal models: forward(feats (B,T,D), cache (B,cache_size)) ->
     (logits (B,T,K), new_cache). A None cache means "start of stream" (zeros).

@@ -45,6 +45,9 @@ train_hard_share=0.5
 train_swap_share=0
 # Share of the other near-homophones said inside the positives' carrier phrases.
 train_carrier_share=0
+# Share of the near-homophones made as minimal pairs of positives (same voice, prosody,
+# noise and carrier words; only the keyword changed).
+train_pair_share=0
 # Procedural espeak-ng voices (random variant files) added to the training voices only.
 train_random_voices=0
 nj=2
@@ -73,6 +76,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     --num-test-pos $num_test_pos --num-test-neg $num_test_neg \
     --train-conf-share $train_conf_share --train-hard-share $train_hard_share \
     --train-swap-share $train_swap_share --train-carrier-share $train_carrier_share \
+    --train-pair-share $train_pair_share \
     --train-random-voices $train_random_voices --nj $nj
 fi
 # --- end of stage 0 ---
