@@ -196,3 +196,5 @@ def test_conv_frontend_streams_and_exports(tmp_path):
         assert np.abs(o_probs - probs.numpy()).max() <= 1e-4
         assert np.abs(o_cache - cache_next.numpy()).max() <= 1e-4
         cache = cache_next
+    with pytest.raises(ValueError, match="frontend_channels"):
+        make_model(frontend_channels=-1)

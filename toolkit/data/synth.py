@@ -879,7 +879,7 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
         specs.append(spec)
     if pair_share > 0:   # drawn after the loop: every other utterance stays as it was
         to_pair = [i for i in hard if rng.random() < pair_share]
-        _pair_with_positives(specs, to_pair, rng, keywords, cats, filt, width)
+        _pair_with_positives(specs, to_pair, rng, cats, filt, width)
     groups = []
     for g, start in enumerate(range(0, len(specs), GROUP_SIZE)):
         babble = []
@@ -892,11 +892,11 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
 
 
 def _pair_with_positives(specs: List[UttSpec], indices: Sequence[int], rng,
-                         keywords: Sequence[str], cats: Dict[str, Dict[str, List[str]]],
-                         filt: TextFilter, width: int) -> None:
+                         cats: Dict[str, Dict[str, List[str]]], filt: TextFilter,
+                         width: int) -> None:
     """Remakes the near-homophones at `indices` in place as minimal pairs: each copies a
-    different positive (drawn at random; positives are reused only when there are fewer
-    than pairs) with its keyword words replaced by a near-homophone of that keyword."""
+    positive (in a random order; one is used twice only when there are more pairs than
+    positives) with its keyword words replaced by a near-homophone of that keyword."""
     positives = [s for s in specs if s.kind == "pos" and s.kw_words is not None]
     if not positives:
         return

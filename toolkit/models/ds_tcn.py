@@ -73,6 +73,9 @@ class DSTCN(StreamingModel):
         dilations = list(config.dilations) or [1]
         # Dilations repeat cyclically when there are more layers than entries.
         dilations = [dilations[i % len(dilations)] for i in range(config.num_layers)]
+        if config.frontend_channels < 0:
+            raise ValueError(f"model.frontend_channels must be >= 0 (0: no front end), "
+                             f"got {config.frontend_channels}")
         self.cmvn = GlobalCMVN(config.input_dim)
         self.frontend: Optional[ConvFrontend] = None
         front_shapes: List[Tuple[int, int]] = []
