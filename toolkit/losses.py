@@ -66,6 +66,13 @@ class MaxPoolingLoss(nn.Module):
                 keyword_end: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         logits = logits.float()                                     # loss always in fp32
+        if logits.dim() == 4:
+            # (B, T, M, K): the members of an ensemble, each trained as if it were alone.
+            b, t, m, k = logits.shape
+            logits = logits.transpose(1, 2).reshape(b * m, t, k)
+            lengths, labels = lengths.repeat_interleave(m), labels.repeat_interleave(m)
+            if keyword_end is not None:
+                keyword_end = keyword_end.repeat_interleave(m)
         batch, frames, num_kw = logits.shape
         valid = valid_frame_mask(lengths, frames)                   # (B, T)
         neg_inf = torch.finfo(logits.dtype).min

@@ -72,13 +72,14 @@ class CausalConv2d(nn.Module):
     as (channels * bins, context), the shape the flat model cache stores."""
 
     def __init__(self, in_ch: int, out_ch: int, bins: int, freq_kernel: int = 3,
-                 time_kernel: int = 3, freq_stride: int = 1):
+                 time_kernel: int = 3, freq_stride: int = 1, groups: int = 1):
         super().__init__()
         self.in_ch, self.bins = in_ch, bins
         self.context = time_kernel - 1
         self.out_bins = (bins + 2 * (freq_kernel // 2) - freq_kernel) // freq_stride + 1
         self.conv = nn.Conv2d(in_ch, out_ch, (freq_kernel, time_kernel),
-                              stride=(freq_stride, 1), padding=(freq_kernel // 2, 0))
+                              stride=(freq_stride, 1), padding=(freq_kernel // 2, 0),
+                              groups=groups)
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         # x: (B, C, F, T); cache: (B, C * F, context)
@@ -86,6 +87,42 @@ class CausalConv2d(nn.Module):
         full = torch.cat([past, x], dim=3)
         new = full[:, :, :, full.size(3) - self.context:]
         return self.conv(full), new.reshape(new.size(0), self.in_ch * self.bins, self.context)
+
+
+class MemberCombiner(nn.Module):
+    """Keyword logits of an ensemble's members (B, T, M, K) -> one logit per keyword
+    (B, T, K): the members' posteriors, each first maximised over its last `window`
+    frames, are averaged. The window matters: each member's posterior is a spike of one
+    to three frames, and the members' spikes need not fall on the same frame, so a plain
+    frame-wise mean can halve a keyword that every member detects.
+
+    The window's past frames are carried as softplus(logit) = -log(1 - p): zero, the
+    value of a fresh cache, is p = 0 (no detection) exactly, and values near p = 1 keep
+    their precision, which a stored probability would round to 1. The result is
+    log(mean p) - log(mean (1 - p)), exact in log space even when every p is 0.9999."""
+
+    def __init__(self, members: int, num_outputs: int, window: int):
+        super().__init__()
+        if window < 1:
+            raise ValueError(f"the members' combination window must be >= 1 frame, got {window}")
+        self.members, self.num_outputs, self.window = members, num_outputs, window
+        # the model's cache keeps these past frames (none for a window of 1)
+        self.cache_shape = (members * num_outputs, window - 1)
+
+    def forward(self, logits: torch.Tensor, cache: torch.Tensor
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+        # logits: (B, T, M, K); cache: (B, M * K, window - 1), unused when window == 1
+        b, t = logits.size(0), logits.size(1)
+        full = nn.functional.softplus(logits.float()).reshape(b, t, -1).transpose(1, 2)
+        if self.window > 1:
+            full = torch.cat([cache, full], dim=2)
+            cache = full[:, :, full.size(2) - (self.window - 1):]
+            full = nn.functional.max_pool1d(full, self.window, stride=1)
+        log_miss = -full.reshape(b, self.members, self.num_outputs, t)
+        # log(1 - e^-s); s = 0 (p = 0) is clamped to p = 1e-30 rather than -inf.
+        log_hit = torch.log((1.0 - torch.exp(log_miss)).clamp_min(1e-30))
+        out = torch.logsumexp(log_hit, dim=1) - torch.logsumexp(log_miss, dim=1)
+        return out.transpose(1, 2), cache
 
 
 class StreamingModel(nn.Module):
