@@ -148,12 +148,35 @@ def test_build_model_requires_resolved_dims():
         model.cmvn.load_stats([0.0] * 39, [1.0] * 39)
 
 
-def test_conv_frontend_streams_and_exports(tmp_path):
+def check_chunked_exports(model, feats, cut, onnx_path):
+    """TorchScript (<= 1e-5) and ONNX Runtime (<= 1e-4) match PyTorch on two chunks of
+    `feats` split at frame `cut`, the cache carried from the first to the second."""
     import onnxruntime as ort
 
     from toolkit.data.features import fbank_metadata, fbank_options
     from toolkit.export import StreamingScorer, build_metadata, export_onnx
 
+    meta = build_metadata(model, fbank_metadata(fbank_options(num_mel_bins=feats.size(2))),
+                          ["a", "b"], None)
+    export_onnx(model, onnx_path, meta)
+    session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    scorer = StreamingScorer(model).eval()
+    scripted = torch.jit.script(scorer)
+    cache = torch.zeros(feats.size(0), model.cache_size)
+    for start, stop in ((0, cut), (cut, feats.size(1))):
+        with torch.no_grad():
+            probs, cache_next = scorer(feats[:, start:stop], cache)
+            ts_probs, ts_cache = scripted(feats[:, start:stop], cache)
+        assert (ts_probs - probs).abs().max().item() <= 1e-5
+        assert (ts_cache - cache_next).abs().max().item() <= 1e-5
+        o_probs, o_cache = session.run(None, {"feats": feats[:, start:stop].numpy(),
+                                              "cache": cache.numpy()})
+        assert np.abs(o_probs - probs.numpy()).max() <= 1e-4
+        assert np.abs(o_cache - cache_next.numpy()).max() <= 1e-4
+        cache = cache_next
+
+
+def test_conv_frontend_streams_and_exports(tmp_path):
     model, _ = make_model(seed=8, hidden_dim=16, frontend_channels=4)
     # 40 bins -> 20 -> 10 after the two frequency strides; 2 frames of context each
     assert model.frontend.cache_shapes == [(40, 2), (4 * 20, 2)]
@@ -178,23 +201,6 @@ def test_conv_frontend_streams_and_exports(tmp_path):
         changed[:, 20] += 5.0
         out, _ = model(changed)
         assert torch.equal(out[:, :20], whole[:, :20]) and not torch.equal(out, whole)
-    path = str(tmp_path / "model.onnx")
-    meta = build_metadata(model, fbank_metadata(fbank_options(num_mel_bins=40)), ["a", "b"], None)
-    export_onnx(model, path, meta)
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    scorer = StreamingScorer(model).eval()
-    scripted = torch.jit.script(scorer)
-    cache = torch.zeros(2, model.cache_size)
-    for start, stop in ((0, 11), (11, T)):
-        with torch.no_grad():
-            probs, cache_next = scorer(feats[:, start:stop], cache)
-            ts_probs, ts_cache = scripted(feats[:, start:stop], cache)
-        assert (ts_probs - probs).abs().max().item() <= 1e-5
-        assert (ts_cache - cache_next).abs().max().item() <= 1e-5
-        o_probs, o_cache = session.run(None, {"feats": feats[:, start:stop].numpy(),
-                                              "cache": cache.numpy()})
-        assert np.abs(o_probs - probs.numpy()).max() <= 1e-4
-        assert np.abs(o_cache - cache_next.numpy()).max() <= 1e-4
-        cache = cache_next
+    check_chunked_exports(model, feats, 11, str(tmp_path / "model.onnx"))
     with pytest.raises(ValueError, match="frontend_channels"):
         make_model(frontend_channels=-1)

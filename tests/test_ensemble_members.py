@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 
+from test_ds_tcn_streaming import check_chunked_exports
 from test_losses import max_pooling_reference, random_batch
 from toolkit.losses import MaxPoolingLoss
 from toolkit.models import build_model
@@ -101,9 +101,6 @@ def test_combiner_keeps_precision_near_one():
 
 @pytest.mark.parametrize("window", [1, 10])
 def test_members_stream_and_export(window, tmp_path):
-    from toolkit.data.features import fbank_metadata, fbank_options
-    from toolkit.export import StreamingScorer, build_metadata, export_onnx
-
     model = make_model(seed=4, member_window=window)
     single = make_model(seed=4, members=1)
     # The window's past frames join the cache; the receptive field grows by them.
@@ -120,24 +117,7 @@ def test_members_stream_and_export(window, tmp_path):
                 outs.append(o)
             assert (torch.cat(outs, 1) - whole).abs().max().item() <= 1e-5, chunk
             assert (cache - final).abs().max().item() <= 1e-5, chunk
-    path = str(tmp_path / "model.onnx")
-    meta = build_metadata(model, fbank_metadata(fbank_options(num_mel_bins=40)), ["a", "b"], None)
-    export_onnx(model, path, meta)
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    scorer = StreamingScorer(model).eval()
-    scripted = torch.jit.script(scorer)
-    cache = torch.zeros(2, model.cache_size)
-    for start, stop in ((0, 9), (9, T)):
-        with torch.no_grad():
-            probs, nxt = scorer(x[:, start:stop], cache)
-            ts_probs, ts_cache = scripted(x[:, start:stop], cache)
-        assert (ts_probs - probs).abs().max().item() <= 1e-5
-        assert (ts_cache - nxt).abs().max().item() <= 1e-5
-        o_probs, o_cache = session.run(None, {"feats": x[:, start:stop].numpy(),
-                                              "cache": cache.numpy()})
-        assert np.abs(o_probs - probs.numpy()).max() <= 1e-4
-        assert np.abs(o_cache - nxt.numpy()).max() <= 1e-4
-        cache = nxt
+    check_chunked_exports(model, x, 9, str(tmp_path / "model.onnx"))
 
 
 def test_bad_member_settings_rejected():
@@ -145,7 +125,7 @@ def test_bad_member_settings_rejected():
         make_model(members=0)
     with pytest.raises(ValueError, match="CTC"):
         make_model(members=2, ctc_outputs=5)
-    with pytest.raises(ValueError, match="window"):
+    with pytest.raises(ValueError, match="model.member_window"):
         make_model(members=2, member_window=0)
 
 
