@@ -207,13 +207,19 @@ def test_det_matches_decision_rule_at_every_threshold():
 
 # ----------------------------------------------------------------------------- files and CLI
 
-def write_inputs(tmp, probs, labels, durations, keywords=("hey snips",), scp=False):
+def write_inputs(tmp, probs, labels, durations, keywords=("hey snips",), scp=False,
+                 speakers=None, texts=None):
     keys = [f"utt{i:03d}" for i in range(len(probs))]
     ark = str(tmp / "probs.ark")
     kaldiio.save_ark(ark, dict(zip(keys, probs)), scp=str(tmp / "probs.scp") if scp else None)
     with open(tmp / "data.list", "w") as f:
-        for k, lab, dur in zip(keys, labels, durations):
-            f.write(json.dumps({"key": k, "duration": dur, "label": lab, "wav": f"/x/{k}.wav"}) + "\n")
+        for i, (k, lab, dur) in enumerate(zip(keys, labels, durations)):
+            entry = {"key": k, "duration": dur, "label": lab, "wav": f"/x/{k}.wav"}
+            if speakers:
+                entry["spk"] = speakers[i]
+            if texts:
+                entry["txt"] = texts[i]
+            f.write(json.dumps(entry) + "\n")
     (tmp / "keywords.txt").write_text("\n".join(keywords) + "\n")
     return str(tmp / "data.list"), ark, str(tmp / "keywords.txt")
 
@@ -249,6 +255,78 @@ def test_cli_end_to_end(tmp_path):
 
     png = (out / "det.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+# Speakers and texts of hand_made(): speaker a says three of the positives and the
+# negative that fires, speaker b the weakest positive and the quiet negative.
+HAND_SPEAKERS = ["a", "a", "a", "b", "b", "a"]
+HAND_TEXTS = ["hey snips"] * 4 + ["hello there", "hey snoops"]
+
+
+def test_error_report_lists_false_alarms_misses_and_speakers():
+    """At 1 FA/h (threshold 0.376, refractory 20 frames) utt005 fires once, at frame 10
+    (0.75; its 0.625 falls in the refractory period, its 0.375 under the threshold), and
+    the positives peaking at 0.3 and 0.1 are missed."""
+    probs, labels, durations = hand_made()
+    utts = [scoring.Utterance(f"utt{i:03d}", d, lab, spk, txt) for i, (d, lab, spk, txt) in
+            enumerate(zip(durations, labels, HAND_SPEAKERS, HAND_TEXTS))]
+    thresholds = scoring.threshold_grid()
+    firings = scoring.all_firings(probs, 1, thresholds, refractory_frames=20)
+    rep = scoring.error_report(utts, probs, firings, 0, "hey snips", thresholds,
+                               float(thresholds[376]), 1.0, 1.0)
+    assert rep.false_alarms == [{"key": "utt005", "speaker": "a", "label": -1,
+                                 "text": "hey snoops", "time_s": pytest.approx(0.10),
+                                 "peak": pytest.approx(0.75)}]
+    assert [(m["key"], m["speaker"]) for m in rep.misses] == [("utt003", "b"), ("utt002", "a")]
+    assert [m["peak"] for m in rep.misses] == pytest.approx([0.1, 0.3])
+    assert rep.speakers == [
+        {"speaker": "b", "positives": 1, "missed": 1, "frr": 1.0, "false_alarms": 0},
+        {"speaker": "a", "positives": 3, "missed": 1, "frr": pytest.approx(1 / 3),
+         "false_alarms": 1}]
+    # Counts agree with the DET curve at that threshold.
+    det = scoring.compute_det(probs, labels, durations, 1, thresholds, firings=firings)
+    assert len(rep.false_alarms) == det.fa_count[376, 0]
+    assert len(rep.misses) == det.miss_count[376, 0]
+
+    # Below 0.25 the first negative fires too, and every positive but the weakest is hit.
+    rep = scoring.error_report(utts, probs, firings, 0, "hey snips", thresholds,
+                               float(thresholds[200]), 5.0, 1.0)
+    assert [(e["key"], e["time_s"]) for e in rep.false_alarms] == [
+        ("utt005", pytest.approx(0.10)), ("utt005", pytest.approx(0.50)),
+        ("utt004", pytest.approx(0.30))]
+    assert [m["key"] for m in rep.misses] == ["utt003"]
+    with pytest.raises(ValueError, match="not on the scoring grid"):
+        scoring.error_report(utts, probs, firings, 0, "hey snips", thresholds, 0.3765, 1.0, 1.0)
+
+
+def test_cli_writes_the_error_report(tmp_path):
+    data, ark, kws = write_inputs(tmp_path, *hand_made(), speakers=HAND_SPEAKERS,
+                                  texts=HAND_TEXTS)
+    out = tmp_path / "score"
+    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
+                           "--out-dir", str(out), "--refractory-s", "0.2",
+                           "--bootstrap", "0"]) == 0
+    lines = (out / "errors_hey_snips.txt").read_text().splitlines()
+    assert lines[0] == ("# hey snips: threshold 0.376 (selected for 1 FA/h): 1 false alarms "
+                        "in 1.00 h of other audio, 2 of 4 positives missed")
+    assert lines[2] == "0.750000 0.10 utt005 a -1 hey snoops"
+    assert lines[3].startswith("# speakers") and lines[4:6] == ["b 1/1 100.00% 0",
+                                                                "a 1/3 33.33% 1"]
+    assert lines[6].startswith("# misses") and lines[7:] == [
+        "0.100000 utt003 b hey snips", "0.300000 utt002 a hey snips"]
+    doc = json.loads((out / "det.json").read_text())
+    report = doc["errors"]["hey snips"]
+    assert report["threshold"] == pytest.approx(0.376) and len(report["misses"]) == 2
+
+    # Without speakers or texts the tables still come, with "-" for the speaker.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    data, ark, kws = write_inputs(plain, *hand_made())
+    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
+                           "--out-dir", str(plain / "score"), "--refractory-s", "0.2",
+                           "--bootstrap", "0"]) == 0
+    text = (plain / "score" / "errors_hey_snips.txt").read_text().splitlines()
+    assert "0.750000 0.10 utt005 - -1" in text and "- 2/4 50.00% 1" in text
 
 
 def bootstrap_set(seed, n_pos=40, n_neg=60):
@@ -373,6 +451,7 @@ def test_scp_input_and_missing_keys(tmp_path, caplog):
     ('{"key": "b", "label": 0}', "missing field(s) duration"),
     ('{"key": "b", "duration": 1.0, "label": 3}', "'label' must be an integer in [-1, 0]"),
     ('{"key": "b", "duration": -1, "label": 0}', "'duration' must be a positive"),
+    ('{"key": "b", "duration": 1.0, "label": 0, "spk": 7}', "'spk' must be a string"),
 ])
 def test_malformed_data_list_names_the_line(tmp_path, caplog, bad, message):
     data, ark, kws = write_inputs(tmp_path, *hand_made())

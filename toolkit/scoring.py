@@ -31,8 +31,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.decision import (DEFAULT_REFRACTORY_FRAMES, DEFAULT_SMOOTH_FRAMES,
-                              frame_max_and_argmax, smooth_scores)
+from toolkit.decision import (DEFAULT_FRAME_SHIFT_MS, DEFAULT_REFRACTORY_FRAMES,
+                              DEFAULT_SMOOTH_FRAMES, frame_max_and_argmax, smooth_scores)
 from toolkit.fileio import atomic_write_bytes, atomic_write_text, read_json_lines, read_lines
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ class Utterance:
     key: str
     duration: float  # seconds
     label: int  # keyword index, -1 for negatives / filler
+    speaker: str = ""  # optional data-list fields, for the error report
+    text: str = ""
 
 
 def read_keywords(path: str) -> List[str]:
@@ -90,7 +92,11 @@ def read_data_list(path: str, num_keywords: Optional[int] = None) -> List[Uttera
         if key in seen:
             raise ValueError(f"{where}: duplicate key {key!r}")
         seen.add(key)
-        utts.append(Utterance(key, float(duration), int(label)))
+        speaker, text = obj.get("spk", ""), obj.get("txt", "")
+        for name, value in (("spk", speaker), ("txt", text)):
+            if not isinstance(value, str):
+                raise ValueError(f"{where}: '{name}' must be a string, got {value!r}")
+        utts.append(Utterance(key, float(duration), int(label), speaker, text))
     if not utts:
         raise ValueError(f"{path}: empty data list")
     return utts
@@ -213,8 +219,8 @@ class DetCurves:
 def _utterance_firings(x: np.ndarray, num_keywords: int, thresholds: np.ndarray,
                        smooth_frames: int, refractory_frames: int
                        ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One utterance's detections for every grid threshold: arrays (keyword, lo, hi),
-    each detection firing for threshold indices [lo, hi)."""
+    """One utterance's detections for every grid threshold: arrays (keyword, lo, hi,
+    frame), each detection firing at `frame` for threshold indices [lo, hi)."""
     s = smooth_scores(x, smooth_frames)
     if s.shape[1] != num_keywords:
         raise ValueError(f"posteriors have {s.shape[1]} columns, expected {num_keywords}")
@@ -222,13 +228,13 @@ def _utterance_firings(x: np.ndarray, num_keywords: int, thresholds: np.ndarray,
     # Same `score >= threshold` comparison, in float64, as DecisionState.
     c = np.searchsorted(thresholds, best, side="right")
     frames, lo, hi = _firing_events(c, refractory_frames, thresholds.size)
-    return which[frames], lo, hi
+    return which[frames], lo, hi, frames
 
 
 def all_firings(probs: Sequence[np.ndarray], num_keywords: int, thresholds: np.ndarray,
                 smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
                 refractory_frames: int = DEFAULT_REFRACTORY_FRAMES) -> List[Tuple]:
-    """Every utterance's (keyword, lo, hi) detections: the replay that compute_det and
+    """Every utterance's (keyword, lo, hi, frame) detections: the replay that compute_det and
     bootstrap_frr_intervals share, so scoring with intervals replays once."""
     thresholds = np.asarray(thresholds, dtype=np.float64)
     return [_utterance_firings(x, num_keywords, thresholds, smooth_frames, refractory_frames)
@@ -257,7 +263,7 @@ def compute_det(probs: Sequence[np.ndarray], labels: Sequence[int], durations: S
     hits = np.zeros((G, K), dtype=np.int64)
     if firings is None:
         firings = all_firings(probs, K, thresholds, smooth_frames, refractory_frames)
-    for (kw, lo, hi), label in zip(firings, labels_arr.tolist()):
+    for (kw, lo, hi, _), label in zip(firings, labels_arr.tolist()):
         if kw.size == 0:
             continue
         fa = kw != label
@@ -312,7 +318,7 @@ def _detections_per_threshold(firings, utterances: np.ndarray, keyword: int,
     """(utterances, thresholds) float32: detections of `keyword` in each utterance."""
     rows = np.zeros((utterances.size, num_thresholds + 1), dtype=np.float32)
     for row, i in enumerate(utterances.tolist()):
-        kw, lo, hi = firings[i]
+        kw, lo, hi, _ = firings[i]
         mine = kw == keyword
         np.add.at(rows[row], lo[mine], 1)
         np.add.at(rows[row], hi[mine], -1)
@@ -366,6 +372,85 @@ def bootstrap_frr_intervals(probs: Sequence[np.ndarray], labels: Sequence[int],
             per_target.append(FrrInterval(float(t), float(low), float(high)))
         out.append(per_target)
     return out
+
+
+# ----------------------------------------------------------------------------- error report
+
+@dataclass
+class ErrorReport:
+    """A keyword's errors at one threshold: which phrases fire and which voices go
+    unheard, the first thing to read before changing the data or the model."""
+    keyword: str
+    threshold: float
+    target_fa_per_hour: float
+    negative_hours: float
+    num_positives: int
+    false_alarms: List[Dict]  # key, speaker, label, text, time_s, peak; highest peak first
+    misses: List[Dict]  # key, speaker, text, peak; lowest peak first
+    speakers: List[Dict]  # speaker, positives, missed, frr, false_alarms; most missed first
+
+
+def error_report(utts: Sequence[Utterance], probs: Sequence[np.ndarray], firings: List[Tuple],
+                 keyword_index: int, keyword: str, thresholds: np.ndarray, threshold: float,
+                 target_fa_per_hour: float, negative_hours: float,
+                 smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
+                 frame_shift_ms: float = DEFAULT_FRAME_SHIFT_MS) -> ErrorReport:
+    """False alarms and misses of `keyword_index` at `threshold` (a value of the grid
+    the firings were computed on). `peak` is the utterance's highest smoothed score of
+    the keyword: how far a miss is from the threshold, how sure a false alarm is."""
+    g = int(np.searchsorted(thresholds, threshold))
+    if g >= thresholds.size or thresholds[g] != threshold:
+        raise ValueError(f"threshold {threshold!r} is not on the scoring grid")
+
+    def peak(x: np.ndarray) -> float:
+        return float(smooth_scores(x, smooth_frames)[:, keyword_index].max(initial=0.0))
+
+    false_alarms: List[Dict] = []
+    misses: List[Dict] = []
+    per_speaker: Dict[str, List[int]] = {}  # speaker -> [positives, missed, false alarms]
+    for u, x, (kw, lo, hi, frames) in zip(utts, probs, firings):
+        fired = frames[(kw == keyword_index) & (lo <= g) & (g < hi)]
+        counts = per_speaker.setdefault(u.speaker, [0, 0, 0])
+        if u.label == keyword_index:
+            counts[0] += 1
+            if fired.size == 0:
+                counts[1] += 1
+                misses.append({"key": u.key, "speaker": u.speaker, "text": u.text,
+                               "peak": peak(x)})
+        elif fired.size:
+            counts[2] += int(fired.size)
+            p = peak(x)
+            for f in fired.tolist():
+                false_alarms.append({"key": u.key, "speaker": u.speaker, "label": u.label,
+                                     "text": u.text, "time_s": f * frame_shift_ms / 1000.0,
+                                     "peak": p})
+    false_alarms.sort(key=lambda e: (-e["peak"], e["key"], e["time_s"]))
+    misses.sort(key=lambda e: (e["peak"], e["key"]))
+    speakers = [{"speaker": spk, "positives": n, "missed": m,
+                 "frr": (m / n) if n else None, "false_alarms": f}
+                for spk, (n, m, f) in per_speaker.items() if n or f]
+    speakers.sort(key=lambda e: (-(e["frr"] or 0.0), -e["false_alarms"], e["speaker"]))
+    return ErrorReport(keyword, float(threshold), float(target_fa_per_hour),
+                       float(negative_hours), sum(1 for u in utts if u.label == keyword_index),
+                       false_alarms, misses, speakers)
+
+
+def format_error_report(rep: ErrorReport) -> str:
+    """errors_<keyword>.txt: three space-separated tables, the text last on each line."""
+    lines = [f"# {rep.keyword}: threshold {format_threshold(rep.threshold)} (selected for "
+             f"{rep.target_fa_per_hour:g} FA/h): {len(rep.false_alarms)} false alarms in "
+             f"{rep.negative_hours:.2f} h of other audio, {len(rep.misses)} of "
+             f"{rep.num_positives} positives missed",
+             "# false alarms, highest peak first: peak time_s key speaker label text"]
+    lines += [f"{e['peak']:.6f} {e['time_s']:.2f} {e['key']} {e['speaker'] or '-'} "
+              f"{e['label']} {e['text']}".rstrip() for e in rep.false_alarms]
+    lines.append("# speakers, most missed first: speaker missed/positives frr false_alarms")
+    lines += [f"{e['speaker'] or '-'} {e['missed']}/{e['positives']} {_fmt_pct(e['frr'])} "
+              f"{e['false_alarms']}" for e in rep.speakers]
+    lines.append("# misses, lowest peak first: peak key speaker text")
+    lines += [f"{e['peak']:.6f} {e['key']} {e['speaker'] or '-'} {e['text']}".rstrip()
+              for e in rep.misses]
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -459,11 +544,13 @@ class ScoreResult:
     summary: List[str]
     missing_keys: int = 0
     extra: Dict = field(default_factory=dict)
+    errors: List[ErrorReport] = field(default_factory=list)  # per keyword with a threshold
 
 
 def write_outputs(out_dir: str, result: ScoreResult, config: Dict,
                   plot_max_fa_per_hour: Optional[float] = None) -> None:
-    """det_<keyword>.txt, det.json, det.png and summary.txt in out_dir."""
+    """det_<keyword>.txt, errors_<keyword>.txt, det.json, det.png and summary.txt in
+    out_dir."""
     os.makedirs(out_dir, exist_ok=True)
     det, keywords = result.det, result.keywords
     fa, frr = det.fa_per_hour, det.frr
@@ -477,6 +564,10 @@ def write_outputs(out_dir: str, result: ScoreResult, config: Dict,
         lines += [f"{format_threshold(t)} {a:.6f} {r:.6f}"
                   for t, a, r in zip(det.thresholds, fa[:, k], frr[:, k])]
         atomic_write_text(os.path.join(out_dir, f"det_{name}.txt"), "\n".join(lines) + "\n")
+        rep = next((r for r in result.errors if r.keyword == kw), None)
+        if rep is not None:
+            atomic_write_text(os.path.join(out_dir, f"errors_{name}.txt"),
+                              format_error_report(rep))
 
     curves = {}
     for k, kw in enumerate(keywords):
@@ -498,6 +589,7 @@ def write_outputs(out_dir: str, result: ScoreResult, config: Dict,
         "missing_keys": result.missing_keys,
         "curves": curves,
         "summary": result.summary,
+        "errors": {r.keyword: vars(r) for r in result.errors},
         **result.extra,
     }
     atomic_write_text(os.path.join(out_dir, "det.json"),
@@ -516,9 +608,11 @@ def score(data_list: str, posteriors: str, keywords_path: str,
           target_fa_per_hour: float = 1.0,
           max_missing_fraction: float = DEFAULT_MAX_MISSING_FRACTION,
           bootstrap_replicates: int = 0, bootstrap_seed: int = 0,
-          bootstrap_level: float = 0.95) -> ScoreResult:
+          bootstrap_level: float = 0.95,
+          frame_shift_ms: float = DEFAULT_FRAME_SHIFT_MS) -> ScoreResult:
     """Read the inputs, score every keyword, pick operating points (with bootstrap
-    intervals of their FRR when `bootstrap_replicates` > 0)."""
+    intervals of their FRR when `bootstrap_replicates` > 0) and list the errors at the
+    threshold selected for `target_fa_per_hour`."""
     keywords = read_keywords(keywords_path)
     utts = read_data_list(data_list, num_keywords=len(keywords))
     table = load_posteriors(posteriors)
@@ -563,6 +657,15 @@ def score(data_list: str, posteriors: str, keywords_path: str,
         summary.append(summary_line(keyword_file_name(kw), pts, int(det.num_positives[k]),
                                     float(det.negative_hours[k]),
                                     intervals[k] if intervals else None, bootstrap_level))
+    errors = []
+    for k, kw in enumerate(keywords):
+        if selected[k].threshold is None:
+            logger.warning("%s: no threshold meets %g FA/h; no error report", kw,
+                           target_fa_per_hour)
+            continue
+        errors.append(error_report(present, mats, firings, k, kw, det.thresholds,
+                                   selected[k].threshold, target_fa_per_hour,
+                                   float(det.negative_hours[k]), smooth_frames, frame_shift_ms))
     extra = {"num_utterances": len(utts), "num_scored": len(present)}
     if intervals is not None:
         extra["bootstrap"] = {
@@ -570,4 +673,4 @@ def score(data_list: str, posteriors: str, keywords_path: str,
             "frr_intervals": {kw: [vars(ci) for ci in intervals[k]]
                               for k, kw in enumerate(keywords)}}
     return ScoreResult(det=det, keywords=keywords, points=points, selected=selected,
-                       summary=summary, missing_keys=missing, extra=extra)
+                       summary=summary, missing_keys=missing, extra=extra, errors=errors)

@@ -118,6 +118,8 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score"
     echo "summary ($exp/score/summary.txt):"
     cat "$exp/score/summary.txt"
+    echo "false alarms, per-speaker misses and missed utterances at that threshold:" \
+      "$exp/score/errors_*.txt"
   else
     echo "stage 6: classifying the test set with the ONNX model"
     python -m toolkit.bin.score_commands --model "$exp/export/model.onnx" \

@@ -7,6 +7,11 @@ a grid and writes, into --out-dir:
   det.png            FRR vs FA/h, one curve per keyword
   summary.txt        one line per keyword (also printed to stdout), each FRR with
                      its 95% bootstrap interval over resampled test utterances
+  errors_<keyword>.txt
+                     at the threshold selected for --target-fa-per-hour: every
+                     false alarm (key, speaker, text, time, peak score), each
+                     speaker's miss rate, every missed positive (the data
+                     list's optional "spk" and "txt" fields name them)
 
 Example:
   python -m toolkit.bin.score_kws --data-list data/test/data.list \\
@@ -102,7 +107,8 @@ def main(argv=None) -> int:
                                target_fa_per_hour=args.target_fa_per_hour,
                                max_missing_fraction=args.max_missing_fraction,
                                bootstrap_replicates=args.bootstrap,
-                               bootstrap_seed=args.bootstrap_seed)
+                               bootstrap_seed=args.bootstrap_seed,
+                               frame_shift_ms=args.frame_shift_ms)
     except (ValueError, OSError) as err:
         logging.error("%s", err)
         return 1
