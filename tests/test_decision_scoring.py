@@ -383,6 +383,74 @@ def test_bootstrap_interval_brackets_the_estimate_and_narrows_with_more_data():
     assert sep.low == sep.high == 0.0
 
 
+def test_speaker_bootstrap_replicate_is_the_det_of_resampled_speakers():
+    """One replicate draws whole speakers with the same generator; every drawn speaker
+    brings all its utterances, positives and negatives."""
+    probs, labels, durations = bootstrap_set(1)
+    speakers = [f"s{i % 7}" for i in range(len(probs))]   # 7 voices, mixed labels
+    thresholds = scoring.threshold_grid(0.01)
+    names = sorted(set(speakers))
+    for seed in (3, 4):
+        (ci,), = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
+                                                 replicates=1, seed=seed, refractory_frames=30,
+                                                 speakers=speakers)
+        drawn = np.random.default_rng(seed).integers(0, len(names), len(names))
+        pick = [i for d in drawn.tolist() for i, s in enumerate(speakers) if s == names[d]]
+        det = scoring.compute_det([probs[i] for i in pick], [labels[i] for i in pick],
+                                  [durations[i] for i in pick], 1, thresholds,
+                                  refractory_frames=30)
+        want = scoring.operating_point(thresholds, det.fa_per_hour[:, 0], det.frr[:, 0], 20.0)
+        assert ci.low == ci.high == pytest.approx(want.frr)
+
+
+def test_speaker_bootstrap_is_wider_when_errors_cluster_by_voice():
+    """Every miss belongs to voice v0 (one of 20): drawing utterances keeps the FRR near
+    5 %, drawing voices brings v0 zero to three times, i.e. FRR 0 to about 15 %."""
+    rng = np.random.default_rng(0)
+    probs, labels, speakers = [], [], []
+    for v in range(20):
+        for _ in range(20):
+            peak = rng.uniform(0.1, 0.3) if v == 0 else rng.uniform(0.8, 1.0)
+            probs.append(spikes(120, {60: float(peak)}))
+            labels.append(0)
+            speakers.append(f"v{v}")
+        probs.append(spikes(120, {20: float(rng.uniform(0.4, 0.5))}))
+        labels.append(-1)
+        speakers.append(f"v{v}")
+    # 10 h of negatives, each firing below 0.5: 2 FA/h, so 1 FA/h needs a threshold
+    # above them, where v0's keywords (0.1-0.3) are missed and the others (0.8-1) hit.
+    durations = [2.0 if lab == 0 else 1800.0 for lab in labels]
+    thresholds = scoring.threshold_grid(0.01)
+    (by_utt,), = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds,
+                                                 [1.0], replicates=300, seed=0)
+    (by_spk,), = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds,
+                                                 [1.0], replicates=300, seed=0,
+                                                 speakers=speakers)
+    assert by_utt.low < 0.05 < by_utt.high and by_spk.low == 0.0
+    assert by_spk.high - by_spk.low > 2 * (by_utt.high - by_utt.low)
+    with pytest.raises(ValueError, match="one entry per utterance"):
+        scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [1.0],
+                                        speakers=speakers[:-1])
+
+
+def test_cli_speaker_bootstrap_needs_speakers(tmp_path, caplog):
+    probs, labels, durations = bootstrap_set(5)
+    speakers = [f"s{i % 5}" for i in range(len(probs))]
+    data, ark, kws = write_inputs(tmp_path, probs, labels, durations, speakers=speakers)
+    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
+                           "--out-dir", str(tmp_path / "s"), "--fa-targets", "20",
+                           "--bootstrap", "100", "--bootstrap-unit", "speaker"]) == 0
+    doc = json.loads((tmp_path / "s" / "det.json").read_text())
+    assert doc["bootstrap"]["unit"] == "speaker" and doc["config"]["bootstrap_unit"] == "speaker"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    data, ark, kws = write_inputs(bare, probs, labels, durations)
+    with caplog.at_level(logging.ERROR):
+        rc = score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
+                             "--out-dir", str(bare / "s"), "--bootstrap-unit", "speaker"])
+    assert rc == 1 and "needs a 'spk' field" in caplog.text and "utt000" in caplog.text
+
+
 def test_cli_reports_bootstrap_intervals(tmp_path):
     data, ark, kws = write_inputs(tmp_path, *bootstrap_set(5))
     assert score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,

@@ -52,6 +52,17 @@ def test_all_stages_produce_their_outputs(recipe_run):
     assert (score / "det_hey_snips.txt").exists()
     det = json.loads((score / "det.json").read_text())
     selected = det["curves"]["hey snips"]["selected"]
+    # Intervals over resampled test voices; the errors at the selected threshold, by voice.
+    assert det["bootstrap"]["unit"] == "speaker"
+    errors = (score / "errors_hey_snips.txt").read_text().splitlines()
+    if selected["threshold"] is not None:
+        assert errors[0].startswith("# hey snips: threshold ")
+        heads = [i for i, line in enumerate(errors) if line.startswith("#")]
+        assert [errors[i].split(",")[0] for i in heads[1:]] == [
+            "# false alarms", "# speakers", "# misses"]
+        listed = {row.split()[0] for row in errors[heads[2] + 1:heads[3]]}
+        utt2spk = (data / "test" / "utt2spk").read_text().splitlines()
+        assert listed and listed <= {line.split()[1] for line in utt2spk}
     from toolkit.export import read_metadata
     meta = read_metadata(str(exp / "export" / "model.onnx"))
     assert meta["keywords"] == ["hey snips"]

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_FA_TARGETS = (0.5, 1.0, 2.0)
 DEFAULT_MAX_MISSING_FRACTION = 0.01
+BOOTSTRAP_UNITS = ("utterance", "speaker")  # what one bootstrap draw picks
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -331,17 +332,25 @@ def bootstrap_frr_intervals(probs: Sequence[np.ndarray], labels: Sequence[int],
                             replicates: int = 1000, level: float = 0.95, seed: int = 0,
                             smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
                             refractory_frames: int = DEFAULT_REFRACTORY_FRAMES,
-                            firings: Optional[List[Tuple]] = None) -> List[List[FrrInterval]]:
+                            firings: Optional[List[Tuple]] = None,
+                            speakers: Optional[Sequence[str]] = None) -> List[List[FrrInterval]]:
     """How far the FRR at each FA/h target could move with another test set of the same
     size: utterances are drawn with replacement (a keyword's positives and the other
     utterances separately, so every replicate keeps the positive count), the operating
     point is chosen again in each replicate, and the central `level` of the FRRs is
     returned per keyword and target. At 1 FA/h over a few hours the threshold rests on
-    a handful of negatives, and this interval shows how much that matters."""
+    a handful of negatives, and this interval shows how much that matters.
+
+    With `speakers` (one per utterance) whole speakers are drawn instead, each bringing
+    all its utterances: errors cluster by voice (one voice's near-homophones can set the
+    threshold, another's keywords be missed), so with a few dozen test voices this is
+    the interval for another set of voices, wider than the per-utterance one."""
     thresholds = np.asarray(thresholds, dtype=np.float64)
     K, G = int(num_keywords), thresholds.size
     labels_arr = np.asarray(labels, dtype=np.int64)
     dur = np.asarray(durations, dtype=np.float64)
+    if speakers is not None and len(speakers) != labels_arr.size:
+        raise ValueError("speakers must have one entry per utterance")
     if firings is None:
         firings = all_firings(probs, K, thresholds, smooth_frames, refractory_frames)
     rng = np.random.default_rng(seed)
@@ -356,18 +365,35 @@ def bootstrap_frr_intervals(probs: Sequence[np.ndarray], labels: Sequence[int],
         # Per utterance and threshold: false alarms of k, and whether a positive is hit.
         fa_rows = _detections_per_threshold(firings, neg, k, G)
         hit_rows = (_detections_per_threshold(firings, pos, k, G) > 0).astype(np.float32)
-        w_neg = np.stack([np.bincount(rng.integers(0, neg.size, neg.size), minlength=neg.size)
-                          for _ in range(replicates)]).astype(np.float32)
-        w_pos = np.stack([np.bincount(rng.integers(0, pos.size, pos.size), minlength=pos.size)
-                          for _ in range(replicates)]).astype(np.float32)
+        if speakers is None:
+            w_neg = np.stack([np.bincount(rng.integers(0, neg.size, neg.size),
+                                          minlength=neg.size)
+                              for _ in range(replicates)]).astype(np.float32)
+            w_pos = np.stack([np.bincount(rng.integers(0, pos.size, pos.size),
+                                          minlength=pos.size)
+                              for _ in range(replicates)]).astype(np.float32)
+        else:
+            names, spk_index = np.unique(np.asarray(speakers, dtype=object).astype(str),
+                                         return_inverse=True)
+            draws = np.stack([np.bincount(rng.integers(0, names.size, names.size),
+                                          minlength=names.size)
+                              for _ in range(replicates)]).astype(np.float32)
+            w_all = draws[:, spk_index]  # (replicates, utterances)
+            w_neg, w_pos = w_all[:, neg], w_all[:, pos]
+        # A speaker draw can miss every negative or every positive: no curve, skipped.
+        valid = np.flatnonzero(((w_neg @ dur[neg]) > 0) & (w_pos.sum(axis=1) > 0))
+        if valid.size == 0:
+            out.append([FrrInterval(float(t), None, None) for t in targets])
+            continue
+        w_neg, w_pos = w_neg[valid], w_pos[valid]
         fa_per_hour = (w_neg @ fa_rows) / ((w_neg @ dur[neg]) / 3600.0)[:, None]
-        frr = 1.0 - (w_pos @ hit_rows) / pos.size
+        frr = 1.0 - (w_pos @ hit_rows) / w_pos.sum(axis=1, keepdims=True)
         per_target = []
         for t in targets:
             # A replicate where no threshold meets the target rejects everything.
             vals = [1.0 if op.frr is None else op.frr for op in
                     (operating_point(thresholds, fa_per_hour[r], frr[r], t)
-                     for r in range(replicates))]
+                     for r in range(valid.size))]
             low, high = np.quantile(vals, [tail, 1.0 - tail])
             per_target.append(FrrInterval(float(t), float(low), float(high)))
         out.append(per_target)
@@ -609,7 +635,8 @@ def score(data_list: str, posteriors: str, keywords_path: str,
           max_missing_fraction: float = DEFAULT_MAX_MISSING_FRACTION,
           bootstrap_replicates: int = 0, bootstrap_seed: int = 0,
           bootstrap_level: float = 0.95,
-          frame_shift_ms: float = DEFAULT_FRAME_SHIFT_MS) -> ScoreResult:
+          frame_shift_ms: float = DEFAULT_FRAME_SHIFT_MS,
+          bootstrap_unit: str = "utterance") -> ScoreResult:
     """Read the inputs, score every keyword, pick operating points (with bootstrap
     intervals of their FRR when `bootstrap_replicates` > 0) and list the errors at the
     threshold selected for `target_fa_per_hour`."""
@@ -642,12 +669,22 @@ def score(data_list: str, posteriors: str, keywords_path: str,
                       len(keywords), thresholds, firings=firings)
 
     targets = sorted(set(float(t) for t in fa_targets) | {float(target_fa_per_hour)})
+    if bootstrap_unit not in BOOTSTRAP_UNITS:
+        raise ValueError(f"bootstrap unit must be one of {', '.join(BOOTSTRAP_UNITS)}, "
+                         f"got {bootstrap_unit!r}")
     intervals = None
     if bootstrap_replicates > 0:
+        speakers = None
+        if bootstrap_unit == "speaker":
+            unnamed = next((u.key for u in present if not u.speaker), None)
+            if unnamed is not None:
+                raise ValueError(f"{data_list}: --bootstrap-unit speaker needs a 'spk' field "
+                                 f"on every line; {unnamed!r} has none")
+            speakers = [u.speaker for u in present]
         intervals = bootstrap_frr_intervals(
             mats, [u.label for u in present], [u.duration for u in present], len(keywords),
             det.thresholds, targets, bootstrap_replicates, bootstrap_level, bootstrap_seed,
-            firings=firings)
+            firings=firings, speakers=speakers)
     fa, frr = det.fa_per_hour, det.frr
     points, selected, summary = [], [], []
     for k, kw in enumerate(keywords):
@@ -670,6 +707,7 @@ def score(data_list: str, posteriors: str, keywords_path: str,
     if intervals is not None:
         extra["bootstrap"] = {
             "replicates": bootstrap_replicates, "level": bootstrap_level, "seed": bootstrap_seed,
+            "unit": bootstrap_unit,
             "frr_intervals": {kw: [vars(ci) for ci in intervals[k]]
                               for k, kw in enumerate(keywords)}}
     return ScoreResult(det=det, keywords=keywords, points=points, selected=selected,

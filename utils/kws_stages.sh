@@ -18,6 +18,8 @@
 #                      $dict); stage 6 = accuracy and confusion matrix.
 #   precompute_feats   true (default): fbank once into $data/*/fbank/ and train from it
 #   target_fa_per_hour detection only: FA/h at which the deployment threshold is chosen (1.0)
+#   score_bootstrap_unit detection only: what the FRR intervals resample, speaker (default:
+#                      whole voices, as errors cluster by voice) or utterance
 #   train_speed_copies e.g. 0.9,1.1: with precompute_feats, the training features also get
 #                      copies of every utterance at these speeds (Kaldi's 3-way speed
 #                      perturbation, computed once). Empty: none.
@@ -45,6 +47,7 @@ done
 task_type=${task_type:-detection}
 precompute_feats=${precompute_feats:-true}
 target_fa_per_hour=${target_fa_per_hour:-1.0}
+score_bootstrap_unit=${score_bootstrap_unit:-speaker}
 ctc_unit=${ctc_unit:-}
 train_speed_copies=${train_speed_copies:-}
 case "$task_type" in
@@ -114,7 +117,8 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
       --data-list "$data/test/$list_name" --output "$exp/score/test_probs.ark"
     python -m toolkit.bin.score_kws --data-list "$data/test/$list_name" \
       --posteriors "$exp/score/test_probs.ark" --keywords "$dict" --out-dir "$exp/score" \
-      --target-fa-per-hour "$target_fa_per_hour"
+      --target-fa-per-hour "$target_fa_per_hour" --fa-targets 0.5,1,2,5 \
+      --bootstrap-unit "$score_bootstrap_unit"
     python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score"
     echo "summary ($exp/score/summary.txt):"
     cat "$exp/score/summary.txt"

@@ -70,6 +70,10 @@ def get_args(argv=None):
     parser.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                         help="resample the test utterances N times and report the 95%% interval "
                              "of each FRR (0: off; default %(default)s)")
+    parser.add_argument("--bootstrap-unit", choices=scoring.BOOTSTRAP_UNITS, default="utterance",
+                        help="what each bootstrap draw picks: single utterances, or whole "
+                             "speakers (the data list's 'spk') with all their utterances, for "
+                             "the spread over another set of voices (default %(default)s)")
     parser.add_argument("--bootstrap-seed", type=int, default=0,
                         help="seed of the resampling (default %(default)s)")
     parser.add_argument("--plot-max-fa-per-hour", type=float, default=None,
@@ -108,7 +112,8 @@ def main(argv=None) -> int:
                                max_missing_fraction=args.max_missing_fraction,
                                bootstrap_replicates=args.bootstrap,
                                bootstrap_seed=args.bootstrap_seed,
-                               frame_shift_ms=args.frame_shift_ms)
+                               frame_shift_ms=args.frame_shift_ms,
+                               bootstrap_unit=args.bootstrap_unit)
     except (ValueError, OSError) as err:
         logging.error("%s", err)
         return 1
@@ -119,7 +124,7 @@ def main(argv=None) -> int:
         "threshold_step": args.threshold_step,
         "threshold_tail_decades": args.threshold_tail_decades, "target_fa_per_hour": args.target_fa_per_hour,
         "fa_targets": args.fa_targets, "bootstrap": args.bootstrap,
-        "bootstrap_seed": args.bootstrap_seed,
+        "bootstrap_seed": args.bootstrap_seed, "bootstrap_unit": args.bootstrap_unit,
     }
     scoring.write_outputs(args.out_dir, result, config, args.plot_max_fa_per_hour)
     for line in result.summary:
