@@ -63,6 +63,19 @@ class ReverbConfig:
 
 
 @dataclass
+class VoicePerturbConfig:
+    """Per-utterance spectral changes a new voice makes, on the fbank features (training
+    only): formants below `split_hz` scaled by a factor from `low_range`, those above by
+    one from `high_range` (espeak-ng's variants move F1 and F2-F3 by different ratios),
+    and a spectral tilt from `tilt_db` (dB, highest mel bin against the lowest)."""
+    prob: float = 0.0             # share of training utterances perturbed; 0: off
+    low_range: List[float] = field(default_factory=lambda: [1.0, 1.0])
+    high_range: List[float] = field(default_factory=lambda: [1.0, 1.0])
+    split_hz: float = 1000.0
+    tilt_db: List[float] = field(default_factory=lambda: [0.0, 0.0])
+
+
+@dataclass
 class DatasetConfig:
     data_type: str = "auto"       # raw: JSON-lines data list; shard: tar shard list; auto: look
     train_data: str = ""
@@ -75,6 +88,7 @@ class DatasetConfig:
     # Vocal tract length perturbation, e.g. [0.9, 1.1]: formants scaled by a factor drawn
     # per utterance, on the fbank features (so it also works on precomputed ones).
     vtlp_range: List[float] = field(default_factory=list)
+    voice_perturb: VoicePerturbConfig = field(default_factory=VoicePerturbConfig)
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     reverb: ReverbConfig = field(default_factory=ReverbConfig)
     spec_aug: SpecAugConfig = field(default_factory=SpecAugConfig)
@@ -269,6 +283,20 @@ def _check_values(cfg: Config) -> None:
     if d.vtlp_range and not 0.5 <= d.vtlp_range[0] <= d.vtlp_range[1] <= 2.0:
         raise ConfigError(f"dataset.vtlp_range: warp factors must lie in [0.5, 2.0], "
                           f"got {d.vtlp_range}")
+    vp = d.voice_perturb
+    if not 0.0 <= vp.prob <= 1.0:
+        raise ConfigError(f"dataset.voice_perturb.prob must be in [0, 1], got {vp.prob}")
+    for name in ("low_range", "high_range", "tilt_db"):
+        v = getattr(vp, name)
+        if len(v) != 2 or v[0] > v[1]:
+            raise ConfigError(f"dataset.voice_perturb.{name}: expected [low, high], got {v}")
+    for name in ("low_range", "high_range"):
+        if not 0.5 <= getattr(vp, name)[0] <= getattr(vp, name)[1] <= 2.0:
+            raise ConfigError(f"dataset.voice_perturb.{name}: warp factors must lie in "
+                              f"[0.5, 2.0], got {getattr(vp, name)}")
+    if not 0 < vp.split_hz < d.sample_rate / 2:
+        raise ConfigError(f"dataset.voice_perturb.split_hz must lie in (0, "
+                          f"{d.sample_rate / 2:g}), got {vp.split_hz}")
     if len(d.noise.snr_db) != 2:
         raise ConfigError("dataset.noise.snr_db: expected [low, high]")
 

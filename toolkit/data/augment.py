@@ -1,5 +1,6 @@
 """Augmentations. Each takes an explicit numpy Generator: the pipeline derives it from
 (seed, epoch, utterance key), so the result never depends on worker count or timing."""
+import math
 import zlib
 from typing import Optional
 
@@ -58,18 +59,39 @@ def mel_bin_centers_hz(num_bins: int, low_hz: float, high_hz: float) -> np.ndarr
     return 700.0 * np.expm1(centers / 1127.0)
 
 
-def warp_frequency(feats: np.ndarray, factor: float, centers_hz: np.ndarray) -> np.ndarray:
+def warp_frequency(feats: np.ndarray, factor: float, centers_hz: np.ndarray,
+                   high_factor: Optional[float] = None, split_hz: float = 1000.0) -> np.ndarray:
     """Vocal tract length perturbation on log-mel features: the spectrum a talker with
     formants `factor` times higher would give. Bin i takes the (log-mel) value found at
     frequency centers[i] / factor, interpolated between bins; beyond the edges the edge
-    bins are repeated. Works on precomputed features, unlike a warped filterbank."""
-    if factor == 1.0 or feats.shape[0] == 0:
+    bins are repeated. Works on precomputed features, unlike a warped filterbank.
+
+    With `high_factor`, frequencies up to `split_hz` are scaled by `factor` and those
+    above continue with slope `high_factor` (f -> factor*split + high_factor*(f - split)):
+    a vocal tract whose first formant moves by another ratio than the higher ones, as
+    espeak-ng's voice variants do (e.g. F1 x0.75, F2-F3 x0.85)."""
+    high = factor if high_factor is None else high_factor
+    if (factor == 1.0 and high == 1.0) or feats.shape[0] == 0:
         return feats
-    src = np.interp(centers_hz / factor, centers_hz, np.arange(len(centers_hz)))
+    knee = factor * split_hz  # where the warped low band ends
+    source_hz = np.where(centers_hz <= knee, centers_hz / factor,
+                         split_hz + (centers_hz - knee) / high)
+    src = np.interp(source_hz, centers_hz, np.arange(len(centers_hz)))
     lo = np.floor(src).astype(np.int64)
     hi = np.minimum(lo + 1, len(centers_hz) - 1)
     w = (src - lo).astype(np.float32)
     return (feats[:, lo] * (1.0 - w) + feats[:, hi] * w).astype(np.float32)
+
+
+def tilt_spectrum(feats: np.ndarray, tilt_db: float) -> np.ndarray:
+    """Adds a spectral slope to log-mel features: `tilt_db` more (or less) energy in the
+    highest bin than in the lowest, linear over the bins in between, as a brighter or
+    breathier voice source (espeak-ng's `tone`) would give."""
+    if tilt_db == 0.0 or feats.shape[0] == 0:
+        return feats
+    ramp = np.linspace(-0.5, 0.5, feats.shape[1], dtype=np.float64)
+    # fbank features are natural logs of energies: dB * ln(10) / 10.
+    return (feats + (tilt_db * math.log(10.0) / 10.0) * ramp).astype(np.float32)
 
 
 def spec_augment(feats: np.ndarray, rng: np.random.Generator, num_time_masks: int,

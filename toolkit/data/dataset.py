@@ -140,6 +140,12 @@ class UtteranceProcessor:
         if self.train and self.cfg.vtlp_range:
             factor = float(rng.uniform(*self.cfg.vtlp_range))
             feats = augment.warp_frequency(feats, factor, self.mel_centers)
+        vp = self.cfg.voice_perturb
+        # No draw at all when off: the random stream of older configs stays the same.
+        if self.train and vp.prob > 0 and rng.random() < vp.prob:
+            low, high = float(rng.uniform(*vp.low_range)), float(rng.uniform(*vp.high_range))
+            feats = augment.warp_frequency(feats, low, self.mel_centers, high, vp.split_hz)
+            feats = augment.tilt_spectrum(feats, float(rng.uniform(*vp.tilt_db)))
         sa = self.cfg.spec_aug
         if self.train and sa.enabled and (sa.keyword_utterances or label < 0):
             feats = augment.spec_augment(feats, rng, sa.num_time_masks, sa.max_time_width,
