@@ -283,3 +283,33 @@ def test_vtlp_moves_a_tone_like_a_talker_with_scaled_formants(factor):
     assert err(warped) < 0.4 * err(fbank(1500.0))
     assert fbank(1500.0)[10].argmax() != peak        # unwarped, the tone sits elsewhere
     np.testing.assert_array_equal(warp_frequency(target, 1.0, centers), target)
+
+
+def test_two_band_warp_moves_low_and_high_formants_by_their_own_factors():
+    """F1 region x0.8, above 1 kHz slope 1.2 (continuous at the knee): a 500 Hz tone lands
+    where a 400 Hz tone is, a 3000 Hz one where 0.8*1000 + 1.2*2000 = 3200 Hz is."""
+    from toolkit.data.augment import mel_bin_centers_hz, warp_frequency
+    opts = fbank_options(40, 25.0, 10.0, 0.0, RATE)
+    t = np.arange(RATE // 2) / RATE
+    fbank = lambda hz: compute_fbank(0.3 * np.sin(2 * np.pi * hz * t), opts)
+    centers = mel_bin_centers_hz(40, opts.mel_opts.low_freq, RATE / 2)
+    for source, target in ((500.0, 400.0), (3000.0, 3200.0)):
+        warped = warp_frequency(fbank(source), 0.8, centers, 1.2, 1000.0)
+        want = fbank(target)
+        assert np.all(warped.argmax(axis=1) == want.argmax(axis=1)), (source, target)
+        assert fbank(source)[10].argmax() != want[10].argmax()
+    # Equal factors are the one-factor warp, whatever the split.
+    x = fbank(1500.0)
+    np.testing.assert_array_equal(warp_frequency(x, 0.9, centers, 0.9, 700.0),
+                                  warp_frequency(x, 0.9, centers))
+
+
+def test_tilt_adds_a_linear_slope_in_db():
+    from toolkit.data.augment import tilt_spectrum
+    x = np.random.default_rng(0).normal(size=(7, 40)).astype(np.float32)
+    y = tilt_spectrum(x, 6.0) - x
+    # Natural-log energies: +6 dB from the lowest to the highest bin is ln(10) * 0.6.
+    assert y[:, -1] - y[:, 0] == pytest.approx(np.full(7, np.log(10) * 0.6), rel=1e-5)
+    np.testing.assert_allclose(np.diff(y, axis=1), np.log(10) * 0.6 / 39, rtol=1e-4)
+    assert abs(float(y.mean())) < 1e-6                  # centred: overall level unchanged
+    assert tilt_spectrum(x, 0.0) is x

@@ -123,6 +123,17 @@ def test_value_checks():
     with pytest.raises(ConfigError, match=r"vtlp_range: warp factors must lie in \[0.5, 2.0\]"):
         load_config(RECIPE, ["dataset.vtlp_range=[0.0,1.1]"])
     assert load_config(RECIPE, ["dataset.vtlp_range=[0.9,1.1]"]).dataset.vtlp_range == [0.9, 1.1]
+    for bad, message in (("prob=1.5", "voice_perturb.prob must be in"),
+                         ("low_range=[1.2,0.8]", "voice_perturb.low_range: expected"),
+                         ("high_range=[0.1,1.0]", "voice_perturb.high_range: warp factors"),
+                         ("tilt_db=[3]", "voice_perturb.tilt_db: expected"),
+                         ("split_hz=9000", "voice_perturb.split_hz must lie in"),
+                         ("formants=2", "unknown key")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(RECIPE, [f"dataset.voice_perturb.{bad}"])
+    vp = load_config(RECIPE, ["dataset.voice_perturb.prob=0.5",
+                              "dataset.voice_perturb.tilt_db=[-6,6]"]).dataset.voice_perturb
+    assert vp.prob == 0.5 and vp.tilt_db == [-6, 6] and vp.low_range == [1.0, 1.0]
     with pytest.raises(ConfigError, match="amp_dtype"):
         load_config(RECIPE, ["training.amp_dtype=float8"])
 

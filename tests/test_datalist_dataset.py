@@ -12,7 +12,7 @@ import torch
 from toolkit.config import DatasetConfig, SpecAugConfig
 from toolkit.data import augment
 from toolkit.data.audio import BadEntry
-from toolkit.data.augment import load_mono, utterance_rng
+from toolkit.data.augment import load_mono, tilt_spectrum, utterance_rng, warp_frequency
 from toolkit.data.datalist import DataList
 from toolkit.data.dataset import (BatchDataset, UtteranceProcessor, estimated_frames,
                                   make_loader, plan_batches, rank_batches)
@@ -315,6 +315,40 @@ def test_augmentation_deterministic_per_seed_epoch_key(wav_dir):
     clean = UtteranceProcessor(cfg, seed=11, train=False)
     assert any(not np.array_equal(clean(e, 2), forward[e["key"]]) for e in entries)
     assert all(np.array_equal(clean(e, 2), clean(e, 3)) for e in entries)
+
+
+def test_voice_perturb_off_draws_nothing_and_on_changes_the_spectrum(wav_dir):
+    """prob 0 leaves the random stream (so every older config's features) untouched;
+    prob 1 perturbs every training utterance, deterministically per seed, epoch and key,
+    and never the evaluation features."""
+    entries = wav_dir["good"]
+    base = UtteranceProcessor(aug_cfg(), seed=3, train=True)
+    off_cfg = aug_cfg()
+    off_cfg.voice_perturb.low_range = [0.7, 0.8]      # ranges set, but prob 0: off
+    off = UtteranceProcessor(off_cfg, seed=3, train=True)
+    for e in entries:
+        np.testing.assert_array_equal(off(e, 1), base(e, 1))
+    on_cfg = DatasetConfig(batch_size=2)
+    on_cfg.voice_perturb.prob = 1.0
+    on_cfg.voice_perturb.low_range = [0.75, 0.8]
+    on_cfg.voice_perturb.high_range = [0.85, 0.9]
+    on_cfg.voice_perturb.tilt_db = [4.0, 6.0]
+    on = UtteranceProcessor(on_cfg, seed=3, train=True)
+    clean = UtteranceProcessor(on_cfg, seed=3, train=False)
+    again = UtteranceProcessor(on_cfg, seed=3, train=True)
+    fixed_cfg = DatasetConfig(batch_size=2)            # one-point ranges: a known result
+    fixed_cfg.voice_perturb.prob = 1.0
+    fixed_cfg.voice_perturb.low_range = [0.8, 0.8]
+    fixed_cfg.voice_perturb.high_range = [0.9, 0.9]
+    fixed_cfg.voice_perturb.tilt_db = [6.0, 6.0]
+    fixed = UtteranceProcessor(fixed_cfg, seed=3, train=True)
+    for e in entries:
+        got, ref = on(e, 1), clean(e, 1)
+        assert got.shape == ref.shape and not np.array_equal(got, ref)
+        np.testing.assert_array_equal(got, again(e, 1))
+        np.testing.assert_array_equal(clean(e, 1), clean(e, 2))
+        want = tilt_spectrum(warp_frequency(ref, 0.8, fixed.mel_centers, 0.9, 1000.0), 6.0)
+        np.testing.assert_array_equal(fixed(e, 1), want)
 
 
 def test_spec_augment_can_spare_keyword_utterances(wav_dir):
