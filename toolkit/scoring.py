@@ -219,7 +219,7 @@ class DetCurves:
 
 def _utterance_firings(x: np.ndarray, num_keywords: int, thresholds: np.ndarray,
                        smooth_frames: int, refractory_frames: int
-                       ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One utterance's detections for every grid threshold: arrays (keyword, lo, hi,
     frame), each detection firing at `frame` for threshold indices [lo, hi)."""
     s = smooth_scores(x, smooth_frames)
@@ -591,9 +591,11 @@ def write_outputs(out_dir: str, result: ScoreResult, config: Dict,
                   for t, a, r in zip(det.thresholds, fa[:, k], frr[:, k])]
         atomic_write_text(os.path.join(out_dir, f"det_{name}.txt"), "\n".join(lines) + "\n")
         rep = next((r for r in result.errors if r.keyword == kw), None)
+        errors_path = os.path.join(out_dir, f"errors_{name}.txt")
         if rep is not None:
-            atomic_write_text(os.path.join(out_dir, f"errors_{name}.txt"),
-                              format_error_report(rep))
+            atomic_write_text(errors_path, format_error_report(rep))
+        elif os.path.exists(errors_path):  # an earlier scoring's, for another threshold
+            os.remove(errors_path)
 
     curves = {}
     for k, kw in enumerate(keywords):

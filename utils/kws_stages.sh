@@ -113,12 +113,17 @@ fi
 if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   if [ "$task_type" = detection ]; then
     echo "stage 6: scoring the test set with the ONNX model"
+    _bootstrap_unit=$score_bootstrap_unit
+    if [ "$_bootstrap_unit" = speaker ] && [ ! -s "$data/test/utt2spk" ]; then
+      echo "stage 6: $data/test has no utt2spk: FRR intervals resample utterances"
+      _bootstrap_unit=utterance
+    fi
     python -m toolkit.bin.compute_posteriors --model "$exp/export/model.onnx" \
       --data-list "$data/test/$list_name" --output "$exp/score/test_probs.ark"
     python -m toolkit.bin.score_kws --data-list "$data/test/$list_name" \
       --posteriors "$exp/score/test_probs.ark" --keywords "$dict" --out-dir "$exp/score" \
       --target-fa-per-hour "$target_fa_per_hour" --fa-targets 0.5,1,2,5 \
-      --bootstrap-unit "$score_bootstrap_unit"
+      --bootstrap-unit "$_bootstrap_unit"
     python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score"
     echo "summary ($exp/score/summary.txt):"
     cat "$exp/score/summary.txt"

@@ -7,6 +7,7 @@ a grid and writes, into --out-dir:
   det.png            FRR vs FA/h, one curve per keyword
   summary.txt        one line per keyword (also printed to stdout), each FRR with
                      its 95% bootstrap interval over resampled test utterances
+                     (or whole speakers: --bootstrap-unit speaker)
   errors_<keyword>.txt
                      at the threshold selected for --target-fa-per-hour: every
                      false alarm (key, speaker, text, time, peak score), each
