@@ -373,8 +373,7 @@ def bootstrap_frr_intervals(probs: Sequence[np.ndarray], labels: Sequence[int],
                                           minlength=pos.size)
                               for _ in range(replicates)]).astype(np.float32)
         else:
-            names, spk_index = np.unique(np.asarray(speakers, dtype=object).astype(str),
-                                         return_inverse=True)
+            names, spk_index = np.unique(np.asarray(speakers, dtype=str), return_inverse=True)
             draws = np.stack([np.bincount(rng.integers(0, names.size, names.size),
                                           minlength=names.size)
                               for _ in range(replicates)]).astype(np.float32)
@@ -642,6 +641,9 @@ def score(data_list: str, posteriors: str, keywords_path: str,
     """Read the inputs, score every keyword, pick operating points (with bootstrap
     intervals of their FRR when `bootstrap_replicates` > 0) and list the errors at the
     threshold selected for `target_fa_per_hour`."""
+    if bootstrap_unit not in BOOTSTRAP_UNITS:  # checked before any file is read
+        raise ValueError(f"bootstrap unit must be one of {', '.join(BOOTSTRAP_UNITS)}, "
+                         f"got {bootstrap_unit!r}")
     keywords = read_keywords(keywords_path)
     utts = read_data_list(data_list, num_keywords=len(keywords))
     table = load_posteriors(posteriors)
@@ -671,9 +673,6 @@ def score(data_list: str, posteriors: str, keywords_path: str,
                       len(keywords), thresholds, firings=firings)
 
     targets = sorted(set(float(t) for t in fa_targets) | {float(target_fa_per_hour)})
-    if bootstrap_unit not in BOOTSTRAP_UNITS:
-        raise ValueError(f"bootstrap unit must be one of {', '.join(BOOTSTRAP_UNITS)}, "
-                         f"got {bootstrap_unit!r}")
     intervals = None
     if bootstrap_replicates > 0:
         speakers = None
