@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from toolkit.average import average_checkpoints, average_states, select_checkpoints
-from toolkit.export import model_from_checkpoint
-from toolkit.models import MODELS, build_model
+from toolkit.trainer.average import average_checkpoints, average_states, select_checkpoints
+from toolkit.tasks.kws.export import model_from_checkpoint
+from toolkit.tasks.kws.models import MODELS, build_model
 from toolkit.trainer.checkpoint import list_checkpoints, load_payload, save_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +49,9 @@ def train_and_save(exp_dir, config, save_steps, dev_loss=None, seed=0):
             if dev_loss is not None:
                 meta["dev_loss"] = dev_loss[step]
             save_checkpoint(str(exp_dir), step,
-                            {"model": model.state_dict(), "model_config": dataclasses.asdict(config)},
+                            {"format": 2, "task": "kws", "modules": {"model": model.state_dict()},
+                             "config": {"task": {"type": "kws"},
+                                        "model": dataclasses.asdict(config)}},
                             meta)
             states[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return states
@@ -102,8 +104,8 @@ def test_best_picks_lowest_dev_losses(exp):
     result = average_checkpoints(str(exp_dir), 2, "best")
     assert [a["step"] for a in result["averaged_from"]] == [5, 9]
     assert [a["dev_loss"] for a in result["averaged_from"]] == [0.20, 0.30]
-    assert_average_of(result["model"], [states[5], states[9]])
-    assert result["model_config"] == dataclasses.asdict(ds_tcn_config())
+    assert_average_of(result["modules"]["model"], [states[5], states[9]])
+    assert result["config"]["model"] == dataclasses.asdict(ds_tcn_config())
 
 
 def test_last_uses_steps_not_file_times(exp):
@@ -116,7 +118,7 @@ def test_last_uses_steps_not_file_times(exp):
     assert [c.step for c in select_checkpoints(str(exp_dir), 3, "last")] == [9, 7, 5]
     result = average_checkpoints(str(exp_dir), 3, "last")
     assert [a["step"] for a in result["averaged_from"]] == [9, 7, 5]
-    assert_average_of(result["model"], [states[9], states[7], states[5]])
+    assert_average_of(result["modules"]["model"], [states[9], states[7], states[5]])
 
 
 def test_corrupted_checkpoints_are_excluded(exp):
@@ -134,7 +136,7 @@ def test_corrupted_checkpoints_are_excluded(exp):
     assert [c.step for c in select_checkpoints(str(exp_dir), 2, "last")] == [7, 3]
     result = average_checkpoints(str(exp_dir), 2, "best")
     assert [a["step"] for a in result["averaged_from"]] == [3, 7]
-    assert_average_of(result["model"], [states[3], states[7]])
+    assert_average_of(result["modules"]["model"], [states[3], states[7]])
 
 
 def test_no_dev_loss_and_no_usable_checkpoint(tmp_path):
@@ -182,16 +184,17 @@ def test_cli_writes_loadable_checkpoint(exp, tmp_path):
                           cwd=REPO, capture_output=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
     payload = torch.load(str(out), map_location="cpu", weights_only=True)
-    assert set(payload) >= {"model", "model_config", "averaged_from"}
+    assert set(payload) >= {"modules", "config", "averaged_from"}
     assert [a["step"] for a in payload["averaged_from"]] == [5, 9]
-    config = MODELS.get(payload["model_config"]["type"]).Config(**payload["model_config"])
+    model_config = payload["config"]["model"]
+    config = MODELS.get(model_config["type"]).Config(**model_config)
     model = build_model(config)
-    model.load_state_dict(payload["model"], strict=True)
+    model.load_state_dict(payload["modules"]["model"], strict=True)
     assert_average_of(model.state_dict(), [states[5], states[9]])
     # What export and scoring read it with.
     loaded = model_from_checkpoint(str(out))
     feats = torch.randn(1, 20, 10)
     with torch.no_grad():
         assert torch.equal(loaded(feats)[0], model.eval()(feats)[0])
-    assert load_payload(str(out))["model_config"] == dataclasses.asdict(ds_tcn_config())
+    assert load_payload(str(out))["config"]["model"] == dataclasses.asdict(ds_tcn_config())
     assert not [n for n in os.listdir(out.parent) if n.startswith(".tmp-")]

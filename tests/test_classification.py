@@ -11,10 +11,10 @@ import pytest
 import soundfile as sf
 import torch
 
-from toolkit.classification import class_report, confusion_matrix, utterance_probs
+from toolkit.tasks.kws.classification import class_report, confusion_matrix, utterance_probs
 from toolkit.data.features import compute_fbank, fbank_metadata, fbank_options
-from toolkit.export import build_metadata, export_onnx, export_torchscript
-from toolkit.models import MODELS, build_model
+from toolkit.tasks.kws.export import build_metadata, export_onnx, export_torchscript
+from toolkit.tasks.kws.models import MODELS, build_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RATE = 16000

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from toolkit.cmvn import compute_global_cmvn, read_cmvn, write_cmvn
+from toolkit.data.cmvn import compute_global_cmvn, read_cmvn, write_cmvn
 from toolkit.config import DatasetConfig
 from toolkit.data.augment import load_mono
 from toolkit.data.features import compute_fbank, options_from_config

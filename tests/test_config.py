@@ -4,11 +4,11 @@ import os
 import pytest
 import yaml
 
-from toolkit.config import (REDACTED, Config, ConfigError, apply_overrides, dump_config,
-                            load_config, load_yaml, redact, to_dict, validate)
-from toolkit.losses import MaxPoolingLoss
-from toolkit.models import MODELS
-from toolkit.models.ds_tcn import DSTCN
+from toolkit.config import (Config, ConfigError, apply_overrides, dump_config, is_redacted,
+                            load_config, load_yaml, redact, same_value, to_dict, validate)
+from toolkit.tasks.kws.losses import MaxPoolingLoss
+from toolkit.tasks.kws.models import MODELS
+from toolkit.tasks.kws.models.ds_tcn import DSTCN
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "egs", "wake_word", "s0", "conf", "ds_tcn.yaml")
@@ -154,41 +154,48 @@ def test_missing_model_type_is_an_error(raw):
         validate(raw)
 
 
-def test_redact_secret_keys_and_env_values(monkeypatch):
+def test_redact_secret_keys_and_whole_env_values(monkeypatch):
     monkeypatch.setenv("MY_SERVICE_TOKEN", "s3cr3t-value-xyz")
     data = {
         "api_key": "abc123", "hf_token": "hf_zzz", "db": {"password": "hunter2",
                                                           "ApiKey": "k"},
         "empty_token": "",
         "path": "/data/s3cr3t-value-xyz/train.list",
-        "items": ["plain", "x s3cr3t-value-xyz y"],
+        "items": ["plain", "s3cr3t-value-xyz"],
         "lr": 0.1, "name": "keep me",
     }
     out = redact(data)
-    assert out["api_key"] == REDACTED
-    assert out["hf_token"] == REDACTED
-    assert out["db"]["password"] == REDACTED
-    assert out["db"]["ApiKey"] == REDACTED
-    assert out["path"] == REDACTED
-    assert out["items"] == ["plain", REDACTED]
+    for value in (out["api_key"], out["hf_token"], out["db"]["password"], out["db"]["ApiKey"],
+                  out["items"][1]):
+        assert is_redacted(value) and "abc123" not in value and "hunter2" not in value
+    # Redaction never changes what a later stage reads: a secret inside a longer value
+    # (a path) is not a secret value, and the path stays as it is.
+    assert out["path"] == "/data/s3cr3t-value-xyz/train.list"
+    assert out["items"][0] == "plain"
     assert out["empty_token"] == ""         # nothing to hide
     assert out["lr"] == 0.1 and out["name"] == "keep me"
     # The input is not modified.
     assert data["api_key"] == "abc123" and data["db"]["password"] == "hunter2"
+    # A salted digest tells whether a rerun's value is the same, without revealing it.
+    assert same_value(out["api_key"], "abc123") and not same_value(out["api_key"], "abc124")
 
 
 def test_dump_config_writes_no_secret(tmp_path, monkeypatch):
-    secret = "tok-9f8e7d6c5b4a"
-    monkeypatch.setenv("HF_TOKEN", secret)
-    cfg = load_config(RECIPE, [f"training.init_checkpoint=https://hub/{secret}/ckpt.pt",
-                               f"dataset.train_data=/data/{secret}.list"])
+    secret, env_secret = "tok-9f8e7d6c5b4a", "envtok-1234abcd"
+    monkeypatch.setenv("HF_TOKEN", env_secret)
+    cfg = load_config(RECIPE, [f"dataset.auth_token={secret}",
+                               f"training.init_checkpoint={env_secret}",
+                               "dataset.train_data=/data/HF_TOKEN-dir/train.list"])
     path = tmp_path / "config.yaml"
     dump_config(cfg, str(path))
     text = path.read_text()
-    assert secret not in text
-    assert REDACTED in text
+    assert secret not in text and env_secret not in text
     # The dump is still a complete config: it validates and keeps non-secret values.
     back = yaml.safe_load(text)
+    assert is_redacted(back["dataset"]["auth_token"])
+    assert back["dataset"]["train_data"] == "/data/HF_TOKEN-dir/train.list"
     again = validate(back)
     assert again.training.max_epoch == cfg.training.max_epoch
     assert to_dict(again)["model"] == to_dict(cfg)["model"]
+
+

@@ -14,10 +14,10 @@ import torch
 
 from kws_data import make_kaldi_dir, write_keywords
 from toolkit.data.datalist import DataList
-from toolkit.data.tokens import (BLANK, Tokenizer, char_lexicon, read_lexicon, read_units,
+from toolkit.tasks.kws.tokens import (BLANK, Tokenizer, char_lexicon, read_lexicon, read_units,
                                  units_of)
-from toolkit.losses import CTCLoss, build_loss, uses_ctc_head
-from toolkit.models import MODELS, build_model
+from toolkit.tasks.kws.losses import CTCLoss, build_loss, uses_ctc_head
+from toolkit.tasks.kws.models import MODELS, build_model
 from train_utils import TINY_CONFIG, env, launcher, latest_payload, run_train
 
 
@@ -108,7 +108,7 @@ def test_weighted_sum_routes_the_ctc_component():
     kw, _ = loss_fn.parts[0](logits, lengths, labels)
     ctc, _ = loss_fn.parts[1](ctc_logits, lengths, tokens, token_lengths)
     assert total.item() == pytest.approx(kw.item() + 0.25 * ctc.item(), rel=1e-6)
-    assert metrics["loss_1"].item() == pytest.approx(ctc.item(), rel=1e-6)
+    assert metrics["loss_1_ctc"].item() == pytest.approx(ctc.item(), rel=1e-6)
     assert "acc" in metrics
 
 
@@ -165,7 +165,17 @@ def test_phone_lexicon_from_espeak_separates_near_homophones(tmp_path):
     assert read_units(str(units))[0] == BLANK
 
 
-def test_datalist_tokens_checked_on_load(tmp_path):
+def test_tokens_checked_when_a_batch_is_built(tmp_path):
+    from toolkit.data.audio import BadEntry
+    from toolkit.data.sources import BatchDataset
+    from toolkit.tasks.kws.data import KwsExampleBuilder
+
+    class Features:           # stands in for the fbank pipeline: tokens are checked first
+        num_bins = 3
+
+        def features(self, entry, epoch, audio=None, spec_aug=True):
+            return np.zeros((4, 3), np.float32)
+
     path = tmp_path / "list"
     rows = [
         {"key": "a", "wav": "a.wav", "duration": 1.0, "label": 0, "tokens": [1, 2]},
@@ -175,11 +185,16 @@ def test_datalist_tokens_checked_on_load(tmp_path):
         {"key": "e", "wav": "e.wav", "duration": 1.0, "label": -1, "tokens": [0]},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    plain = DataList.load(str(path))
-    assert len(plain) == 5                       # tokens matter only to a CTC loss
-    checked = DataList.load(str(path), num_units=5)
-    assert [checked.key(i) for i in range(len(checked))] == ["a", "b"]
-    assert checked.bad.counts == {"missing_tokens": 1, "token_not_in_units": 2}
+    datalist = DataList.load(str(path))
+    assert len(datalist) == 5                    # tokens matter only to a CTC loss
+    batch = BatchDataset(datalist, [np.arange(5)], KwsExampleBuilder(Features(), True, 5), 0)[0]
+    assert batch.keys == ["a", "b"]
+    assert batch.tokens.tolist() == [[1, 2], [0, 0]] and batch.token_lengths.tolist() == [2, 0]
+    assert batch.bad.counts == {"missing_tokens": 1, "token_not_in_units": 2}
+    plain = BatchDataset(datalist, [np.arange(5)], KwsExampleBuilder(Features(), True, None), 0)[0]
+    assert len(plain) == 5 and plain.get("tokens") is None
+    with pytest.raises(BadEntry):
+        KwsExampleBuilder(Features(), True, 5)(datalist.entry(2), 0)
 
 
 # ---------------------------------------------------------------- models and export
@@ -214,7 +229,7 @@ def test_ctc_head_refused_by_utterance_classifier():
 
 
 def test_export_of_a_ctc_model_keeps_the_keyword_output(tmp_path):
-    from toolkit.export import check_parity, export_onnx, export_torchscript
+    from toolkit.tasks.kws.export import check_parity, export_onnx, export_torchscript
     torch.manual_seed(1)
     model = tiny_model("ds_tcn", 9).eval()
     meta = {"keywords": ["a", "b"], "cache_size": model.cache_size}
@@ -283,7 +298,7 @@ def test_train_with_ctc_on_two_gloo_ranks(ctc_corpus, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     payload = latest_payload(exp)
     units = len(read_units(ctc_corpus["units"]))
-    assert payload["model"]["ctc_head.weight"].shape[0] == units
+    assert payload["modules"]["model"]["ctc_head.weight"].shape[0] == units
     with open(os.path.join(exp, "config.yaml")) as f:
         assert f"ctc_outputs: {units}" in f.read()
     log = open(os.path.join(exp, "log", "train.rank0.log")).read()
@@ -291,13 +306,13 @@ def test_train_with_ctc_on_two_gloo_ranks(ctc_corpus, tmp_path):
                   for line in log.splitlines() if "dev: loss " in line]
     assert len(dev_losses) == 2 and dev_losses[1] < dev_losses[0]
     # Each component is logged on its own, in the log and in TensorBoard.
-    assert "loss components: loss_0_max_pooling " in log and " loss_1_ctc " in log
+    assert " loss_0_max_pooling " in log and " loss_1_ctc " in log
     import glob
     from tensorboard_reader import scalar_tags
     tags = scalar_tags(glob.glob(os.path.join(exp, "tensorboard", "events.out.tfevents.*")))
     assert {"train/loss_0_max_pooling", "train/loss_1_ctc"} <= set(tags)
     # The checkpoint loads into a fresh model built from the experiment's config.
-    from toolkit.export import model_from_checkpoint
+    from toolkit.tasks.kws.export import model_from_checkpoint
     model = model_from_checkpoint(os.path.join(exp, os.path.basename(
         sorted(p for p in os.listdir(exp) if p.endswith(".pt"))[-1])))
     assert model.ctc_head is not None

@@ -11,8 +11,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from toolkit.config import DatasetConfig
 from toolkit.data.datalist import DataList
-from toolkit.data.dataset import (BatchDataset, UtteranceProcessor, make_loader, plan_batches,
-                                  rank_batches)
+from toolkit.data.loader import make_loader
+from toolkit.data.pipeline import FeaturePipeline
+from toolkit.data.plan import rank_batches
+from toolkit.data.sources import BatchDataset
+from pipeline_utils import kws_builder, plan_batches
 from train_utils import Corpus, latest_payload, run_train
 
 
@@ -77,8 +80,8 @@ def test_each_utterance_once_across_2_ranks_x_2_workers(tmp_path):
     for rank in range(2):
         batches = rank_batches(plan_batches(datalist, cfg, 3, 1, True), rank, 2)
         steps.append(len(batches))
-        processor = UtteranceProcessor(cfg, seed=3, train=True)
-        loader = make_loader(BatchDataset(datalist, batches, processor, 1), 0, 2, 2, 3)
+        builder = kws_builder(FeaturePipeline(cfg, seed=3, train=True))
+        loader = make_loader(BatchDataset(datalist, batches, builder, 1), 0, 2, 2, 3)
         for batch in loader:
             seen.extend(batch.keys)
     assert steps[0] == steps[1]

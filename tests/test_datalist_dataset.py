@@ -9,14 +9,17 @@ import pytest
 import soundfile as sf
 import torch
 
-from toolkit.config import DatasetConfig, SpecAugConfig
+from toolkit.config import DatasetConfig, Ramp, SpecAugConfig
 from toolkit.data import augment
 from toolkit.data.audio import BadEntry
 from toolkit.data.augment import load_mono, tilt_spectrum, utterance_rng, warp_frequency
 from toolkit.data.datalist import DataList
-from toolkit.data.dataset import (BatchDataset, UtteranceProcessor, estimated_frames,
-                                  make_loader, plan_batches, rank_batches)
 from toolkit.data.features import compute_fbank, options_from_config
+from toolkit.data.loader import make_loader
+from toolkit.data.pipeline import FeaturePipeline
+from toolkit.data.plan import estimated_frames, rank_batches
+from toolkit.data.sources import BatchDataset
+from pipeline_utils import kws_builder, plan_batches
 
 RATE = 16000
 
@@ -270,7 +273,7 @@ def test_batch_dataset_yields_good_and_counts_bad(wav_dir):
     cfg = DatasetConfig(batch_size=100)
     batches = plan_batches(dl, cfg, seed=0, epoch=0, train=False)
     assert len(batches) == 1
-    ds = BatchDataset(dl, batches, UtteranceProcessor(cfg, seed=0, train=False), epoch=0)
+    ds = BatchDataset(dl, batches, kws_builder(FeaturePipeline(cfg, seed=0, train=False)), epoch=0)
     batch = ds[0]
     good = {e["key"]: e for e in wav_dir["good"]}
     assert sorted(batch.keys) == sorted(good)
@@ -300,19 +303,19 @@ def aug_cfg(**kw):
 def test_augmentation_deterministic_per_seed_epoch_key(wav_dir):
     cfg = aug_cfg()
     entries = wav_dir["good"]
-    first = UtteranceProcessor(cfg, seed=11, train=True)
+    first = FeaturePipeline(cfg, seed=11, train=True)
     forward = {e["key"]: first(e, 2) for e in entries}
-    second = UtteranceProcessor(cfg, seed=11, train=True)
+    second = FeaturePipeline(cfg, seed=11, train=True)
     backward = {e["key"]: second(e, 2) for e in reversed(entries)}
     for key in forward:
         np.testing.assert_array_equal(forward[key], backward[key])
     other_epoch = {e["key"]: first(e, 3) for e in entries}
-    other_seed = UtteranceProcessor(cfg, seed=12, train=True)
+    other_seed = FeaturePipeline(cfg, seed=12, train=True)
     for e in entries:
         assert not np.array_equal(other_epoch[e["key"]], forward[e["key"]])
         assert not np.array_equal(other_seed(e, 2), forward[e["key"]])
     # Augmentation really happened: not the clean features.
-    clean = UtteranceProcessor(cfg, seed=11, train=False)
+    clean = FeaturePipeline(cfg, seed=11, train=False)
     assert any(not np.array_equal(clean(e, 2), forward[e["key"]]) for e in entries)
     assert all(np.array_equal(clean(e, 2), clean(e, 3)) for e in entries)
 
@@ -322,10 +325,10 @@ def test_voice_perturb_off_draws_nothing_and_on_changes_the_spectrum(wav_dir):
     prob 1 perturbs every training utterance, deterministically per seed, epoch and key,
     and never the evaluation features."""
     entries = wav_dir["good"]
-    base = UtteranceProcessor(aug_cfg(), seed=3, train=True)
+    base = FeaturePipeline(aug_cfg(), seed=3, train=True)
     off_cfg = aug_cfg()
     off_cfg.voice_perturb.low_range = [0.7, 0.8]      # ranges set, but prob 0: off
-    off = UtteranceProcessor(off_cfg, seed=3, train=True)
+    off = FeaturePipeline(off_cfg, seed=3, train=True)
     for e in entries:
         np.testing.assert_array_equal(off(e, 1), base(e, 1))
     on_cfg = DatasetConfig(batch_size=2)
@@ -333,15 +336,15 @@ def test_voice_perturb_off_draws_nothing_and_on_changes_the_spectrum(wav_dir):
     on_cfg.voice_perturb.low_range = [0.75, 0.8]
     on_cfg.voice_perturb.high_range = [0.85, 0.9]
     on_cfg.voice_perturb.tilt_db = [4.0, 6.0]
-    on = UtteranceProcessor(on_cfg, seed=3, train=True)
-    clean = UtteranceProcessor(on_cfg, seed=3, train=False)
-    again = UtteranceProcessor(on_cfg, seed=3, train=True)
+    on = FeaturePipeline(on_cfg, seed=3, train=True)
+    clean = FeaturePipeline(on_cfg, seed=3, train=False)
+    again = FeaturePipeline(on_cfg, seed=3, train=True)
     fixed_cfg = DatasetConfig(batch_size=2)            # one-point ranges: a known result
     fixed_cfg.voice_perturb.prob = 1.0
     fixed_cfg.voice_perturb.low_range = [0.8, 0.8]
     fixed_cfg.voice_perturb.high_range = [0.9, 0.9]
     fixed_cfg.voice_perturb.tilt_db = [6.0, 6.0]
-    fixed = UtteranceProcessor(fixed_cfg, seed=3, train=True)
+    fixed = FeaturePipeline(fixed_cfg, seed=3, train=True)
     for e in entries:
         got, ref = on(e, 1), clean(e, 1)
         assert got.shape == ref.shape and not np.array_equal(got, ref)
@@ -352,33 +355,62 @@ def test_voice_perturb_off_draws_nothing_and_on_changes_the_spectrum(wav_dir):
 
 
 def test_spec_augment_can_spare_keyword_utterances(wav_dir):
-    """keyword_utterances=false: fillers (label -1) are masked, keyword utterances keep
-    every frame and band (a mask could turn "hey snips" into "hey snip")."""
+    """The kws task's spec_aug_positives=false: fillers (label -1) are masked, keyword
+    utterances keep every frame and band (a mask could turn "hey snips" into "hey snip")."""
     entries = [dict(e, label=-1 if i % 2 else 0) for i, e in enumerate(wav_dir["good"])]
     cfg = DatasetConfig(batch_size=2)
     cfg.spec_aug = SpecAugConfig(enabled=True, num_time_masks=2, max_time_width=10,
                                  num_freq_masks=2, max_freq_width=6)
-    clean = UtteranceProcessor(cfg, seed=5, train=False)
-    everyone = UtteranceProcessor(cfg, seed=5, train=True)
-    cfg_spare = DatasetConfig(batch_size=2)
-    cfg_spare.spec_aug = SpecAugConfig(enabled=True, num_time_masks=2, max_time_width=10,
-                                       num_freq_masks=2, max_freq_width=6,
-                                       keyword_utterances=False)
-    fillers_only = UtteranceProcessor(cfg_spare, seed=5, train=True)
+    clean = FeaturePipeline(cfg, seed=5, train=False)
+    pipeline = FeaturePipeline(cfg, seed=5, train=True)
+    everyone = kws_builder(FeaturePipeline(cfg, seed=5, train=True), spec_aug_positives=True)
+    fillers_only = kws_builder(FeaturePipeline(cfg, seed=5, train=True),
+                               spec_aug_positives=False)
     for e in entries:
         ref = clean(e, 1)
-        assert not np.array_equal(everyone(e, 1), ref), e["key"]
+        masked = everyone(e, 1)[0]
+        assert not np.array_equal(masked, ref), e["key"]
+        # The pipeline alone knows no labels: it masks every training utterance.
+        np.testing.assert_array_equal(pipeline(e, 1), masked)
+        feats, label, _, tokens = fillers_only(e, 1)
+        assert label == e["label"] and tokens is None
         if e["label"] >= 0:
-            np.testing.assert_array_equal(fillers_only(e, 1), ref)
+            np.testing.assert_array_equal(feats, ref)
         else:
-            np.testing.assert_array_equal(fillers_only(e, 1), everyone(e, 1))
+            np.testing.assert_array_equal(feats, masked)
+
+
+def test_dither_comes_from_the_utterance_stream(wav_dir):
+    """feature.dither is drawn by the pipeline from (seed, epoch, key), never by
+    kaldi-native-fbank's process-global generator: the same features in any process
+    and order, and the other augmentation draws (here the speed factor) stay put."""
+    entries = wav_dir["good"]
+    plain_cfg = aug_cfg(speed_perturb=[0.8, 1.0, 1.25])
+    cfg = aug_cfg(speed_perturb=[0.8, 1.0, 1.25])
+    cfg.feature.dither = 1.0
+    first = FeaturePipeline(cfg, seed=4, train=True)
+    assert first.opts.frame_opts.dither == 0.0
+    forward = {e["key"]: first(e, 1) for e in entries}
+    second = FeaturePipeline(cfg, seed=4, train=True)
+    plain = FeaturePipeline(plain_cfg, seed=4, train=True)
+    for e in reversed(entries):
+        np.testing.assert_array_equal(second(e, 1), forward[e["key"]])
+        undithered = plain(e, 1)
+        assert undithered.shape == forward[e["key"]].shape        # same speed drawn
+        assert not np.array_equal(undithered, forward[e["key"]])
+        assert not np.array_equal(first(e, 2), forward[e["key"]])
+    # Evaluation dithers too (as Kaldi does), reproducibly.
+    dev_a = FeaturePipeline(cfg, seed=4, train=False)
+    dev_b = FeaturePipeline(cfg, seed=4, train=False)
+    for e in entries:
+        np.testing.assert_array_equal(dev_a(e, 0), dev_b(e, 0))
 
 
 def test_loader_workers_do_not_change_batches(wav_dir):
     dl = DataList.load(wav_dir["list"], num_classes=2)
     cfg = aug_cfg()
     batches = plan_batches(dl, cfg, seed=3, epoch=1, train=True)
-    ds = BatchDataset(dl, batches, UtteranceProcessor(cfg, seed=3, train=True), epoch=1)
+    ds = BatchDataset(dl, batches, kws_builder(FeaturePipeline(cfg, seed=3, train=True)), epoch=1)
     serial = list(make_loader(ds, 0, num_workers=0, prefetch_factor=2, seed=3))
     parallel = list(make_loader(ds, 0, num_workers=2, prefetch_factor=2, seed=3))
     assert len(serial) == len(parallel) == len(batches)
@@ -404,10 +436,10 @@ def test_add_noise_snr(noise_len):
 def test_pipeline_noise_at_configured_snr(wav_dir):
     cfg = DatasetConfig()
     cfg.noise.noise_list = wav_dir["noise"]
-    cfg.noise.prob = 1.0
+    cfg.noise.prob = Ramp.constant(1.0)
     cfg.noise.snr_db = [10.0, 10.0]
     noise = DataList.load(wav_dir["noise"], require_label=False)
-    proc = UtteranceProcessor(cfg, seed=0, train=True, noise=noise)
+    proc = FeaturePipeline(cfg, seed=0, train=True, noise=noise)
     for e in wav_dir["good"]:
         clean = load_mono(e["wav"], RATE)
         mixed = proc.augment_waveform(proc.load(e), utterance_rng(0, 0, e["key"]))
@@ -436,9 +468,9 @@ def test_reverb_keeps_length_and_alignment(wav_dir):
     # Through the pipeline with reverb always on.
     cfg = DatasetConfig()
     cfg.reverb.rir_list = wav_dir["rir"]
-    cfg.reverb.prob = 1.0
-    proc = UtteranceProcessor(cfg, seed=0, train=True,
-                              rirs=DataList.load(wav_dir["rir"], require_label=False))
+    cfg.reverb.prob = Ramp.constant(1.0)
+    proc = FeaturePipeline(cfg, seed=0, train=True,
+                           rirs=DataList.load(wav_dir["rir"], require_label=False))
     e = wav_dir["good"][0]
     clean = load_mono(e["wav"], RATE)
     out = proc.augment_waveform(proc.load(e), utterance_rng(0, 0, e["key"]))
@@ -447,7 +479,7 @@ def test_reverb_keeps_length_and_alignment(wav_dir):
 
 def test_processor_raises_bad_entry_for_broken_audio(wav_dir):
     dl = DataList.load(wav_dir["list"], num_classes=2)
-    proc = UtteranceProcessor(DatasetConfig(), seed=0, train=False)
+    proc = FeaturePipeline(DatasetConfig(), seed=0, train=False)
     reasons = {}
     for i in range(len(dl)):
         try:
@@ -476,7 +508,7 @@ def test_loader_threads_are_gone_before_the_next_fork(stop_after):
     # CPython 3.11. The pipeline's loader returns only once they are gone.
     import threading
     import time
-    from toolkit.data.dataset import build_loader
+    from toolkit.data.loader import build_loader
     for _ in range(10):
         before = _os_threads()
         seen = []
@@ -502,7 +534,7 @@ def test_worker_stuck_in_fork_is_replaced(caplog):
     # after-fork hooks and never runs the worker loop.
     import multiprocessing
     import time
-    from toolkit.data.dataset import build_loader
+    from toolkit.data.loader import build_loader
     hang_next = multiprocessing.get_context("fork").Value("i", 0)
 
     def block_in_child():

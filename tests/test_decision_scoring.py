@@ -9,9 +9,9 @@ import kaldiio
 import numpy as np
 import pytest
 
-from toolkit import scoring
+from toolkit.tasks.kws import scoring
 from toolkit.bin import score_kws
-from toolkit.decision import Detection, DecisionState, detect, smooth_scores
+from toolkit.tasks.kws.decision import Detection, DecisionState, detect, smooth_scores
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -233,7 +233,7 @@ def test_cli_end_to_end(tmp_path):
     out = tmp_path / "score"
     proc = subprocess.run(
         [sys.executable, "-m", "toolkit.bin.score_kws", "--data-list", data, "--posteriors", ark,
-         "--keywords", kws, "--out-dir", str(out), "--refractory-s", "0.2", "--bootstrap", "0"],
+         "--inventory", kws, "--out-dir", str(out), "--refractory-s", "0.2", "--bootstrap", "0"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert proc.returncode == 0, proc.stderr
@@ -303,7 +303,7 @@ def test_cli_writes_the_error_report(tmp_path):
     data, ark, kws = write_inputs(tmp_path, *hand_made(), speakers=HAND_SPEAKERS,
                                   texts=HAND_TEXTS)
     out = tmp_path / "score"
-    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
+    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--inventory", kws,
                            "--out-dir", str(out), "--refractory-s", "0.2",
                            "--bootstrap", "0"]) == 0
     lines = (out / "errors_hey_snips.txt").read_text().splitlines()
@@ -322,7 +322,7 @@ def test_cli_writes_the_error_report(tmp_path):
     plain = tmp_path / "plain"
     plain.mkdir()
     data, ark, kws = write_inputs(plain, *hand_made())
-    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
+    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--inventory", kws,
                            "--out-dir", str(plain / "score"), "--refractory-s", "0.2",
                            "--bootstrap", "0"]) == 0
     text = (plain / "score" / "errors_hey_snips.txt").read_text().splitlines()
@@ -434,11 +434,11 @@ def test_speaker_bootstrap_is_wider_when_errors_cluster_by_voice():
                                         speakers=speakers[:-1])
 
 
-def test_cli_speaker_bootstrap_needs_speakers(tmp_path, caplog):
+def test_cli_speaker_bootstrap_needs_speakers(tmp_path, capsys):
     probs, labels, durations = bootstrap_set(5)
     speakers = [f"s{i % 5}" for i in range(len(probs))]
     data, ark, kws = write_inputs(tmp_path, probs, labels, durations, speakers=speakers)
-    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
+    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--inventory", kws,
                            "--out-dir", str(tmp_path / "s"), "--fa-targets", "20",
                            "--bootstrap", "100", "--bootstrap-unit", "speaker"]) == 0
     doc = json.loads((tmp_path / "s" / "det.json").read_text())
@@ -446,15 +446,15 @@ def test_cli_speaker_bootstrap_needs_speakers(tmp_path, caplog):
     bare = tmp_path / "bare"
     bare.mkdir()
     data, ark, kws = write_inputs(bare, probs, labels, durations)
-    with caplog.at_level(logging.ERROR):
-        rc = score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
-                             "--out-dir", str(bare / "s"), "--bootstrap-unit", "speaker"])
-    assert rc == 1 and "needs a 'spk' field" in caplog.text and "utt000" in caplog.text
+    rc = score_kws.main(["--data-list", data, "--posteriors", ark, "--inventory", kws,
+                         "--out-dir", str(bare / "s"), "--bootstrap-unit", "speaker"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "needs a 'spk' field" in err and "utt000" in err
 
 
 def test_cli_reports_bootstrap_intervals(tmp_path):
     data, ark, kws = write_inputs(tmp_path, *bootstrap_set(5))
-    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
+    assert score_kws.main(["--data-list", data, "--posteriors", ark, "--inventory", kws,
                            "--out-dir", str(tmp_path / "s"), "--fa-targets", "20",
                            "--bootstrap", "200"]) == 0
     doc = json.loads((tmp_path / "s" / "det.json").read_text())
@@ -522,7 +522,7 @@ def test_scp_input_and_missing_keys(tmp_path, caplog):
     ('{"key": "b", "duration": -1, "label": 0}', "'duration' must be a positive"),
     ('{"key": "b", "duration": 1.0, "label": 0, "spk": 7}', "'spk' must be a string"),
 ])
-def test_malformed_data_list_names_the_line(tmp_path, caplog, bad, message):
+def test_malformed_data_list_names_the_line(tmp_path, capsys, bad, message):
     data, ark, kws = write_inputs(tmp_path, *hand_made())
     lines = open(data).read().splitlines()
     lines.insert(2, bad)
@@ -531,10 +531,9 @@ def test_malformed_data_list_names_the_line(tmp_path, caplog, bad, message):
     with pytest.raises(ValueError) as err:
         scoring.read_data_list(data, num_keywords=1)
     assert f"{data}:3:" in str(err.value) and message in str(err.value)
-    with caplog.at_level(logging.ERROR):
-        rc = score_kws.main(["--data-list", data, "--posteriors", ark, "--keywords", kws,
-                             "--out-dir", str(tmp_path / "out")])
-    assert rc == 1 and f"{data}:3:" in caplog.text
+    rc = score_kws.main(["--data-list", data, "--posteriors", ark, "--inventory", kws,
+                         "--out-dir", str(tmp_path / "out")])
+    assert rc == 2 and f"{data}:3:" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from toolkit.models import build_model, count_parameters
-from toolkit.models.ds_tcn import DSTCN
+from toolkit.tasks.kws.models import build_model, count_parameters
+from toolkit.tasks.kws.models.ds_tcn import DSTCN
 
 torch.set_num_threads(1)
 
@@ -154,7 +154,7 @@ def check_chunked_exports(model, feats, cut, onnx_path):
     import onnxruntime as ort
 
     from toolkit.data.features import fbank_metadata, fbank_options
-    from toolkit.export import StreamingScorer, build_metadata, export_onnx
+    from toolkit.tasks.kws.export import StreamingScorer, build_metadata, export_onnx
 
     meta = build_metadata(model, fbank_metadata(fbank_options(num_mel_bins=feats.size(2))),
                           ["a", "b"], None)

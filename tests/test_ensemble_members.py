@@ -11,10 +11,10 @@ import torch
 
 from test_ds_tcn_streaming import check_chunked_exports
 from test_losses import max_pooling_reference, random_batch
-from toolkit.losses import MaxPoolingLoss
-from toolkit.models import build_model
-from toolkit.models.base import MemberCombiner
-from toolkit.models.ds_tcn import DSTCN
+from toolkit.tasks.kws.losses import MaxPoolingLoss
+from toolkit.tasks.kws.models import build_model
+from toolkit.tasks.kws.models.base import MemberCombiner
+from toolkit.tasks.kws.models.ds_tcn import DSTCN
 from train_utils import ROOT, Corpus, env
 
 torch.set_num_threads(1)

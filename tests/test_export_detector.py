@@ -19,9 +19,9 @@ import torch
 from toolkit.config import dump_config, load_config, redact
 from toolkit.data.augment import load_mono
 from toolkit.data.features import compute_fbank, fbank_options
-from toolkit.detector import Detector, load_backend
-from toolkit.export import StreamingScorer, check_parity, read_metadata
-from toolkit.models import build_model
+from toolkit.tasks.kws.detector import Detector, load_backend
+from toolkit.tasks.kws.export import StreamingScorer, check_parity, read_metadata
+from toolkit.tasks.kws.models import build_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "egs", "wake_word", "s0", "conf", "ds_tcn.yaml")
@@ -232,7 +232,7 @@ def test_detector_same_on_every_backend_and_chunking(exported, threshold):
 def test_detector_matches_decision_rule_on_posteriors(exported, threshold):
     # The detector's audio path (streaming fbank + cached model) gives the same frames as
     # offline features through the backend, so its detections are those of `detect`.
-    from toolkit.decision import detect
+    from toolkit.tasks.kws.decision import detect
     path = str(exported["out"] / "model.onnx")
     probs = backend_posteriors(path, exported["wavs"][0])
     expected = detect(probs, threshold)

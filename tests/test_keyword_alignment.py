@@ -12,7 +12,10 @@ from kws_data import make_datalist, make_kaldi_dir, write_keywords
 from train_utils import Corpus, env, run_train
 from toolkit.config import DatasetConfig
 from toolkit.data.datalist import DataList
-from toolkit.data.dataset import BatchDataset, UtteranceProcessor, keyword_end_frame, plan_batches
+from toolkit.data.pipeline import FeaturePipeline
+from toolkit.data.sources import BatchDataset
+from toolkit.tasks.kws.data import keyword_end_frame
+from pipeline_utils import kws_builder, plan_batches
 
 
 def make_list(data_dir, out, inventory):
@@ -36,11 +39,19 @@ def test_make_datalist_carries_kw_times_and_names_bad_lines(tmp_path):
             assert 0 < e["kw_start"] < e["kw_end"] <= e["duration"]
         else:
             assert "kw_end" not in e
-    with open(os.path.join(data_dir, "kw_times"), "a") as f:
-        f.write("pos-d-00001 0.9 0.2\n")
+    kw_times = os.path.join(data_dir, "kw_times")
+    lines = open(kw_times).read().splitlines()
+    # An expected error: one line naming file and line, exit status 2.
+    with open(kw_times, "w") as f:
+        f.write("\n".join(lines + ["pos-d-00003 0.9 0.2"]) + "\n")
     bad = make_list(data_dir, out, inventory)
-    assert bad.returncode == 1
-    assert f"{os.path.join(data_dir, 'kw_times')}:4: expected '<utt> <start> <end>'" in bad.stderr
+    assert bad.returncode == 2
+    assert f"{kw_times}:4: expected '<utt> <start> <end>'" in bad.stderr
+    with open(kw_times, "w") as f:
+        f.write("\n".join(lines + ["pos-d-00001 0.9 1.0"]) + "\n")
+    bad = make_list(data_dir, out, inventory)
+    assert bad.returncode == 2
+    assert f"{kw_times}:4: duplicate key pos-d-00001" in bad.stderr
 
 
 def test_batches_carry_keyword_end_frames_through_speed_perturbation(tmp_path):
@@ -49,7 +60,8 @@ def test_batches_carry_keyword_end_frames_through_speed_perturbation(tmp_path):
     for speeds in ([1.0], [0.9, 1.1]):
         cfg = DatasetConfig(batch_size=100, speed_perturb=speeds)
         batches = plan_batches(dl, cfg, seed=1, epoch=0, train=True)
-        batch = BatchDataset(dl, batches, UtteranceProcessor(cfg, seed=1, train=True), 0)[0]
+        batch = BatchDataset(dl, batches, kws_builder(FeaturePipeline(cfg, seed=1, train=True)),
+                             0)[0]
         by_key = {json.loads(line)["key"]: json.loads(line) for line in open(path)}
         for i, key in enumerate(batch.keys):
             entry, frames, end = by_key[key], int(batch.lengths[i]), int(batch.keyword_end[i])
@@ -70,15 +82,15 @@ def test_training_with_end_window(tmp_path):
     corpus = Corpus(str(tmp_path), num_train=60, num_dev=12)
     exp = str(tmp_path / "exp")
     result = run_train(corpus.train_args(exp, "loss.end_window=[0,20]", "training.max_epoch=6",
-                                         "dataset.spec_aug.keyword_utterances=false"))
+                                         "task.spec_aug_positives=false"))
     assert result.returncode == 0, result.stderr[-3000:]
     import torch
     from toolkit.config import FeatureConfig
-    from toolkit.export import model_from_checkpoint
+    from toolkit.tasks.kws.export import model_from_checkpoint
     ckpts = sorted(f for f in os.listdir(exp) if f.startswith("ckpt-") and f.endswith(".pt"))
     model = model_from_checkpoint(os.path.join(exp, ckpts[-1]))
-    proc = UtteranceProcessor(DatasetConfig(feature=FeatureConfig(num_mel_bins=20)), seed=0,
-                              train=False)
+    proc = FeaturePipeline(DatasetConfig(feature=FeatureConfig(num_mel_bins=20)), seed=0,
+                           train=False)
     early = late = 0
     for line in open(corpus.dev):
         entry = json.loads(line)

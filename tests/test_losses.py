@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from toolkit.losses import CrossEntropyLoss, MaxPoolingLoss, build_loss
+from toolkit.tasks.kws.losses import CrossEntropyLoss, MaxPoolingLoss, build_loss
 
 
 def softplus64(x):

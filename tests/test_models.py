@@ -8,9 +8,9 @@ import torch
 
 from toolkit.config import load_config
 from toolkit.data.features import fbank_metadata, fbank_options
-from toolkit.export import StreamingScorer, build_metadata, export_onnx
-from toolkit.losses import CrossEntropyLoss, MaxPoolingLoss
-from toolkit.models import MODELS, build_model, count_parameters
+from toolkit.tasks.kws.export import StreamingScorer, build_metadata, export_onnx
+from toolkit.tasks.kws.losses import CrossEntropyLoss, MaxPoolingLoss
+from toolkit.tasks.kws.models import MODELS, build_model, count_parameters
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF = os.path.join(REPO, "egs", "wake_word", "s0", "conf")

@@ -100,7 +100,7 @@ def test_ctc_config_trains_exports_and_scores(recipe_run):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     import torch
     avg = torch.load(exp / "avg_2.pt", weights_only=True)
-    assert avg["model"]["ctc_head.weight"].shape[0] == len(units)
+    assert avg["modules"]["model"]["ctc_head.weight"].shape[0] == len(units)
     from toolkit.export import read_metadata
     assert read_metadata(str(exp / "export" / "model.onnx"))["keywords"] == ["hey snips"]
     assert (exp / "score" / "summary.txt").read_text().startswith("hey_snips: FRR")

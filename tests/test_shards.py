@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from toolkit.config import DatasetConfig, FeatureConfig, NoiseConfig, ReverbConfig, SpecAugConfig
+from toolkit.config import (DatasetConfig, FeatureConfig, NoiseConfig, Ramp, ReverbConfig,
+                            SpecAugConfig)
 from toolkit.data.datalist import BAD_REASONS, BadCounter, DataList
-from toolkit.data.dataset import UtteranceProcessor, rank_batches
+from toolkit.data.pipeline import FeaturePipeline
+from toolkit.data.plan import rank_batches
 from toolkit.data.shards import (ShardBatchDataset, ShardIndex, decode_wav, iterate_shard,
-                                 make_shard_loader, make_shards, open_shard, plan_shard_batches,
-                                 process_waveform)
+                                 make_shard_loader, make_shards, open_shard, plan_shard_batches)
+from pipeline_utils import kws_builder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RATE = 16000
@@ -87,7 +89,8 @@ class Corpus:
         self.cfg = DatasetConfig(
             feature=FeatureConfig(num_mel_bins=20), batch_size=3, sort_window=8,
             speed_perturb=[0.9, 1.0, 1.1], volume_range=[0.7, 1.3],
-            noise=NoiseConfig(prob=0.5), reverb=ReverbConfig(prob=0.5),
+            noise=NoiseConfig(prob=Ramp.constant(0.5)),
+            reverb=ReverbConfig(prob=Ramp.constant(0.5)),
             spec_aug=SpecAugConfig(enabled=True, max_time_width=5, max_freq_width=3))
 
     @staticmethod
@@ -98,10 +101,14 @@ class Corpus:
                          for p in paths)
         return path
 
-    def processor(self, cls=UtteranceProcessor, train=True):
+    def pipeline(self, cls=FeaturePipeline, train=True):
         return cls(self.cfg, seed=SEED, train=train,
                    noise=DataList.load(self.noise, require_label=False),
                    rirs=DataList.load(self.rirs, require_label=False))
+
+    def builder(self, cls=FeaturePipeline, train=True, spec_aug_positives=True, num_units=None):
+        """The keyword-spotting example builder over this corpus's pipeline."""
+        return kws_builder(self.pipeline(cls, train), spec_aug_positives, num_units)
 
     def copy_shards(self, dest):
         """The shard dir copied to `dest`, with a list naming the copies."""
@@ -120,20 +127,22 @@ def corpus(tmp_path_factory):
     return Corpus(str(tmp_path_factory.mktemp("shards")))
 
 
-class CountingProcessor(UtteranceProcessor):
+class CountingPipeline(FeaturePipeline):
     """Spy: records every utterance that reaches the featurizing step."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.calls = []
 
-    def features_from_waveform(self, wave, key, epoch, label=-1):
-        self.calls.append(key)
-        return super().features_from_waveform(wave, key, epoch, label)
+    def features(self, entry, epoch, audio=None, spec_aug=True, rng=None):
+        assert audio is not None, "shard utterances arrive decoded"
+        self.calls.append(entry["key"])
+        return super().features(entry, epoch, audio, spec_aug, rng)
 
 
-def run(index, batches, processor, epoch, start=0, workers=0):
-    dataset = ShardBatchDataset(index, batches, processor, epoch, start=start)
+def run(index, batches, builder, epoch, start=0, workers=0):
+    dataset = ShardBatchDataset(index, batches, builder, epoch, start=start,
+                                channel=builder.pipeline.cfg.channel)
     return list(make_shard_loader(dataset, workers, 2, seed=1))
 
 
@@ -231,7 +240,7 @@ def test_plan_depends_only_on_seed_and_epoch_and_stays_in_shard_windows(corpus):
 # ------------------------------------------------------------------------------ reading
 
 def test_two_ranks_two_workers_each_utterance_once_in_plan_order(corpus):
-    index, proc = corpus.index, corpus.processor()
+    index, proc = corpus.index, corpus.builder()
     plan = plan_shard_batches(index, corpus.cfg, SEED, 1, True)
     seen = Counter()
     steps = set()
@@ -249,19 +258,27 @@ def test_two_ranks_two_workers_each_utterance_once_in_plan_order(corpus):
 
 
 def test_shard_features_equal_datalist_pipeline(corpus):
-    """Same audio, same (seed, epoch, key) -> bitwise the same features as
-    UtteranceProcessor on the data list, with every augmentation on."""
+    """Same audio, same (seed, epoch, key) -> bitwise the same features as the
+    FeaturePipeline on the data list, with every augmentation on; the kws builder too
+    (spec_aug_positives=false, so the label decides about masking)."""
     by_key = {e["key"]: e for e in corpus.good}
     for train in (True, False):
-        proc = corpus.processor(train=train)
+        proc = corpus.pipeline(train=train)
+        builder = kws_builder(proc, spec_aug_positives=False)
         n = 0
         for path in corpus.paths:
             with open_shard(path) as f:
                 for key, data, meta in iterate_shard(f, path):
                     wave, rate = decode_wav(data, key, corpus.cfg.channel)
-                    got = process_waveform(proc, wave, rate, key, 4, by_key[key]["label"])
+                    # What ShardBatchDataset hands the builder: the JSON entry + audio.
+                    entry = dict(meta, key=key, label=by_key[key]["label"])
+                    got = proc.features(entry, 4, audio=(wave, rate))
                     want = proc(by_key[key], 4)
                     assert got.dtype == want.dtype and np.array_equal(got, want), key
+                    got_feats, got_label, got_end, _ = builder(entry, 4, (wave, rate))
+                    want_feats, want_label, want_end, _ = builder(by_key[key], 4)
+                    assert np.array_equal(got_feats, want_feats), key
+                    assert (got_label, got_end) == (want_label, want_end), key
                     n += 1
         assert n == len(corpus.good)
 
@@ -270,7 +287,7 @@ def test_shards_carry_ctc_tokens_and_keyword_end(corpus, tmp_path):
     """`tokens` and `kw_end` travel in each utterance's JSON: batches built from shards
     carry them as the data-list pipeline does, and an utterance whose tokens a CTC loss
     cannot use is skipped and counted under the data list's reasons."""
-    from toolkit.data.dataset import keyword_end_frame
+    from toolkit.tasks.kws.data import keyword_end_frame
     entries = []
     for i, e in enumerate(corpus.good):
         e = dict(e, tokens=[1 + i % 4, 1 + (i + 1) % 4])
@@ -285,8 +302,8 @@ def test_shards_carry_ctc_tokens_and_keyword_end(corpus, tmp_path):
     index = ShardIndex.load(str(tmp_path / "sh" / "shards.list"))
     by_key = {e["key"]: e for e in entries}
     batches = plan_shard_batches(index, corpus.cfg, SEED, 0, train=False)
-    proc = corpus.processor(train=False)
-    got = list(make_shard_loader(ShardBatchDataset(index, batches, proc, 0, num_units=5), 0, 2, 1))
+    ctc = corpus.builder(train=False, num_units=5)
+    got = list(make_shard_loader(ShardBatchDataset(index, batches, ctc, 0), 0, 2, 1))
     seen, bad = [], Counter()
     for batch in got:
         bad.update(batch.bad.counts)
@@ -300,16 +317,18 @@ def test_shards_carry_ctc_tokens_and_keyword_end(corpus, tmp_path):
     assert sorted(seen) == sorted(e["key"] for e in entries[:2] + entries[4:])
     assert sum(1 for e in entries if "kw_end" in e and e["key"] in seen) > 3
     # Without a CTC loss tokens are not needed: every utterance is used, none counted.
-    plain = list(make_shard_loader(ShardBatchDataset(index, batches, proc, 0), 0, 2, 1))
+    plain = list(make_shard_loader(ShardBatchDataset(index, batches, corpus.builder(train=False),
+                                                     0), 0, 2, 1))
     assert sum(len(b.keys) for b in plain) == len(entries)
-    assert all(b.tokens is None and not b.bad.total() for b in plain)
+    assert all(b.get("tokens") is None and b.get("token_lengths") is None
+               and not b.bad.total() for b in plain)
 
 
 def test_resume_matches_full_pass_without_processing_skipped_batches(corpus, tmp_path, caplog):
     index = corpus.index
     plan = rank_batches(plan_shard_batches(index, corpus.cfg, SEED, 2, True), 0, 1)
-    spy = corpus.processor(CountingProcessor)
-    full = run(index, plan, spy, epoch=2)
+    spy = corpus.pipeline(CountingPipeline)
+    full = run(index, plan, kws_builder(spy), epoch=2)
     assert len(spy.calls) == len(index)
     # k = end of the first shard window: its shards hold only already-trained utterances.
     shards_of = [set(b[:, 0].tolist()) for b in plan]
@@ -324,14 +343,14 @@ def test_resume_matches_full_pass_without_processing_skipped_batches(corpus, tmp
     resumed_index = ShardIndex.load(os.path.join(str(tmp_path / "copy"), "shards.list"))
     resumed_plan = rank_batches(plan_shard_batches(resumed_index, corpus.cfg, SEED, 2, True), 0, 1)
     assert [b.tolist() for b in resumed_plan] == [b.tolist() for b in plan]
-    spy = corpus.processor(CountingProcessor)
+    spy = corpus.pipeline(CountingPipeline)
     with caplog.at_level(logging.WARNING, logger="toolkit.data.shards"):
-        resumed = run(resumed_index, resumed_plan, spy, epoch=2, start=k)
+        resumed = run(resumed_index, resumed_plan, kws_builder(spy), epoch=2, start=k)
     assert not caplog.records
     assert_same_batches(resumed, full[k:])
     assert sorted(spy.calls) == sorted(key for b in plan[k:] for key in plan_keys(index, b))
     # Mid-window resume, two workers.
-    assert_same_batches(run(index, plan, corpus.processor(), epoch=2, start=k + 1, workers=2),
+    assert_same_batches(run(index, plan, corpus.builder(), epoch=2, start=k + 1, workers=2),
                         full[k + 1:])
 
 
@@ -352,7 +371,7 @@ def test_http_shards_same_batches_as_local(corpus):
         remote = ShardIndex.load(f"{base}/http.list")           # index fetched beside the list
         assert remote.sources[0].startswith(base) and len(remote) == len(corpus.index)
         plan = plan_shard_batches(remote, corpus.cfg, SEED, 0, True)
-        proc = corpus.processor()
+        proc = corpus.builder()
         assert_same_batches(run(remote, plan, proc, 0, workers=2), run(corpus.index, plan, proc, 0))
         with pytest.raises(OSError, match=f"{base}/nope.tar.*404"):
             open_shard(f"{base}/nope.tar")
@@ -371,7 +390,7 @@ def test_fsspec_urls_same_batches_as_local_and_unknown_scheme_error(corpus, tmp_
     index = ShardIndex.load(str(listing), os.path.join(corpus.out, "shards.index.json"))
     assert index.sources[0].startswith("file://")
     plan = plan_shard_batches(index, corpus.cfg, SEED, 3, True)
-    proc = corpus.processor()
+    proc = corpus.builder()
     assert_same_batches(run(index, plan, proc, 3), run(corpus.index, plan, proc, 3))
     with pytest.raises(ValueError, match="nosuchscheme://.*fsspec"):
         open_shard("nosuchscheme://bucket/train-000000.tar")
@@ -394,7 +413,7 @@ def test_corrupt_shard_skipped_logged_once_and_counted(corpus, tmp_path, caplog)
     index = ShardIndex.load(os.path.join(str(tmp_path / "copy"), "shards.list"))
     plan = plan_shard_batches(index, corpus.cfg, SEED, 0, True)
     with caplog.at_level(logging.WARNING, logger="toolkit.data.shards"):
-        batches = run(index, plan, corpus.processor(), 0)
+        batches = run(index, plan, corpus.builder(), 0)
     assert len(caplog.records) == 1 and copies[2] in caplog.records[0].getMessage()
     lost = set(index.shard_keys(2))
     assert sorted(k for b in batches for k in b.keys) == \
@@ -436,7 +455,7 @@ def test_truncated_shard_yields_complete_entries_before_damage(corpus, tmp_path,
     assert counted(bad, "truncated_shard") == 1
     # Through the dataset: the utterances after the damage are counted, the rest served.
     index = ShardIndex.load(os.path.join(str(tmp_path / "copy"), "shards.list"))
-    batches = run(index, plan_shard_batches(index, corpus.cfg, SEED, 0, True), corpus.processor(), 0)
+    batches = run(index, plan_shard_batches(index, corpus.cfg, SEED, 0, True), corpus.builder(), 0)
     served = {k for b in batches for k in b.keys}
     assert served == {e["key"] for e in corpus.good} - set(keys[complete:])
     total = BadCounter()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from toolkit.data import synth as S
+from toolkit.tasks.kws import corpus as S
 
 pytest.importorskip("espeakng_loader")
 

@@ -97,7 +97,7 @@ def test_init_checkpoint_strict_and_weights_only(corpus, trained, tmp_path):
 
 
 def test_init_from_safetensors_export(corpus, trained, tmp_path):
-    from toolkit.export import build_metadata, export_safetensors, model_from_checkpoint
+    from toolkit.tasks.kws.export import build_metadata, export_safetensors, model_from_checkpoint
     ckpt = sorted(glob.glob(os.path.join(trained, "ckpt-*.pt")))[-1]
     model = model_from_checkpoint(ckpt)
     path = str(tmp_path / "model.safetensors")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from toolkit.config import ConfigError, OptimConfig, SchedulerConfig, build_dataclass
-from toolkit.data.dataset import workers_per_rank
-from toolkit.losses import LOSSES, build_loss
+from toolkit.trainer.trainer import workers_per_rank
+from toolkit.tasks.kws.losses import LOSSES, build_loss
 from toolkit.trainer import checkpoint as ckpt
 from toolkit.trainer.clip import clip_and_step
 from toolkit.trainer.optim import build_optimizer, build_schedule
@@ -63,13 +63,28 @@ def test_loss_schedule_switches_components_on():
     labels = torch.tensor([0, 1, 0])
     ce, _ = LOSSES.get("cross_entropy")(cfg.parsed[0][0])(logits, lengths, labels)
     mp, _ = LOSSES.get("max_pooling")(cfg.parsed[1][0])(logits, lengths, labels)
-    loss_fn.progress = 0.2
-    early, _ = loss_fn(logits, lengths, labels)
-    loss_fn.progress = 0.6
-    late, metrics = loss_fn(logits, lengths, labels)
+    early, _ = loss_fn(logits, lengths, labels, step=20, total_steps=100)
+    late, metrics = loss_fn(logits, lengths, labels, step=60, total_steps=100)
     assert early.item() == pytest.approx(ce.item())
     assert late.item() == pytest.approx(ce.item() + 2.0 * mp.item())
-    assert "loss_1" in metrics
+    assert "loss_1_max_pooling" in metrics
+    assert loss_fn.switches_parts()
+
+
+def test_loss_weight_ramps_over_progress():
+    cfg = build_dataclass(LOSSES.get("weighted_sum").Config, {"type": "weighted_sum", "components": [
+        {"type": "cross_entropy", "weight": 1.0},
+        {"type": "max_pooling", "weight": {"initial": 0.0, "final": 1.0, "start": 0.2, "end": 0.6},
+         "min_duration": 0}]}, "loss")
+    loss_fn = build_loss(cfg)
+    logits = torch.randn(3, 7, 2)
+    lengths = torch.tensor([7, 5, 3])
+    labels = torch.tensor([0, 1, 0])
+    ce, _ = LOSSES.get("cross_entropy")(cfg.parsed[0][0])(logits, lengths, labels)
+    mp, _ = LOSSES.get("max_pooling")(cfg.parsed[1][0])(logits, lengths, labels)
+    for step, weight in ((10, 0.0), (40, 0.5), (80, 1.0)):
+        total, _ = loss_fn(logits, lengths, labels, step=step, total_steps=100)
+        assert total.item() == pytest.approx(ce.item() + weight * mp.item(), rel=1e-5)
 
 
 def test_loss_schedule_rejects_bad_components():
@@ -108,11 +123,14 @@ def test_retention_keeps_last_k_and_best_n(tmp_path):
     losses = {1: 0.9, 2: 0.1, 3: 0.8, 4: 0.2, 5: 0.7, 6: None, 7: 0.95}
     for step, loss in losses.items():
         _save(tmp_path, step, loss)
-    (tmp_path / ".tmp-abc-ckpt.pt").write_bytes(b"partial")   # left by a killed write
+    # left by a killed checkpoint write, and another tool's write in progress
+    (tmp_path / ".tmp-abc1_x-ckpt-000000008.pt").write_bytes(b"partial")
+    (tmp_path / ".tmp-k2j3-avg_5.pt").write_bytes(b"partial")
     ckpt.prune(str(tmp_path), keep_last=2, keep_best=2)
     kept = [c.step for c in ckpt.list_checkpoints(str(tmp_path))]
     assert kept == [2, 4, 6, 7]
-    assert not (tmp_path / ".tmp-abc-ckpt.pt").exists()
+    assert not (tmp_path / ".tmp-abc1_x-ckpt-000000008.pt").exists()
+    assert (tmp_path / ".tmp-k2j3-avg_5.pt").exists()
 
 
 def test_checkpoint_is_weights_only_and_verified(tmp_path):

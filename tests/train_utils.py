@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 TINY_CONFIG = {
+    "task": {"type": "kws"},
     "dataset": {
         "feature": {"num_mel_bins": 20},
         "spec_aug": {"enabled": True, "num_time_masks": 1, "max_time_width": 5,

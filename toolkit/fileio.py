@@ -60,24 +60,6 @@ def read_lines(path: str) -> Iterator[Tuple[int, str]]:
                 yield lineno, line
 
 
-def read_kv(path: str) -> Iterator[Tuple[int, str, str]]:
-    """Kaldi `key value...` lines -> (line number, key, rest)."""
-    for lineno, line in read_lines(path):
-        parts = line.strip().split(maxsplit=1)
-        yield lineno, parts[0], parts[1] if len(parts) > 1 else ""
-
-
-def read_json_lines(path: str) -> Iterator[Tuple[int, dict]]:
-    for lineno, line in read_lines(path):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object")
-        yield lineno, obj
-
-
 def sha256_file(path: str) -> str:
     """Hex sha256 of a file, read in 1 MiB blocks (checkpoints and archives can be large)."""
     h = hashlib.sha256()

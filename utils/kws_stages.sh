@@ -121,7 +121,7 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     python -m toolkit.bin.compute_posteriors --model "$exp/export/model.onnx" \
       --data-list "$data/test/$list_name" --output "$exp/score/test_probs.ark"
     python -m toolkit.bin.score_kws --data-list "$data/test/$list_name" \
-      --posteriors "$exp/score/test_probs.ark" --keywords "$dict" --out-dir "$exp/score" \
+      --posteriors "$exp/score/test_probs.ark" --inventory "$dict" --out-dir "$exp/score" \
       --target-fa-per-hour "$target_fa_per_hour" --fa-targets 0.5,1,2,5 \
       --bootstrap-unit "$_bootstrap_unit"
     python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score"

@@ -6,9 +6,10 @@ import sys
 
 import torch
 
-from toolkit.average import average_checkpoints
+from toolkit.trainer.average import average_checkpoints
 from toolkit.fileio import atomic_write_bytes
 from toolkit.logging_utils import setup_logging
+from toolkit.errors import cli
 
 
 def get_args(argv=None):
@@ -21,6 +22,7 @@ def get_args(argv=None):
     return p.parse_args(argv)
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     setup_logging()

@@ -4,9 +4,10 @@ import argparse
 import logging
 import sys
 
-from toolkit.cmvn import compute_global_cmvn, write_cmvn
+from toolkit.data.cmvn import compute_global_cmvn, write_cmvn
 from toolkit.config import DatasetConfig, load_config
 from toolkit.logging_utils import setup_logging
+from toolkit.errors import cli
 
 
 def get_args(argv=None):
@@ -20,6 +21,7 @@ def get_args(argv=None):
     return p.parse_args(argv)
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     setup_logging()

@@ -6,8 +6,9 @@ import argparse
 import sys
 
 from toolkit.config import DatasetConfig, load_config
-from toolkit.features_store import compute_features_for_list
+from toolkit.data.features_store import compute_features_for_list
 from toolkit.logging_utils import setup_logging
+from toolkit.errors import cli
 
 
 def get_args(argv=None):
@@ -29,6 +30,7 @@ def get_args(argv=None):
     return args
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     setup_logging()

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 
 from toolkit.logging_utils import setup_logging
+from toolkit.errors import cli
 
 logger = logging.getLogger("compute_posteriors")
 
@@ -23,6 +24,7 @@ def get_args(argv=None):
     return p.parse_args(argv)
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
@@ -33,8 +35,8 @@ def main(argv=None):
     from toolkit.config import DatasetConfig
     from toolkit.data.audio import BadEntry
     from toolkit.data.datalist import BadCounter, DataList
-    from toolkit.data.dataset import UtteranceProcessor
-    from toolkit.detector import load_backend
+    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.tasks.kws.detector import load_backend
 
     backend = load_backend(args.model)
     feature = backend.metadata["feature"]
@@ -44,14 +46,14 @@ def main(argv=None):
     cfg.feature.frame_shift_ms = float(feature["frame_shift_ms"])
     cfg.feature.dither = float(feature.get("dither", 0.0))
     datalist = DataList.load(args.data_list, require_label=False)
-    processor = UtteranceProcessor(cfg, seed=0, train=False, from_features=datalist.has_features())
+    processor = FeaturePipeline(cfg, seed=0, train=False)
     bad = BadCounter()
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with kaldiio.WriteHelper(f"ark:{args.output}") as writer:
         for i in range(len(datalist)):
             entry = datalist.entry(i)
             try:
-                feats = processor(entry, 0)
+                feats = processor.features(entry, 0)
             except BadEntry as err:
                 bad.add(err.reason, entry["key"], err.detail)
                 continue

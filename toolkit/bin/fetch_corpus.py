@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 
 from toolkit.fileio import sha256_file
+from toolkit.errors import cli
 
 
 def get_args(argv=None):
@@ -80,6 +81,7 @@ def extract(archive: str, corpus_dir: str) -> None:
             tar.extractall(corpus_dir)
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     marker = args.marker

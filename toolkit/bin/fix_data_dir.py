@@ -7,7 +7,8 @@ checked: run utils/validate_data_dir.sh afterwards."""
 import argparse
 import sys
 
-from toolkit.datadir import fix_data_dir
+from toolkit.data.datadir import fix_data_dir
+from toolkit.errors import cli
 
 
 def get_args(argv=None):
@@ -17,6 +18,7 @@ def get_args(argv=None):
     return p.parse_args(argv)
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     try:

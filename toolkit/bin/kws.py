@@ -10,6 +10,7 @@ import argparse
 import sys
 
 import numpy as np
+from toolkit.errors import cli
 
 
 def get_args(argv=None):
@@ -31,10 +32,11 @@ def _print(source, det, out):
     out.flush()
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     from toolkit.data.augment import load_mono
-    from toolkit.detector import Detector, load_backend
+    from toolkit.tasks.kws.detector import Detector, load_backend
     backend = load_backend(args.model)
     shift_ms = float(backend.metadata["feature"]["frame_shift_ms"])
     detector = Detector(backend, args.threshold, args.smooth_frames,

@@ -5,17 +5,22 @@ utterances: the max-pooling loss can then score a keyword where it ends.
 
 Labels come from the inventory: `--label-mode keyword` gives the index of the keyword
 whose words occur in the transcript (else -1, filler); `--label-mode class` needs the
-transcript to be a class name. Utterances whose label cannot be resolved are reported.
+transcript to be a class name; `--label-mode speaker` takes the utterance's speaker
+(utt2spk). Utterances whose label cannot be resolved are reported.
 """
 import argparse
 import logging
 import os
 import sys
 
-from toolkit.data.datalist import read_inventory, write_datalist
-from toolkit.data.kaldi import LABELERS, load_data_dir, read_kw_times, read_table
-from toolkit.data.tokens import Tokenizer, read_lexicon, read_units
+import toolkit.tasks  # noqa: F401  (registers the tasks' label modes)
+from toolkit.data.datalist import write_datalist
+from toolkit.data.inventory import read_inventory
+from toolkit.data.kaldi import LABELERS, load_data_dir, read_table
+from toolkit.errors import DataError, cli
 from toolkit.logging_utils import setup_logging
+from toolkit.tasks.kws.data import KW_TIMES, read_kw_times
+from toolkit.tasks.kws.tokens import Tokenizer, read_lexicon, read_units
 
 logger = logging.getLogger("make_datalist")
 
@@ -38,20 +43,20 @@ def get_args(argv=None):
     return args
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
-    inventory = read_inventory(args.inventory)
+    try:
+        inventory = read_inventory(args.inventory)
+    except ValueError as err:
+        raise DataError(str(err)) from None
     labeler = LABELERS.get(args.label_mode)(inventory)
     feats = read_table(args.feats_scp) if args.feats_scp else {}
     tokenizer = (Tokenizer(read_lexicon(args.lexicon), read_units(args.units))
                  if args.lexicon else None)
-    times_path = os.path.join(args.data_dir, "kw_times")
-    try:
-        kw_times = read_kw_times(times_path) if os.path.exists(times_path) else {}
-    except ValueError as err:
-        logger.error("%s", err)
-        return 1
+    times_path = os.path.join(args.data_dir, KW_TIMES)
+    kw_times = read_kw_times(times_path) if os.path.exists(times_path) else {}
     entries, unlabeled, no_feats, no_tokens = [], [], [], []
     for entry in load_data_dir(args.data_dir, nj=args.nj):
         if entry["key"] in kw_times:
@@ -61,7 +66,7 @@ def main(argv=None):
                 no_feats.append(entry["key"])
                 continue
             entry["feat"] = feats[entry["key"]]
-        label = labeler(entry.get("txt", ""))
+        label = labeler(entry)
         if label is None:
             unlabeled.append(entry["key"])
             continue
@@ -88,7 +93,10 @@ def main(argv=None):
     for e in entries:
         counts[e["label"]] = counts.get(e["label"], 0) + 1
     names = {i: name for i, name in enumerate(inventory)}
-    summary = ", ".join(f"{names.get(k, 'filler')}={v}" for k, v in sorted(counts.items()))
+    if len(counts) > 12:
+        summary = f"{len(counts)} classes"
+    else:
+        summary = ", ".join(f"{names.get(k, 'filler')}={v}" for k, v in sorted(counts.items()))
     logger.info("wrote %s: %d utterances (%s)", args.output, n, summary)
     return 0
 

@@ -13,10 +13,11 @@ import logging
 import os
 import sys
 
-from toolkit.data.tokens import (LEXICON_BUILDERS, read_lexicon, transcript_words, units_of,
+from toolkit.tasks.kws.tokens import (LEXICON_BUILDERS, read_lexicon, transcript_words, units_of,
                                  write_lexicon)
 from toolkit.fileio import atomic_write_text
 from toolkit.logging_utils import setup_logging
+from toolkit.errors import cli
 
 logger = logging.getLogger("make_lexicon")
 
@@ -33,6 +34,7 @@ def get_args(argv=None):
     return p.parse_args(argv)
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     setup_logging()

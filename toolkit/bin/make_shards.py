@@ -13,6 +13,7 @@ import sys
 
 from toolkit.data.shards import LIST_NAME, ShardIndex, make_shards
 from toolkit.logging_utils import setup_logging
+from toolkit.errors import cli
 
 logger = logging.getLogger("make_shards")
 
@@ -28,6 +29,7 @@ def get_args(argv=None):
     return p.parse_args(argv)
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     setup_logging()

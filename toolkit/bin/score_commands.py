@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 from toolkit.logging_utils import setup_logging
+from toolkit.errors import cli
 
 logger = logging.getLogger("score_commands")
 
@@ -42,15 +43,17 @@ def dataset_config_for(feature: dict):
     return cfg
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
-    from toolkit.classification import Skipped, confusion_matrix, summary_line, \
+    from toolkit.tasks.kws.classification import Skipped, confusion_matrix, summary_line, \
         utterance_probs, write_outputs
     from toolkit.data.audio import BadEntry
-    from toolkit.data.datalist import DataList, read_inventory
-    from toolkit.data.dataset import UtteranceProcessor
-    from toolkit.detector import load_backend
+    from toolkit.data.datalist import DataList
+    from toolkit.data.inventory import read_inventory
+    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.tasks.kws.detector import load_backend
 
     names = read_inventory(args.inventory)
     backend = load_backend(args.model, threads=args.threads)
@@ -68,8 +71,7 @@ def main(argv=None):
     # Labels are checked here rather than by DataList.load, so that every unscorable
     # utterance is named in this report instead of only in a load warning.
     datalist = DataList.load(args.data_list, require_label=False)
-    processor = UtteranceProcessor(dataset_config_for(meta["feature"]), seed=0, train=False,
-                                   from_features=datalist.has_features())
+    processor = FeaturePipeline(dataset_config_for(meta["feature"]), seed=0, train=False)
     skipped = Skipped()
     for reason, n in datalist.bad.counts.items():
         skipped.counts[f"bad list line: {reason}"] += n
@@ -85,7 +87,7 @@ def main(argv=None):
             skipped.add(f"label outside the inventory (0..{len(names) - 1})", key)
             continue
         try:
-            feats = processor(entry, 0)
+            feats = processor.features(entry, 0)
         except BadEntry as err:
             skipped.add(f"unusable audio: {err.reason}", key)
             continue

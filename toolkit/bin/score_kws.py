@@ -23,7 +23,8 @@ import argparse
 import logging
 import sys
 
-from toolkit import decision, scoring
+from toolkit.tasks.kws import decision, scoring
+from toolkit.errors import cli, report
 
 
 def _float_list(text: str):
@@ -44,7 +45,7 @@ def get_args(argv=None):
                         help="JSON-lines list with key, duration (s), label (keyword index or -1)")
     parser.add_argument("--posteriors", required=True,
                         help="Kaldi .ark (or .scp) of key -> frame posteriors [T, K]")
-    parser.add_argument("--keywords", required=True,
+    parser.add_argument("--inventory", required=True,
                         help="keywords.txt, one phrase per line; line index = keyword index")
     parser.add_argument("--out-dir", required=True, help="directory for the outputs")
     parser.add_argument("--frame-shift-ms", type=float, default=decision.DEFAULT_FRAME_SHIFT_MS,
@@ -98,6 +99,7 @@ def get_args(argv=None):
     return args
 
 
+@cli
 def main(argv=None) -> int:
     args = get_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -106,7 +108,7 @@ def main(argv=None) -> int:
     thresholds = scoring.threshold_grid(args.threshold_step,
                                         tail_decades=args.threshold_tail_decades)
     try:
-        result = scoring.score(args.data_list, args.posteriors, args.keywords,
+        result = scoring.score(args.data_list, args.posteriors, args.inventory,
                                thresholds=thresholds, smooth_frames=args.smooth_frames,
                                refractory_frames=refractory_frames, fa_targets=args.fa_targets,
                                target_fa_per_hour=args.target_fa_per_hour,
@@ -116,10 +118,9 @@ def main(argv=None) -> int:
                                frame_shift_ms=args.frame_shift_ms,
                                bootstrap_unit=args.bootstrap_unit)
     except (ValueError, OSError) as err:
-        logging.error("%s", err)
-        return 1
+        return report(err)
     config = {
-        "data_list": args.data_list, "posteriors": args.posteriors, "keywords": args.keywords,
+        "data_list": args.data_list, "posteriors": args.posteriors, "keywords": args.inventory,
         "frame_shift_ms": args.frame_shift_ms, "smooth_frames": args.smooth_frames,
         "refractory_s": args.refractory_s, "refractory_frames": refractory_frames,
         "threshold_step": args.threshold_step,

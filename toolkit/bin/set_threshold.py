@@ -8,6 +8,7 @@ import os
 import sys
 
 from toolkit.logging_utils import setup_logging
+from toolkit.errors import cli
 
 
 def get_args(argv=None):
@@ -30,10 +31,11 @@ def threshold_from_scores(score_dir: str) -> float:
     return max(chosen)
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
-    from toolkit.export import set_threshold
+    from toolkit.tasks.kws.export import set_threshold
     threshold = args.threshold if args.threshold is not None else threshold_from_scores(args.score_dir)
     set_threshold(args.export_dir, threshold)
     logging.getLogger("set_threshold").info("recommended threshold %.3f stored in %s",

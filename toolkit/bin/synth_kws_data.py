@@ -7,7 +7,8 @@ import argparse
 import logging
 import sys
 
-from toolkit.data.synth import (TRAIN_CARRIER_SHARE, TRAIN_CONF_SHARE, TRAIN_HARD_SHARE,
+from toolkit.tasks.kws.corpus import (TRAIN_CARRIER_SHARE, TRAIN_CONF_SHARE, TRAIN_HARD_SHARE,
+from toolkit.errors import cli
                                 TRAIN_PAIR_SHARE, TRAIN_SWAP_SHARE, Sizes, SynthError,
                                 generate_corpus)
 
@@ -74,6 +75,7 @@ def get_args(argv=None):
     return p.parse_args(argv)
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

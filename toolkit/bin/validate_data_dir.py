@@ -8,7 +8,8 @@ utils/fix_data_dir.sh DIR (originals kept in DIR/.backup/); audio problems are n
 import argparse
 import sys
 
-from toolkit.datadir import validate_data_dir
+from toolkit.data.datadir import validate_data_dir
+from toolkit.errors import cli
 
 
 def get_args(argv=None):
@@ -24,6 +25,7 @@ def get_args(argv=None):
     return args
 
 
+@cli
 def main(argv=None):
     args = get_args(argv)
     problems = validate_data_dir(args.data_dir, check_audio=not args.no_audio, nj=args.nj)

@@ -2,7 +2,7 @@
 (seed, epoch, utterance key), so the result never depends on worker count or timing."""
 import math
 import zlib
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -125,12 +125,19 @@ def load_mono(source: str, rate: int, channel: int = -1,
     return wave
 
 
-def pick_and_load(entries, rng: np.random.Generator, rate: int) -> Optional[np.ndarray]:
-    """Loads one random entry (noise or RIR list); a broken one yields None (skipped)."""
+def pick_entry_and_load(entries, rng: np.random.Generator,
+                        rate: int) -> Optional[Tuple[np.ndarray, str]]:
+    """Loads one random entry of a noise or RIR list: (wave, its `kind` or ""). A broken
+    one yields None (skipped)."""
     if entries is None or len(entries) == 0:
         return None
     item = entries.entry(int(rng.integers(0, len(entries))))
     try:
-        return load_mono(item["wav"], rate)
+        return load_mono(item["wav"], rate), str(item.get("kind", ""))
     except BadEntry:
         return None
+
+
+def pick_and_load(entries, rng: np.random.Generator, rate: int) -> Optional[np.ndarray]:
+    picked = pick_entry_and_load(entries, rng, rate)
+    return None if picked is None else picked[0]

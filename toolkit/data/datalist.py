@@ -1,5 +1,6 @@
 """Data lists: one JSON object per utterance (`key`, `wav` or `feat`, `duration`,
-`label`, optional `txt`, `start`/`end`, and `tokens`: CTC target ids).
+`label`, optional `txt`, `spk`, `start`/`end`, and task-specific fields such as `tokens`
+or `kw_end`). This is the one parser of the format.
 
 A list is held as one bytes blob plus offset/duration/label arrays instead of a Python
 list of dicts: forked loader workers then share its pages (no per-object refcounts are
@@ -12,6 +13,8 @@ from collections import Counter
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
+
+from toolkit.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -90,70 +93,102 @@ class DataList:
     def has_features(self) -> bool:
         return len(self) > 0 and "feat" in self.entry(0)
 
+    def referenced_files(self) -> List[str]:
+        """Distinct files the entries read (audio, or feature archives without offsets)."""
+        files = {}
+        for i in range(len(self)):
+            e = self.entry(i)
+            source = e.get("feat") or e.get("wav") or ""
+            if not source or source.rstrip().endswith("|"):
+                continue      # a command's output has no file to fingerprint
+            if "feat" in e or ".ark:" in source:
+                source = source.rsplit(":", 1)[0]
+            files[source] = None
+        return list(files)
+
     @classmethod
     def load(cls, path: str, num_classes: Optional[int] = None,
-             require_label: bool = True, num_units: Optional[int] = None) -> "DataList":
-        """Parses a JSON-lines list. Bad lines are logged, counted and left out; the
-        caller decides (via max_bad_fraction) whether too many were bad. With `num_units`
-        (a CTC loss), entries also need `tokens`: ids in [1, num_units)."""
+             require_label: bool = True, allow_negative: bool = True,
+             strict: bool = False) -> "DataList":
+        """Parses a JSON-lines list. Bad lines are logged, counted and left out (the
+        caller decides, via max_bad_fraction, whether too many were bad); with `strict`
+        the first bad line is a DataError naming file and line instead, and duplicate
+        keys are errors too."""
         bad = BadCounter()
         chunks: List[bytes] = []
         durations: List[float] = []
         labels: List[int] = []
+        seen = set() if strict else None
+        low = -1 if allow_negative else 0
         with open(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
                 where = f"{path}:{lineno}"
-                try:
-                    obj = json.loads(raw)
-                    if not isinstance(obj, dict):
-                        raise ValueError("not an object")
-                except (ValueError, UnicodeDecodeError) as err:
-                    bad.add("malformed_json", where, str(err))
+                problem = _entry_problem(raw, require_label, num_classes, low, strict)
+                if problem is not None:
+                    reason, key, detail = problem
+                    if strict:
+                        raise DataError(f"{where}: {detail}")
+                    bad.add(reason, key or where, detail)
                     continue
-                key = obj.get("key")
-                if not isinstance(key, str) or not key or not (obj.get("wav") or obj.get("feat")):
-                    bad.add("missing_field", str(key or where), "needs key and wav or feat")
-                    continue
-                dur = obj.get("duration")
-                if not isinstance(dur, (int, float)) or isinstance(dur, bool) \
-                        or not math.isfinite(dur) \
-                        or dur <= 0 or dur > MAX_ABSURD_DURATION:
-                    bad.add("absurd_duration", key, f"duration={dur!r}")
-                    continue
-                label = obj.get("label")
-                if require_label:
-                    if not isinstance(label, int) or isinstance(label, bool):
-                        bad.add("missing_label", key)
-                        continue
-                    if label < -1 or (num_classes is not None and label >= num_classes):
-                        bad.add("label_not_in_inventory", key, f"label={label}")
-                        continue
-                if num_units is not None:
-                    problem = token_problem(obj.get("tokens"), num_units)
-                    if problem:
-                        bad.add(problem[0], key, problem[1])
-                        continue
+                obj = json.loads(raw)
+                if seen is not None:
+                    if obj["key"] in seen:
+                        raise DataError(f"{where}: duplicate key {obj['key']!r}")
+                    seen.add(obj["key"])
                 chunks.append(json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode())
-                durations.append(float(dur))
+                durations.append(float(obj["duration"]))
+                label = obj.get("label")
                 labels.append(int(label) if isinstance(label, int) else -1)
         offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
         np.cumsum([len(c) for c in chunks], out=offsets[1:])
         if bad.total():
             logger.warning("%s: %d of %d lines skipped: %s", path, bad.total(),
                            bad.total() + len(chunks), bad.summary())
+        if strict and not chunks:
+            raise DataError(f"{path}: empty data list")
         return cls(b"".join(chunks), offsets, np.asarray(durations, dtype=np.float32),
                    np.asarray(labels, dtype=np.int32), path, bad)
 
 
-def token_problem(tokens, num_units: int) -> Optional[Tuple[str, str]]:
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                               for t in tokens):
-        return "missing_tokens", "needs a `tokens` list of unit ids (make_datalist --lexicon)"
-    outside = [t for t in tokens if not 0 < t < num_units]
-    if outside:
-        return "token_not_in_units", f"ids {outside[:5]} outside [1, {num_units})"
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _entry_problem(raw: bytes, require_label: bool, num_classes: Optional[int], low: int,
+                   strict: bool) -> Optional[Tuple[str, str, str]]:
+    """(reason, key, human-readable detail) of a bad data-list line, or None."""
+    try:
+        obj = json.loads(raw)
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as err:
+        return "malformed_json", "", f"malformed JSON ({err})"
+    key = obj.get("key")
+    needed = ["key", "duration"] + (["label"] if require_label else [])
+    missing = [name for name in needed if name not in obj]
+    if not strict and not (obj.get("wav") or obj.get("feat")):
+        missing.append("wav or feat")
+    if missing:
+        return "missing_field", str(key or ""), f"missing field(s) {', '.join(missing)}"
+    if not isinstance(key, str) or not key:
+        return "missing_field", "", "'key' must be a non-empty string"
+    dur = obj.get("duration")
+    if not isinstance(dur, (int, float)) or isinstance(dur, bool) or not math.isfinite(dur) \
+            or dur <= 0 or dur > MAX_ABSURD_DURATION:
+        return "absurd_duration", key, f"'duration' must be a positive number of seconds, got {dur!r}"
+    label = obj.get("label")
+    if require_label:
+        if not _is_int(label):
+            return "missing_label", key, f"'label' must be an integer, got {label!r}"
+        if label < low or (num_classes is not None and label >= num_classes):
+            hi = f"{num_classes - 1}" if num_classes is not None else "K-1"
+            return ("label_not_in_inventory", key,
+                    f"'label' must be an integer in [{low}, {hi}], got {label!r}")
+    for name in ("spk", "txt"):
+        if name in obj and not isinstance(obj[name], str):
+            return "other", key, f"'{name}' must be a string, got {obj[name]!r}"
     return None
 
 
@@ -162,18 +197,6 @@ def write_datalist(path: str, entries: Iterable[dict]) -> int:
     lines = [json.dumps(e, ensure_ascii=False) for e in entries]
     atomic_write_text(path, "".join(line + "\n" for line in lines))
     return len(lines)
-
-
-def read_inventory(path: str) -> List[str]:
-    """Class/keyword inventory: one name per line; line order is the class index."""
-    from toolkit.fileio import read_lines
-    names = [line.strip() for _, line in read_lines(path)]
-    dup = [n for n, c in Counter(names).items() if c > 1]
-    if dup:
-        raise ValueError(f"{path}: duplicate entries {dup}")
-    if not names:
-        raise ValueError(f"{path}: empty inventory")
-    return names
 
 
 def split_range(n: int, parts: int, index: int) -> Tuple[int, int]:

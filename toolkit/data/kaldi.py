@@ -1,53 +1,95 @@
-"""Kaldi data directories -> data list entries.
+"""Kaldi data directories: the one reader and writer of `key value` tables, and the
+conversion of a data dir into data-list entries.
 
 Reads `wav.scp` (paths, `cmd |` pipes, `file.ark:offset`), optional `segments`, `text`,
 `utt2spk`, `utt2dur` (computed in parallel when missing), and turns each utterance into a
-data-list entry with a label from the class/keyword inventory.
+data-list entry with a label from the class inventory (LABELERS: how a label is found).
 """
 import logging
 import multiprocessing as mp
 import os
-import re
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from toolkit.data.audio import BadEntry, read_audio
-from toolkit.fileio import read_kv
+from toolkit.errors import DataError, MissingInputError
+from toolkit.fileio import atomic_write_text
 from toolkit.registry import Registry
 
 logger = logging.getLogger(__name__)
 LABELERS: Registry = Registry("label mode")
+FIX_HINT = "utils/fix_data_dir.sh {dir} repairs sorting, duplicates and coverage"
 
 
-def read_table(path: str, required: bool = True) -> Dict[str, str]:
-    if not os.path.exists(path):
-        if required:
-            raise FileNotFoundError(f"{path} not found")
-        return {}
-    table: Dict[str, str] = {}
-    for lineno, key, value in read_kv(path):
-        if key in table:
-            raise ValueError(f"{path}:{lineno}: duplicate key {key}")
-        table[key] = value
+@dataclass
+class Line:
+    lineno: int
+    key: str
+    value: str
+
+
+@dataclass
+class Table:
+    name: str
+    path: str
+    lines: List[Line] = field(default_factory=list)
+    blank: List[int] = field(default_factory=list)
+    undecodable: List[int] = field(default_factory=list)
+
+    def first(self) -> Dict[str, Line]:
+        """Each key's first line (what `fix_data_dir` keeps)."""
+        out: Dict[str, Line] = {}
+        for line in self.lines:
+            out.setdefault(line.key, line)
+        return out
+
+
+def c_order(key: str) -> bytes:
+    """Sort key matching `LC_ALL=C sort`, which Kaldi tools assume: raw byte order."""
+    return key.encode("utf-8")
+
+
+def scan_table(path: str) -> Table:
+    """Every line of a table, recording blank and non-UTF-8 lines instead of failing on
+    them, so that a validator can report them together with everything else."""
+    table = Table(os.path.basename(path), path)
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                table.undecodable.append(lineno)
+                continue
+            parts = text.strip().split(maxsplit=1)
+            if not parts:
+                table.blank.append(lineno)
+                continue
+            table.lines.append(Line(lineno, parts[0], parts[1] if len(parts) > 1 else ""))
     return table
 
 
-def read_kw_times(path: str) -> Dict[str, Tuple[float, float]]:
-    """`utt start end` lines (seconds, 0 <= start <= end): where the keyword of each
-    listed positive is spoken. Malformed lines are errors naming file and line."""
-    out: Dict[str, Tuple[float, float]] = {}
-    for lineno, key, value in read_kv(path):
-        parts = value.split()
-        try:
-            start, end = (float(x) for x in parts) if len(parts) == 2 else (None, None)
-        except ValueError:
-            start = end = None
-        if start is None or not 0.0 <= start <= end:
-            raise ValueError(f"{path}:{lineno}: expected '<utt> <start> <end>' with "
-                             f"0 <= start <= end seconds, got {value!r}")
-        if key in out:
-            raise ValueError(f"{path}:{lineno}: duplicate key {key}")
-        out[key] = (start, end)
-    return out
+def read_table(path: str, required: bool = True) -> Dict[str, str]:
+    """key -> value. A duplicate key or a non-UTF-8 line is a DataError naming the line
+    and pointing at fix_data_dir; blank lines are ignored."""
+    if not os.path.exists(path):
+        if required:
+            raise MissingInputError(f"{path} not found")
+        return {}
+    scanned = scan_table(path)
+    hint = FIX_HINT.format(dir=os.path.dirname(path) or ".")
+    if scanned.undecodable:
+        raise DataError(f"{path}:{scanned.undecodable[0]}: not valid UTF-8; {hint}")
+    table: Dict[str, str] = {}
+    for line in scanned.lines:
+        if line.key in table:
+            raise DataError(f"{path}:{line.lineno}: duplicate key {line.key}; {hint}")
+        table[line.key] = line.value
+    return table
+
+
+def write_table(path: str, rows: Dict[str, str]) -> None:
+    """`key value` lines sorted in C order, written atomically."""
+    atomic_write_text(path, "".join(f"{k} {rows[k]}\n" for k in sorted(rows, key=c_order)))
 
 
 def _duration_of(args: Tuple[str, str, float, float]) -> Tuple[str, Optional[float], str]:
@@ -82,14 +124,21 @@ def load_data_dir(data_dir: str, nj: int = 2, write_utt2dur: bool = True) -> Lis
     segments_path = os.path.join(data_dir, "segments")
     utts: Dict[str, Tuple[str, float, float]] = {}
     if os.path.exists(segments_path):
-        for lineno, key, rest in read_kv(segments_path):
-            parts = rest.split()
-            if len(parts) != 3:
-                raise ValueError(f"{segments_path}:{lineno}: expected '<utt> <rec> <start> <end>'")
-            rec, start, end = parts[0], float(parts[1]), float(parts[2])
+        for line in scan_table(segments_path).lines:
+            parts = line.value.split()
+            where = f"{segments_path}:{line.lineno}"
+            try:
+                rec, start, end = parts[0], float(parts[1]), float(parts[2])
+                if len(parts) != 3:
+                    raise ValueError
+            except (ValueError, IndexError):
+                raise DataError(f"{where}: expected '<utt> <rec> <start> <end>'") from None
             if rec not in wav_scp:
-                raise ValueError(f"{segments_path}:{lineno}: recording {rec} not in wav.scp")
-            utts[key] = (wav_scp[rec], start, end)
+                raise DataError(f"{where}: recording {rec} not in wav.scp")
+            if line.key in utts:
+                raise DataError(f"{where}: duplicate key {line.key}; "
+                                + FIX_HINT.format(dir=data_dir))
+            utts[line.key] = (wav_scp[rec], start, end)
     else:
         utts = {k: (v, 0.0, -1.0) for k, v in wav_scp.items()}
     text = read_table(os.path.join(data_dir, "text"), required=False)
@@ -106,9 +155,7 @@ def load_data_dir(data_dir: str, nj: int = 2, write_utt2dur: bool = True) -> Lis
             else:
                 durations[key] = dur
         if write_utt2dur:
-            from toolkit.fileio import atomic_write_text
-            atomic_write_text(dur_path, "".join(f"{k} {durations[k]:.3f}\n"
-                                                for k in sorted(durations)))
+            write_table(dur_path, {k: f"{v:.3f}" for k, v in durations.items()})
     for key, why in sorted(failed.items()):
         logger.warning("%s: skip %s: %s", data_dir, key, why)
     entries = []
@@ -127,34 +174,18 @@ def load_data_dir(data_dir: str, nj: int = 2, write_utt2dur: bool = True) -> Lis
     return entries
 
 
-def _words(text: str) -> List[str]:
-    return re.sub(r"[^\w' ]+", " ", text.lower()).split()
-
-
-@LABELERS.register("keyword")
-def keyword_labeler(inventory: List[str]) -> Callable[[str], Optional[int]]:
-    """Index of the keyword whose word sequence occurs in the text (earliest occurrence
-    wins), else -1 (filler). Case and punctuation are ignored."""
-    phrases = [_words(k) for k in inventory]
-
-    def label(text: str) -> Optional[int]:
-        words = _words(text)
-        best: Tuple[int, int] = (len(words) + 1, -1)
-        for index, phrase in enumerate(phrases):
-            n = len(phrase)
-            for pos in range(len(words) - n + 1):
-                if words[pos:pos + n] == phrase:
-                    best = min(best, (pos, index))
-                    break
-        return best[1]
-    return label
-
-
 @LABELERS.register("class")
-def class_labeler(inventory: List[str]) -> Callable[[str], Optional[int]]:
+def class_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
     """The text is the class name itself (command words); unknown names give None."""
     index = {name: i for i, name in enumerate(inventory)}
-    return lambda text: index.get(text.strip())
+    return lambda entry: index.get(entry.get("txt", "").strip())
+
+
+@LABELERS.register("speaker")
+def speaker_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
+    """The utterance's speaker (utt2spk) indexes the inventory; unknown speakers give None."""
+    index = {name: i for i, name in enumerate(inventory)}
+    return lambda entry: index.get(entry.get("spk", ""))
 
 
 def write_data_dir(data_dir: str, tables: Dict[str, Dict[str, str]],
@@ -169,10 +200,14 @@ def write_data_dir(data_dir: str, tables: Dict[str, Dict[str, str]],
             os.remove(path)
     tables = dict(tables)
     if "utt2spk" in tables:
-        spk2utt: Dict[str, List[str]] = {}
-        for utt in sorted(tables["utt2spk"]):
-            spk2utt.setdefault(tables["utt2spk"][utt], []).append(utt)
-        tables["spk2utt"] = {spk: " ".join(utts) for spk, utts in spk2utt.items()}
+        tables["spk2utt"] = spk2utt_of(tables["utt2spk"])
     for name, table in tables.items():
-        with open(os.path.join(data_dir, name), "w", encoding="utf-8") as f:
-            f.write("".join(f"{key} {table[key]}\n" for key in sorted(table)))
+        write_table(os.path.join(data_dir, name), table)
+
+
+def spk2utt_of(utt2spk: Dict[str, str]) -> Dict[str, str]:
+    """spk2utt rows from utt2spk: each speaker's utterances in C order."""
+    out: Dict[str, List[str]] = {}
+    for utt in sorted(utt2spk, key=c_order):
+        out.setdefault(utt2spk[utt], []).append(utt)
+    return {spk: " ".join(utts) for spk, utts in out.items()}

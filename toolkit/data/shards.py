@@ -5,14 +5,14 @@ utterance or its segment, original rate and channels) then `<key>.json` (the dat
 entry without `wav`; its start/end describe the source, the WAV is already cut).
 `shards.list` names the tars (paths or URLs, one a line) and `shards.index.json` beside
 it lists (key, duration, label) per shard, so batches are planned without opening a tar.
-What only some losses need (CTC `tokens`, keyword times `kw_end`) is read from each
-utterance's JSON member when its batch is built, and checked there.
+What only some tasks need (CTC `tokens`, keyword times `kw_end`) is read from each
+utterance's JSON member when its batch is built, and checked there by the task.
 
 Determinism contract, as in dataset.py:
 - the plan depends only on (seed, epoch, index, config): the shard order is shuffled,
   then utterances are bucketed and batched inside windows of a few consecutive shards,
   so a reader streams only a couple of tars at a time;
-- batch i goes to rank i % world (dataset.rank_batches); inside a rank, loader worker w
+- batch i goes to rank i % world (plan.rank_batches); inside a rank, loader worker w
   takes batches w, w+W, ...; DataLoader interleaves iterable workers round-robin, so
   batches come out in plan order whatever the worker count;
 - augmentation randomness comes from (seed, epoch, key), so features equal those of the
@@ -40,10 +40,10 @@ import numpy as np
 import soundfile as sf
 from torch.utils.data import IterableDataset, get_worker_info
 
-from toolkit.data.audio import BadEntry, check_and_mix, read_audio, resample
-from toolkit.data.datalist import BadCounter, DataList, token_problem
-from toolkit.data.dataset import (SOURCES, DataSource, UtteranceProcessor, build_loader, collate,
-                                  keyword_end_frame, plan_batches)
+from toolkit.data.audio import BadEntry, check_and_mix, read_audio
+from toolkit.data.datalist import BadCounter, DataList
+from toolkit.data.loader import build_loader
+from toolkit.data.plan import estimated_frames, plan_batches, usable_indices
 from toolkit.fileio import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,12 @@ def _scheme(source: str) -> str:
     return m.group(1).lower() if m else ""
 
 
-def open_shard(source: str, timeout: float = HTTP_TIMEOUT_S) -> BinaryIO:
+def auth_token(configured: str = "") -> str:
+    """The bearer token for http(s) shards: the config's, else TOOLKIT_DATA_TOKEN."""
+    return configured or os.environ.get("TOOLKIT_DATA_TOKEN", "")
+
+
+def open_shard(source: str, timeout: float = HTTP_TIMEOUT_S, token: str = "") -> BinaryIO:
     """Binary, sequentially readable file object for a local path, an http(s) URL
     (streamed, never read whole into memory) or any fsspec URL (s3://, gs://, file://).
 
@@ -78,8 +83,11 @@ def open_shard(source: str, timeout: float = HTTP_TIMEOUT_S) -> BinaryIO:
     if not scheme:
         return open(source, "rb")
     if scheme in ("http", "https"):
+        request = urllib.request.Request(source)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         try:
-            return urllib.request.urlopen(source, timeout=timeout)
+            return urllib.request.urlopen(request, timeout=timeout)
         except urllib.error.HTTPError as err:
             raise OSError(f"cannot open shard {source}: HTTP {err.code} {err.reason}") from None
         except (urllib.error.URLError, OSError) as err:
@@ -104,9 +112,14 @@ def open_shard(source: str, timeout: float = HTTP_TIMEOUT_S) -> BinaryIO:
         raise OSError(f"cannot open shard {source}: {err}") from None
 
 
-def _read_all(source: str) -> bytes:
-    with open_shard(source) as f:
+def _read_all(source: str, token: str = "") -> bytes:
+    with open_shard(source, token=token) as f:
         return f.read()
+
+
+def read_text(source: str, token: str = "") -> str:
+    """A shard list or data list, local or by URL, as text."""
+    return _read_all(source, token or auth_token()).decode("utf-8")
 
 
 def _beside(source: str, name: str) -> str:
@@ -137,7 +150,8 @@ class ShardIndex:
 
     def __init__(self, sources: Sequence[str], shard_offsets: np.ndarray, key_blob: bytes,
                  key_offsets: np.ndarray, durations: np.ndarray, labels: np.ndarray,
-                 path: str = ""):
+                 path: str = "", token: str = ""):
+        self.token = token
         self.sources = list(sources)
         self.shard_offsets = shard_offsets
         self.key_blob = key_blob
@@ -170,14 +184,16 @@ class ShardIndex:
         return float(self.durations.sum()) / 3600.0
 
     @classmethod
-    def load(cls, shard_list: str, index_path: Optional[str] = None) -> "ShardIndex":
+    def load(cls, shard_list: str, index_path: Optional[str] = None,
+             token: str = "") -> "ShardIndex":
         """Reads a shard list (local or URL) and its index (`shards.index.json` beside
         the list unless `index_path` is given). List lines are matched to index records
         by file name, so a list may be a subset, reordered, or moved to other storage."""
         index_path = index_path or _beside(shard_list, INDEX_NAME)
-        text = _read_all(shard_list).decode("utf-8")
+        token = auth_token(token)
+        text = _read_all(shard_list, token).decode("utf-8")
         try:
-            raw = json.loads(_read_all(index_path))
+            raw = json.loads(_read_all(index_path, token))
         except ValueError as err:
             raise ValueError(f"{index_path}: not a shard index ({err})") from None
         if not isinstance(raw, dict) or raw.get("format") != INDEX_FORMAT:
@@ -218,7 +234,7 @@ class ShardIndex:
         np.cumsum(counts, out=shard_offsets[1:])
         return cls(sources, shard_offsets, b"".join(encoded), key_offsets,
                    np.asarray(durations, dtype=np.float32), np.asarray(labels, dtype=np.int32),
-                   shard_list)
+                   shard_list, token)
 
 
 # --------------------------------------------------------------------------- reading
@@ -342,26 +358,10 @@ def decode_wav(data: bytes, name: str, channel: int = -1) -> Tuple[np.ndarray, i
     return check_and_mix(audio, name, channel), int(rate)
 
 
-def process_waveform(processor: UtteranceProcessor, wave: np.ndarray, rate: int, key: str,
-                     epoch: int, label: int = -1) -> np.ndarray:
-    """Decoded mono wave -> features, as `processor(entry, epoch)` would give for the
-    same audio."""
-    if rate != processor.cfg.sample_rate:
-        wave = resample(wave, rate, processor.cfg.sample_rate)
-    return processor.features_from_waveform(wave, key, epoch, label)
-
-
 # --------------------------------------------------------------------------- batch plan
 
-class _DurationsView:
-    """What plan_batches reads of a DataList, for the utterances of one window."""
-
-    def __init__(self, durations: np.ndarray):
-        self.durations = durations
-
-
 def plan_shard_batches(index: ShardIndex, dataset_cfg, seed: int, epoch: int, train: bool,
-                       shards_per_window: int = 2) -> List[np.ndarray]:
+                       shards_per_window: int = 2, frames_of=None) -> List[np.ndarray]:
     """Global batch list of one epoch; each batch is an (n, 2) int64 array of
     (shard_id, member_index) rows. Shard order is shuffled with (seed, epoch); inside
     each window of `shards_per_window` consecutive shards, plan_batches does the
@@ -384,7 +384,9 @@ def plan_shard_batches(index: ShardIndex, dataset_cfg, seed: int, epoch: int, tr
         # are shuffled independently yet reproducibly.
         wseed = int(np.random.SeedSequence([seed & 0xFFFFFFFF, epoch, w, 0x5A4D])
                     .generate_state(1)[0])
-        for local in plan_batches(_DurationsView(index.durations[flat]), dataset_cfg,
+        durations = index.durations[flat]
+        frames = (frames_of or (lambda d: estimated_frames(d, dataset_cfg)))(durations)
+        for local in plan_batches(frames, usable_indices(durations, dataset_cfg), dataset_cfg,
                                   wseed, epoch, train):
             batches.append(np.stack([shard_of[local], member[local]], axis=1).astype(np.int64))
     return batches
@@ -402,21 +404,17 @@ class ShardBatchDataset(IterableDataset):
 
     Worker w of W takes batches start+w, start+w+W, ...; it streams each shard its
     batches need once, when first needed, keeping only the wav bytes its own batches
-    use until each batch is built (so memory stays within a window's share).
+    use until each batch is built (so memory stays within a window's share). Each
+    utterance reaches the task's builder as its JSON entry plus the decoded audio."""
 
-    With `num_units` (a CTC loss) each utterance's JSON must carry `tokens` in
-    [1, num_units); one without is skipped and counted, as a data list skips it on load."""
-
-    def __init__(self, index: ShardIndex, batches: Sequence[np.ndarray],
-                 processor: UtteranceProcessor, epoch: int, start: int = 0,
-                 num_units: Optional[int] = None):
+    def __init__(self, index: ShardIndex, batches: Sequence[np.ndarray], builder, epoch: int,
+                 start: int = 0, channel: int = -1):
         self.index = index
-        self.num_units = num_units
         self.batches = batches
-        self.processor = processor
+        self.builder = builder
         self.epoch = epoch
         self.start = start
-        self.dim = processor.opts.mel_opts.num_bins
+        self.channel = channel
 
     def __len__(self) -> int:
         return max(0, len(self.batches) - self.start)
@@ -446,7 +444,8 @@ class ShardBatchDataset(IterableDataset):
         source = self.index.sources[shard]
         reason, detail = MISSING_FROM_SHARD, source
         try:
-            with open_shard(source) as f, closing(_read_members(f, source)) as entries:
+            with open_shard(source, token=self.index.token) as f, \
+                    closing(_read_members(f, source)) as entries:
                 for key, wav, meta in entries:
                     m = want.pop(key, None)
                     if m is not None:
@@ -467,10 +466,9 @@ class ShardBatchDataset(IterableDataset):
             failed[(shard, m)] = (reason, detail)
 
     def _build(self, rows: np.ndarray, held: dict, failed: dict):
-        keys, feats, labels, tokens, ends = [], [], [], [], []
+        examples, keys = [], []
         bad = BadCounter()
         seconds = 0.0
-        channel = self.processor.cfg.channel
         for s, m in rows:
             s, m = int(s), int(m)
             i = self.index.flat(s, m)
@@ -480,30 +478,20 @@ class ShardBatchDataset(IterableDataset):
                 bad.add(reason, key, detail, log=False)   # the shard got one log line
                 continue
             data, meta = held.pop((s, m))
-            meta = meta if isinstance(meta, dict) else {}
-            if self.num_units is not None:
-                problem = token_problem(meta.get("tokens"), self.num_units)
-                if problem is not None:
-                    bad.add(problem[0], key, problem[1])
-                    continue
-            label = int(self.index.labels[i])
+            # The JSON's duration is the WAV's (shards hold the cut segment).
+            entry = dict(meta) if isinstance(meta, dict) else {}
+            entry.update(key=key, label=int(self.index.labels[i]))
+            entry.setdefault("duration", float(self.index.durations[i]))
             try:
-                wave, rate = decode_wav(data, key, channel)
-                f = process_waveform(self.processor, wave, rate, key, self.epoch, label)
+                audio = decode_wav(data, key, self.channel)
+                example = self.builder(entry, self.epoch, audio)
             except BadEntry as err:
                 bad.add(err.reason, key, err.detail)
                 continue
+            examples.append(example)
             keys.append(key)
-            feats.append(f)
-            labels.append(label)
-            # The JSON's duration is the WAV's (shards hold the cut segment), so the
-            # keyword end maps onto frames as in the data-list pipeline.
-            ends.append(keyword_end_frame(meta, len(f)) if label >= 0 else -1)
-            if self.num_units is not None:
-                tokens.append(meta["tokens"])
             seconds += float(self.index.durations[i])
-        return collate(keys, feats, labels, seconds, bad, self.dim,
-                       tokens if self.num_units is not None else None, ends)
+        return self.builder.collate(examples, keys, seconds, bad)
 
 
 def make_shard_loader(dataset: ShardBatchDataset, num_workers: int, prefetch_factor: int,
@@ -621,33 +609,3 @@ def make_shards(data_list: str, out_dir: str, utts_per_shard: int, nj: int = 1,
     paths = [t[0] for t in tasks]
     atomic_write_text(os.path.join(out_dir, LIST_NAME), "".join(p + "\n" for p in paths))
     return paths, bad
-
-
-@SOURCES.register("shard")
-class ShardSource(DataSource):
-    """Tar shards listed in a shard list, planned from their index without opening them."""
-
-    def __init__(self, path: str, num_classes: Optional[int] = None,
-                 num_units: Optional[int] = None):
-        self.index = ShardIndex.load(path)
-        self.num_units = num_units
-        self.bad = BadCounter()
-        if num_classes is not None:
-            bad = (self.index.labels < -1) | (self.index.labels >= num_classes)
-            if bad.any():
-                raise ValueError(f"{path}: {int(bad.sum())} utterances have labels outside the "
-                                 f"inventory of {num_classes} classes")
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def total_hours(self) -> float:
-        return self.index.total_hours()
-
-    def plan(self, dataset_cfg, seed, epoch, train):
-        return plan_shard_batches(self.index, dataset_cfg, seed, epoch, train)
-
-    def loader(self, batches, processor, epoch, start, num_workers, prefetch_factor, seed):
-        dataset = ShardBatchDataset(self.index, batches, processor, epoch, start=start,
-                                    num_units=self.num_units)
-        return make_shard_loader(dataset, num_workers, prefetch_factor, seed)

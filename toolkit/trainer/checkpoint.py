@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import re
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -35,8 +36,9 @@ class CheckpointInfo:
     meta: dict
 
 
-def rng_state() -> dict:
-    """Python, NumPy and torch RNG states as weights_only-safe values."""
+def rng_state(cuda: bool = False) -> dict:
+    """Python, NumPy and torch RNG states as weights_only-safe values. CUDA's only for a
+    CUDA run: asking for it would start CUDA in a CPU run on a GPU host."""
     py = random.getstate()
     np_state = np.random.get_state()
     return {
@@ -44,7 +46,7 @@ def rng_state() -> dict:
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
                   int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state_all() if cuda else [],
     }
 
 
@@ -54,8 +56,18 @@ def set_rng_state(state: dict) -> None:
     n = state["numpy"]
     np.random.set_state((n[0], n[1].numpy().astype(np.uint32), n[2], n[3], n[4]))
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
+    if state.get("cuda") and torch.cuda.is_initialized():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _file_id(path: str):
+    st = os.stat(path)
+    return (path, st.st_size, st.st_mtime_ns)
+
+
+# (path, size, mtime) of checkpoints known to verify: the ones this process wrote and the
+# ones it hashed, so pruning does not rehash every checkpoint at every save.
+_VERIFIED: set = set()
 
 
 def save_checkpoint(exp_dir: str, step: int, payload: dict, meta: dict) -> str:
@@ -69,6 +81,7 @@ def save_checkpoint(exp_dir: str, step: int, payload: dict, meta: dict) -> str:
     meta = dict(meta, step=step, size=len(data), sha256=hashlib.sha256(data).hexdigest(),
                 file=os.path.basename(path))
     atomic_write_text(path[:-3] + ".json", json.dumps(meta, indent=1))
+    _VERIFIED.add(_file_id(path))
     return path
 
 
@@ -81,10 +94,11 @@ def list_checkpoints(exp_dir: str) -> List[CheckpointInfo]:
         try:
             with open(meta_path, encoding="utf-8") as f:
                 meta = json.load(f)
-        except (OSError, ValueError) as err:
+            step = int(meta["step"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
             logger.warning("ignoring unreadable checkpoint metadata %s: %s", meta_path, err)
             continue
-        found.append(CheckpointInfo(meta_path[:-5] + ".pt", int(meta["step"]),
+        found.append(CheckpointInfo(meta_path[:-5] + ".pt", step,
                                     int(meta.get("epoch", 0)), meta.get("dev_loss"), meta))
     return sorted(found, key=lambda c: c.step)
 
@@ -93,12 +107,21 @@ def verify(info: CheckpointInfo) -> Optional[str]:
     """None when the .pt matches its recorded size and hash, else what is wrong."""
     try:
         size = os.path.getsize(info.path)
+        file_id = _file_id(info.path)
     except OSError:
         return "file missing"
     if size != info.meta.get("size"):
         return f"size {size} != recorded {info.meta.get('size')} (truncated?)"
-    if sha256_file(info.path) != info.meta.get("sha256"):
+    if file_id in _VERIFIED:
+        return None
+    started = time.time()
+    digest = sha256_file(info.path)
+    if size > (64 << 20):
+        logger.info("verified %s (%.0f MB) in %.1f s", os.path.basename(info.path),
+                    size / 2 ** 20, time.time() - started)
+    if digest != info.meta.get("sha256"):
         return "sha256 mismatch (corrupt)"
+    _VERIFIED.add(file_id)
     return None
 
 
@@ -117,34 +140,70 @@ def latest_valid(exp_dir: str) -> Optional[CheckpointInfo]:
     return None
 
 
+def has_checkpoint_files(exp_dir: str) -> bool:
+    return bool(glob.glob(os.path.join(exp_dir, "ckpt-*")))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_checkpoint(pt_path: str) -> None:
+    """The .json goes first: a kill in between leaves an orphan .pt (pruned later), never
+    a .json whose .pt is gone (reported as unusable at the next resume)."""
+    _unlink(pt_path[:-3] + ".json")
+    _unlink(pt_path)
+
+
+TMP_CHECKPOINT = re.compile(r"^\.tmp-.*-ckpt-\d+\.(pt|json)$")
+
+
 def prune(exp_dir: str, keep_last: int, keep_best: int) -> List[str]:
-    """Deletes checkpoints that are neither among the last `keep_last` by step nor the
-    best `keep_best` by dev loss. Also removes temp files left by killed writes."""
+    """Deletes checkpoints that are neither among the last `keep_last` valid ones by step
+    nor the best `keep_best` by dev metric. Corrupt checkpoints and orphan .pt files older
+    than the newest valid checkpoint go too, as do temp files of this trainer's killed
+    checkpoint writes (other tools' temp files are left alone)."""
     infos = list_checkpoints(exp_dir)
-    keep = {c.step for c in infos[-keep_last:]} if keep_last > 0 else set()
-    scored = [c for c in infos if c.dev_loss is not None]
+    valid = [c for c in infos if verify(c) is None]
+    broken = [c for c in infos if c not in valid]
+    keep = {c.step for c in valid[-keep_last:]} if keep_last > 0 else set()
+    scored = [c for c in valid if c.dev_loss is not None]
     keep |= {c.step for c in sorted(scored, key=lambda c: (c.dev_loss, -c.step))[:keep_best]}
+    newest = valid[-1].step if valid else -1
     removed = []
-    for c in infos:
+    for c in valid:
         if c.step not in keep:
-            for p in (c.path, c.path[:-3] + ".json"):
-                try:
-                    os.unlink(p)
-                except FileNotFoundError:
-                    pass
+            remove_checkpoint(c.path)
             removed.append(c.path)
-    for tmp in glob.glob(os.path.join(exp_dir, ".tmp-*")):
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    for c in broken:
+        if c.step < newest:
+            logger.warning("removing unusable checkpoint %s", c.path)
+            remove_checkpoint(c.path)
+            removed.append(c.path)
+    listed = {c.path for c in infos}
+    for pt in glob.glob(os.path.join(exp_dir, "ckpt-*.pt")):
+        m = re.search(r"ckpt-(\d+)\.pt$", pt)
+        if m and pt not in listed and int(m.group(1)) < newest:
+            _unlink(pt)                      # orphan: its .json never got written
+            removed.append(pt)
+    for tmp in os.listdir(exp_dir):
+        if TMP_CHECKPOINT.match(tmp):
+            _unlink(os.path.join(exp_dir, tmp))
     return removed
 
 
-def model_state_from_file(path: str) -> Dict[str, torch.Tensor]:
-    """Model weights from one of our checkpoints or a .safetensors export."""
+def module_states_from_file(path: str) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Module name -> weights, from one of our checkpoints (or an averaged one). A
+    .safetensors export holds one module: {"": state}."""
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
-        return load_file(path)
+        return {"": load_file(path)}
     payload = load_payload(path)
-    return payload["model"] if "model" in payload else payload
+    if "modules" in payload:
+        return payload["modules"]
+    if "model" in payload:                   # checkpoints before the task contract
+        return {"model": payload["model"]}
+    return {"": payload}

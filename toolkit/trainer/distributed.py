@@ -9,6 +9,8 @@ from typing import Any, List, Optional
 import torch
 import torch.distributed as dist
 
+from toolkit.errors import DeviceError
+
 logger = logging.getLogger(__name__)
 
 
@@ -37,7 +39,7 @@ def from_env(num_gpus: Optional[int] = None, use_cuda: Optional[bool] = None) ->
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if num_gpus is not None and num_gpus > 0 and num_gpus != local_world:
-        raise RuntimeError(
+        raise DeviceError(
             f"--num-gpus {num_gpus} disagrees with torchrun's LOCAL_WORLD_SIZE={local_world} "
             f"(WORLD_SIZE={world}); launch torchrun with --nproc-per-node={num_gpus} or fix "
             "gpus= in run.sh")
@@ -45,11 +47,11 @@ def from_env(num_gpus: Optional[int] = None, use_cuda: Optional[bool] = None) ->
         use_cuda = num_gpus is not None and num_gpus > 0
     if use_cuda:
         if not torch.cuda.is_available():
-            raise RuntimeError("GPUs were requested but CUDA is not available; set gpus=-1 "
-                               "in run.sh to train on CPU")
+            raise DeviceError("GPUs were requested but CUDA is not available; set gpus=-1 "
+                              "in run.sh to train on CPU")
         if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
-                               "visible GPUs (check CUDA_VISIBLE_DEVICES / gpus=)")
+            raise DeviceError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
+                              "visible GPUs (check CUDA_VISIBLE_DEVICES / gpus=)")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:

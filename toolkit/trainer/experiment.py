@@ -1,15 +1,21 @@
 """The experiment directory as a durable boundary: one configuration, one inventory, one
-architecture. A rerun resumes; an incompatible rerun is refused naming every difference."""
+architecture, one data fingerprint. A rerun resumes; an incompatible rerun is refused
+naming every difference."""
 import dataclasses
+import hashlib
 import json
 import logging
 import os
-from typing import Dict, List, Tuple
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import yaml
 
-from toolkit.config import Config, ConfigError, from_dict, redact, to_dict
+from toolkit.config import (Config, ConfigError, dump_config, from_dict, is_redacted,
+                            is_secret_key, same_value, secret_env_values, to_dict)
+from toolkit.data.inventory import inventory_differences, read_inventory, write_inventory
+from toolkit.errors import MissingInputError
 from toolkit.fileio import atomic_write_text, sha256_file
 
 logger = logging.getLogger(__name__)
@@ -17,16 +23,19 @@ logger = logging.getLogger(__name__)
 CONFIG_NAME = "config.yaml"
 INVENTORY_NAME = "inventory.txt"
 FINGERPRINT_NAME = "data_fingerprint.json"
+FINGERPRINT_VERSION = 2
 
-# Keys whose change is allowed on resume (logged); every other difference in these
-# sections makes the exp dir refuse the run.
+# Keys whose change is allowed on resume (logged, and applied); every other difference
+# makes the exp dir refuse the run. Per-optimizer keys match any optimizer name.
 ALLOWED_CHANGES = {
     "optim.lr", "optim.scheduler.warmup_steps", "optim.scheduler.final_lr_ratio",
     "optim.scheduler.factor", "optim.scheduler.patience", "optim.weight_decay",
-    "training.max_epoch", "training.log_interval", "training.save_interval_steps",
-    "training.val_interval_steps", "training.keep_last", "training.keep_best",
-    "training.tensorboard", "training.max_nonfinite_steps", "training.rank_failure_timeout_s",
-    "training.grad_clip", "training.malloc_trim_interval", "dataset.num_workers", "dataset.prefetch_factor",
+    "optim.grad_clip",
+    "training.max_epoch", "training.max_steps", "training.log_interval",
+    "training.save_interval_steps", "training.val_interval_steps", "training.keep_last",
+    "training.keep_best", "training.tensorboard", "training.max_nonfinite_steps",
+    "training.rank_failure_timeout_s", "training.grad_clip", "training.malloc_trim_interval",
+    "training.trace_keys", "dataset.num_workers", "dataset.prefetch_factor",
     "dataset.max_bad_fraction", "training.init_checkpoint", "training.init_allow_missing",
 }
 
@@ -35,60 +44,147 @@ def flatten(d, prefix: str = "") -> Dict[str, object]:
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict):
+        if isinstance(v, dict) and v:
             out.update(flatten(v, key + "."))
         else:
             out[key] = v
     return out
 
 
-def diff_configs(old: dict, new: dict) -> Tuple[List[str], List[str]]:
-    """(refused differences, allowed differences), each as 'key: old -> new'."""
-    a, b = flatten(old), flatten(new)
+def _allowed(key: str, optimizers: Sequence[str]) -> bool:
+    if key in ALLOWED_CHANGES or is_secret_key(key.rsplit(".", 1)[-1]):
+        return True
+    parts = key.split(".")
+    if len(parts) > 2 and parts[0] == "optim" and parts[1] in optimizers:
+        return ".".join(["optim"] + parts[2:]) in ALLOWED_CHANGES
+    return False
+
+
+def diff_configs(saved: dict, current: dict,
+                 optimizers: Sequence[str] = ()) -> Tuple[List[str], List[str]]:
+    """(refused differences, allowed differences), each as 'key: old -> new'. `saved` is
+    read back from config.yaml (secrets as salted hashes), `current` is the live config."""
+    a, b = flatten(saved), flatten(current)
     refused, allowed = [], []
     for key in sorted(set(a) | set(b)):
-        if a.get(key) == b.get(key):
+        old, new = a.get(key), b.get(key)
+        if same_value(old, new):
             continue
-        text = f"{key}: {a.get(key)!r} -> {b.get(key)!r}"
-        (allowed if key in ALLOWED_CHANGES else refused).append(text)
+        shown_new = "<redacted>" if (is_redacted(old) or new in secret_env_values()
+                                     or is_secret_key(key.rsplit(".", 1)[-1])) else repr(new)
+        shown_old = "<redacted>" if is_redacted(old) else repr(old)
+        text = f"{key}: {shown_old} -> {shown_new}"
+        (allowed if _allowed(key, optimizers) else refused).append(text)
     return refused, allowed
 
 
-def data_fingerprint(cfg: Config) -> dict:
-    """Content hashes of the training and dev lists: a changed list under the same path is
-    as incompatible as a different path."""
-    return {name: sha256_file(path) if path and os.path.exists(path) else ""
-            for name, path in (("train_data", cfg.dataset.train_data),
-                               ("dev_data", cfg.dataset.dev_data))}
+# --------------------------------------------------------------------------- data fingerprint
+
+SAMPLED_FILES = 256          # files whose head and tail bytes are hashed
+SAMPLE_BYTES = 1 << 16
 
 
-def prepare_exp_dir(exp_dir: str, cfg: Config, inventory: List[str],
-                    write: bool) -> Tuple[Config, bool]:
-    """Checks `cfg` against what the exp dir holds. Returns (config to use, resuming).
-    Only rank 0 passes write=True; it records config, inventory and data fingerprint."""
+def _sampled_digest(path: str, size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(SAMPLE_BYTES))
+        if size > 2 * SAMPLE_BYTES:
+            f.seek(size - SAMPLE_BYTES)
+        h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()[:16]
+
+
+def _list_digest(path: str) -> str:
+    if "://" in path:
+        from toolkit.data.shards import read_text
+        return hashlib.sha256(read_text(path).encode("utf-8")).hexdigest()
+    return sha256_file(path) if path and os.path.exists(path) else ""
+
+
+def data_fingerprint(cfg: Config, referenced: Dict[str, Sequence[str]]) -> dict:
+    """What training reads, cheaply: the full sha256 of every list file (train, dev,
+    noise, RIR lists, CMVN stats), and for the files the lists point at (audio, feature
+    archives, shards) their sizes plus a hash of the first and last 64 KiB of a fixed
+    sample of them. Remote (URL) shards are named only by their list's content."""
+    started = time.time()
+    lists = {"train_data": cfg.dataset.train_data, "dev_data": cfg.dataset.dev_data,
+             "noise_list": cfg.dataset.noise.noise_list, "rir_list": cfg.dataset.reverb.rir_list}
+    for section in ("model",):
+        model = getattr(cfg, section, None) if cfg.has(section) else None
+        if model is not None and getattr(model, "cmvn_file", ""):
+            lists["cmvn_file"] = model.cmvn_file
+    out = {"version": FINGERPRINT_VERSION,
+           "lists": {name: _list_digest(path) for name, path in lists.items() if path}}
+    files_total = hashed = 0
+    for name, files in referenced.items():
+        local = [f for f in files if "://" not in f]
+        sizes = hashlib.sha256()
+        missing = 0
+        for f in local:
+            try:
+                sizes.update(f"{f}\0{os.path.getsize(f)}\n".encode("utf-8"))
+            except OSError:
+                missing += 1
+                sizes.update(f"{f}\0missing\n".encode("utf-8"))
+        step = max(1, len(local) // SAMPLED_FILES)
+        sample = hashlib.sha256()
+        for f in local[::step][:SAMPLED_FILES]:
+            try:
+                sample.update(_sampled_digest(f, os.path.getsize(f)).encode())
+                hashed += 1
+            except OSError:
+                sample.update(b"missing")
+        out[name] = {"files": len(local), "sizes": sizes.hexdigest()[:16],
+                     "sampled": sample.hexdigest()[:16]}
+        files_total += len(local)
+    logger.info("data fingerprint: %d list files hashed, %d referenced files sized, %d of them "
+                "sampled (first and last 64 KiB) in %.1f s", len(out["lists"]), files_total,
+                hashed, time.time() - started)
+    return out
+
+
+def fingerprint_differences(old: dict, new: dict) -> List[str]:
+    if old.get("version") != FINGERPRINT_VERSION:
+        return []          # written by an older toolkit: not comparable, not refused
+    problems = []
+    for name in sorted(set(old.get("lists", {})) | set(new.get("lists", {}))):
+        a, b = old.get("lists", {}).get(name), new.get("lists", {}).get(name)
+        if a != b:
+            what = "cmvn_file" if name == "cmvn_file" else f"dataset.{name}"
+            problems.append(f"{what} content changed (sha256 {str(a)[:12]} -> {str(b)[:12]})")
+    for name in sorted(k for k in set(old) | set(new) if k not in ("version", "lists")):
+        a, b = old.get(name) or {}, new.get(name) or {}
+        if a != b:
+            problems.append(f"files referenced by dataset.{name} changed ({a.get('files')} -> "
+                            f"{b.get('files')} files; sizes {a.get('sizes')} -> {b.get('sizes')},"
+                            f" sampled content {a.get('sampled')} -> {b.get('sampled')})")
+    return problems
+
+
+# --------------------------------------------------------------------------- the exp dir
+
+def prepare_exp_dir(exp_dir: str, cfg: Config, inventory: Optional[List[str]],
+                    fingerprint: dict, optimizers: Sequence[str], write: bool) -> bool:
+    """Checks `cfg` against what the exp dir holds; returns whether it held a run. Only
+    rank 0 passes write=True; it records config, inventory and data fingerprint."""
     os.makedirs(exp_dir, exist_ok=True)
     config_path = os.path.join(exp_dir, CONFIG_NAME)
     inv_path = os.path.join(exp_dir, INVENTORY_NAME)
     fp_path = os.path.join(exp_dir, FINGERPRINT_NAME)
     new_raw = to_dict(cfg)
-    new_fp = data_fingerprint(cfg)
-    resuming = os.path.exists(config_path)
-    if resuming:
+    existed = os.path.exists(config_path)
+    if existed:
         with open(config_path, encoding="utf-8") as f:
-            old_raw = yaml.safe_load(f)
-        problems, allowed = diff_configs(redact(old_raw), redact(new_raw))
-        if os.path.exists(inv_path):
-            with open(inv_path, encoding="utf-8") as f:
-                old_inv = [line.rstrip("\n") for line in f if line.strip()]
+            old_raw = yaml.safe_load(f) or {}
+        problems, allowed = diff_configs(old_raw, new_raw, optimizers)
+        if os.path.exists(inv_path) or inventory is not None:
+            old_inv = read_inventory(inv_path) if os.path.exists(inv_path) else None
             if old_inv != inventory:
-                problems.append(f"class inventory (or its order): {old_inv} -> {inventory}")
+                diffs = inventory_differences(old_inv or [], inventory or [])
+                problems.append("class inventory (or its order) changed: " + "; ".join(diffs))
         if os.path.exists(fp_path):
             with open(fp_path, encoding="utf-8") as f:
-                old_fp = json.load(f)
-            for name in ("train_data", "dev_data"):
-                if old_fp.get(name) != new_fp[name]:
-                    problems.append(f"dataset.{name} content changed (sha256 "
-                                    f"{str(old_fp.get(name))[:12]} -> {new_fp[name][:12]})")
+                problems += fingerprint_differences(json.load(f), fingerprint)
         if problems:
             raise ConfigError(
                 f"{exp_dir} holds an experiment with an incompatible configuration; start a new "
@@ -96,54 +192,109 @@ def prepare_exp_dir(exp_dir: str, cfg: Config, inventory: List[str],
         for text in allowed:
             logger.info("allowed configuration change on resume: %s", text)
     if write:
-        from toolkit.config import dump_config
         dump_config(cfg, config_path)
-        atomic_write_text(inv_path, "".join(name + "\n" for name in inventory))
-        atomic_write_text(fp_path, json.dumps(new_fp, indent=1))
-    return cfg, resuming
+        if inventory is not None:
+            write_inventory(inv_path, inventory)
+        atomic_write_text(fp_path, json.dumps(fingerprint, indent=1))
+    return existed
 
 
 def load_exp_config(exp_dir: str) -> Config:
-    """The resolved config that later stages (averaging, export, scoring) read."""
+    """The resolved config that later stages (averaging, export, scoring) read. Values
+    redacted as secrets come back empty (stages after training never need them)."""
     path = os.path.join(exp_dir, CONFIG_NAME)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: train into {exp_dir} first")
+        raise MissingInputError(f"{path} not found: train into {exp_dir} first")
     with open(path, encoding="utf-8") as f:
-        return from_dict(yaml.safe_load(f))
+        raw = yaml.safe_load(f)
+    return from_dict(_unredact(raw))
+
+
+def _unredact(node):
+    if isinstance(node, dict):
+        return {k: _unredact(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_unredact(v) for v in node]
+    return "" if is_redacted(node) else node
 
 
 def read_exp_inventory(exp_dir: str) -> List[str]:
-    with open(os.path.join(exp_dir, INVENTORY_NAME), encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f if line.strip()]
+    return read_inventory(os.path.join(exp_dir, INVENTORY_NAME))
 
 
-def load_init_weights(model: torch.nn.Module, path: str, allow_missing: bool) -> None:
-    """Weights only (no optimizer/scheduler/step). Strict unless `allow_missing`: then
-    missing and unexpected keys are logged instead of refused. A safetensors file must
-    have its config.json beside it describing the same architecture."""
-    from toolkit.trainer.checkpoint import model_state_from_file
+# --------------------------------------------------------------------------- init weights
+
+def _architecture_differences(theirs: dict, mine: dict) -> List[str]:
+    skip = {"cmvn_file", "num_outputs", "num_classes"}
+    return [f"{k}: {theirs[k]!r} vs {mine.get(k)!r}" for k in theirs
+            if k in mine and k not in skip and theirs[k] != mine[k]]
+
+
+def load_init_weights(modules: Dict[str, torch.nn.Module], task, path: str,
+                      allow_missing: bool) -> List[str]:
+    """Weights only (no optimizer, schedule or step) into the task's init modules; the
+    other modules keep their fresh initialisation. Strict unless `allow_missing`: then
+    missing, unexpected and shape-mismatched tensors are logged by name and the
+    mismatched ones keep their fresh values. A safetensors export needs its config.json
+    beside it, describing the same architecture. Returns the modules loaded."""
+    from toolkit.trainer.checkpoint import module_states_from_file
     if not os.path.exists(path):
-        raise FileNotFoundError(f"init_checkpoint {path} not found")
-    if path.endswith(".safetensors"):
-        side = os.path.join(os.path.dirname(path), "config.json")
-        if not os.path.exists(side):
-            raise FileNotFoundError(f"init_checkpoint {path}: adjacent config.json missing")
-        with open(side, encoding="utf-8") as f:
-            meta = json.load(f)
-        theirs = meta.get("model", {})
-        mine = dataclasses.asdict(model.config)
-        arch_keys = [k for k in theirs if k not in ("cmvn_file",)]
-        diffs = [f"{k}: {theirs[k]!r} vs {mine.get(k)!r}" for k in arch_keys
-                 if k in mine and theirs[k] != mine[k]]
-        if diffs and not allow_missing:
-            raise ConfigError(f"init_checkpoint {path} describes another architecture: "
-                              + "; ".join(diffs))
-    state = model_state_from_file(path)
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        msg = (f"init_checkpoint {path}: missing keys {result.missing_keys}, "
-               f"unexpected keys {result.unexpected_keys}")
-        if not allow_missing:
-            raise ConfigError(msg + " (set training.init_allow_missing=true to accept)")
-        logger.warning(msg)
-    logger.info("initialised weights from %s", path)
+        raise MissingInputError(f"training.init_checkpoint {path} not found")
+    states = module_states_from_file(path)
+    targets = [m for m in task.init_modules() if m in modules]
+    if "" in states:                   # a one-module export: the task's export module
+        if path.endswith(".safetensors"):
+            _check_export_config(path, modules[task.export_module], allow_missing)
+        states = {task.export_module: states[""]}
+        targets = [task.export_module]
+    loaded = []
+    for name in targets:
+        if name not in states:
+            raise ConfigError(f"training.init_checkpoint {path} has no weights for module "
+                              f"'{name}' (it has {', '.join(sorted(states))})")
+        _load_module(modules[name], states[name], f"{path} [{name}]", allow_missing)
+        loaded.append(name)
+    fresh = [n for n in modules if n not in loaded]
+    logger.info("initialised %s from %s%s", ", ".join(loaded), path,
+                f"; {', '.join(fresh)} start fresh" if fresh else "")
+    return loaded
+
+
+def _check_export_config(path: str, module, allow_missing: bool) -> None:
+    side = os.path.join(os.path.dirname(path), "config.json")
+    if not os.path.exists(side):
+        raise MissingInputError(f"training.init_checkpoint {path}: adjacent config.json missing")
+    with open(side, encoding="utf-8") as f:
+        meta = json.load(f)
+    theirs = meta.get("model", meta.get("model_config", {}))
+    config = getattr(module, "config", None)
+    mine = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    diffs = _architecture_differences(theirs, mine)
+    if diffs and not allow_missing:
+        raise ConfigError(f"training.init_checkpoint {path} describes another architecture: "
+                          + "; ".join(diffs))
+
+
+def _load_module(module: torch.nn.Module, state: Dict[str, torch.Tensor], where: str,
+                 allow_missing: bool) -> None:
+    own = module.state_dict()
+    mismatched = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items()
+                  if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    usable = {k: v for k, v in state.items() if k in own and tuple(v.shape) == tuple(own[k].shape)}
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    problems = []
+    if mismatched:
+        problems.append(f"shape mismatch {mismatched}")
+    if missing:
+        problems.append(f"missing keys {missing}")
+    if unexpected:
+        problems.append(f"unexpected keys {unexpected}")
+    if problems and not allow_missing:
+        raise ConfigError(f"training.init_checkpoint {where}: " + "; ".join(problems)
+                          + " (set training.init_allow_missing=true to keep those tensors "
+                          "freshly initialised)")
+    if problems:
+        logger.warning("training.init_checkpoint %s: %s; those tensors keep their fresh "
+                       "initialisation", where, "; ".join(problems))
+    module.load_state_dict(usable, strict=False)

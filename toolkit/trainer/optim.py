@@ -12,13 +12,13 @@ SCHEDULERS: Registry = Registry("scheduler")
 @OPTIMIZERS.register("adam")
 def _adam(params, cfg):
     return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                            weight_decay=cfg.weight_decay)
+                            weight_decay=cfg.weight_decay, amsgrad=cfg.amsgrad)
 
 
 @OPTIMIZERS.register("adamw")
 def _adamw(params, cfg):
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                             weight_decay=cfg.weight_decay)
+                             weight_decay=cfg.weight_decay, amsgrad=cfg.amsgrad)
 
 
 @OPTIMIZERS.register("sgd")
@@ -79,6 +79,10 @@ class Schedule:
         self.base_lrs = [lr for _ in self.base_lrs]
         self._apply()
 
+    def reapply(self) -> None:
+        """Sets the LR again after total_steps changed (a resume on another world size)."""
+        self._apply()
+
 
 def _warmup(step: int, warmup: int) -> float:
     return 1.0 if warmup <= 0 or step >= warmup else (step + 1) / warmup
@@ -109,6 +113,19 @@ class WarmupCosine(Schedule):
         frac = min(1.0, (step - w) / max(1, self.total_steps - w))
         low = self.cfg.final_lr_ratio
         return low + (1.0 - low) * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+@SCHEDULERS.register("exponential")
+class WarmupExponential(Schedule):
+    """Warm-up, then a constant decay per step: `gamma` when set (DAC/HiFi-GAN style),
+    else the rate that reaches `final_lr_ratio` at `total_steps`."""
+
+    def factor(self, step):
+        w = self.cfg.warmup_steps
+        if step < w:
+            return _warmup(step, w)
+        gamma = self.cfg.gamma or self.cfg.final_lr_ratio ** (1.0 / max(1, self.total_steps - w))
+        return max(gamma ** (step - w), 0.0)
 
 
 @SCHEDULERS.register("reduce_on_plateau")

@@ -1,8 +1,11 @@
-"""The training executor: torchrun DDP, exact resume, AMP, clipping, validation, logging."""
+"""The generic training executor: torchrun DDP, exact resume, AMP, several optimizers,
+clipping, accumulation, validation, logging. It knows no model family: a Task (see
+toolkit.task) supplies modules, data processing and the training step."""
 import contextlib
 import logging
 import math
 import os
+import random
 import time
 from typing import Dict, List, Optional
 
@@ -10,13 +13,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from toolkit.cmvn import read_cmvn
-from toolkit.config import Config, redact, to_dict
+from toolkit.config import Config, Ramp, redact, to_dict
 from toolkit.data.datalist import BAD_REASONS, BadCounter, DataList
-from toolkit.data.dataset import (DataSource, UtteranceProcessor, open_source, rank_batches,
-                                  workers_per_rank)
-from toolkit.losses import build_loss, uses_ctc_head
-from toolkit.models import build_model, count_parameters
+from toolkit.data.plan import rank_batches
+from toolkit.data.sources import DataSource, open_source
+from toolkit.config import ConfigError
+from toolkit.errors import DataError, MissingInputError, UserError
+from toolkit.progress import format_duration
+from toolkit.task import Batch, Task
 from toolkit.trainer import checkpoint as ckpt
 from toolkit.trainer import distributed as dist_util
 from toolkit.trainer.clip import clip_and_step
@@ -25,33 +29,18 @@ from toolkit.trainer.experiment import load_init_weights
 from toolkit.trainer.optim import build_optimizer, build_schedule
 
 logger = logging.getLogger(__name__)
+PAYLOAD_FORMAT = 2
 
 
-class TrainingError(RuntimeError):
-    pass
-
-
-class WithCTCHead(nn.Module):
-    """Keyword logits and CTC logits from one encoder pass. DDP wraps this instead of
-    the model when the loss has a CTC component: DDP synchronises only parameters used
-    through the forward it wraps, and the model's own forward skips the CTC head."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, feats: torch.Tensor):
-        hidden, _ = self.model.encode(feats, None)
-        return self.model.classifier(hidden), self.model.ctc_head(hidden)
+class TrainingError(UserError, RuntimeError):
+    """Training cannot go on (too many bad inputs or non-finite updates): one line."""
 
 
 _LIBC = None
 
 
 def release_free_memory() -> None:
-    """Returns freed heap pages to the OS (glibc malloc_trim). Batches of varying shape
-    fragment glibc's arenas: without this, a 22K-parameter model's process grows past
-    3 GB; with it, it stays under 1 GB. A no-op where libc has no malloc_trim."""
+    """Returns freed heap pages to the OS (glibc malloc_trim); a no-op without it."""
     global _LIBC
     if _LIBC is None:
         import ctypes
@@ -66,13 +55,14 @@ def release_free_memory() -> None:
 
 
 @contextlib.contextmanager
-def frozen_norm_stats(model: nn.Module):
+def frozen_norm_stats(modules):
     """Keeps BatchNorm running statistics unchanged (momentum 0) for zero-weight steps."""
     saved = []
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            saved.append((m, m.momentum))
-            m.momentum = 0.0
+    for module in modules:
+        for m in module.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                saved.append((m, m.momentum))
+                m.momentum = 0.0
     try:
         yield
     finally:
@@ -92,258 +82,389 @@ def amp_dtype(cfg: Config, device: torch.device) -> Optional[torch.dtype]:
     return torch.float16
 
 
+def set_determinism(enabled: bool, device: torch.device) -> None:
+    """Bitwise-reproducible kernels. On CUDA a nondeterministic op is then an error
+    (cuBLAS needs CUBLAS_WORKSPACE_CONFIG, set by run.py before CUDA starts)."""
+    if not enabled:
+        return
+    torch.use_deterministic_algorithms(True, warn_only=device.type != "cuda")
+    if torch.backends.cudnn.is_available():
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+
+
+class _StepContext:
+    """The trainer's side of toolkit.task.StepContext for one micro-batch."""
+
+    def __init__(self, trainer: "Trainer", training: bool, boundary: bool = True,
+                 weight: float = 1.0, factor: float = 1.0):
+        self.t = trainer
+        self.training = training
+        self.boundary = boundary
+        self.weight = weight
+        self.factor = factor
+        self.step_index = trainer.step
+        self.total_steps = trainer.total_steps
+        self.epoch = trainer.epoch
+        self.device = trainer.device
+        self.results: Dict[str, Dict[str, float]] = {}
+
+    @property
+    def progress(self) -> float:
+        return self.step_index / max(1, self.total_steps)
+
+    def value(self, ramp: Ramp) -> float:
+        return ramp.value(self.step_index, self.total_steps)
+
+    def module(self, name: str) -> nn.Module:
+        if self.training:
+            return self.t.wrapped.get(name, self.t.views[name])
+        return self.t.views[name]
+
+    def raw(self, name: str) -> nn.Module:
+        return self.t.modules[name]
+
+    def autocast(self):
+        dtype = self.t.amp_dtype
+        return torch.autocast(self.device.type, dtype=dtype or torch.float32,
+                              enabled=dtype is not None)
+
+    def fp32(self):
+        return torch.autocast(self.device.type, enabled=False)
+
+    def active(self, optimizer: str) -> bool:
+        return self.t.optimizer_active(optimizer, self.step_index)
+
+    @contextlib.contextmanager
+    def frozen(self, *modules: str):
+        params = [p for m in modules for p in self.t.modules[m].parameters() if p.requires_grad]
+        for p in params:
+            p.requires_grad_(False)
+        try:
+            yield
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+
+    def backward(self, loss: torch.Tensor, optimizer: str) -> None:
+        scaled = loss * self.weight if self.weight != 1.0 else loss
+        scaler = self.t.scalers.get(optimizer)
+        if scaler is not None:
+            scaled = scaler.scale(scaled)
+        scaled.backward()
+
+    def step(self, optimizer: str) -> None:
+        if self.boundary and self.training:
+            self.results[optimizer] = self.t.optimizer_step(optimizer, self.factor)
+
+
 class Trainer:
-    def __init__(self, cfg: Config, exp_dir: str, info: DistInfo, resuming: bool):
+    def __init__(self, cfg: Config, task: Task, exp_dir: str, info: DistInfo):
         self.cfg = cfg
+        self.task = task
         self.exp_dir = exp_dir
         self.info = info
         self.device = info.device
         t = cfg.training
         torch.manual_seed(t.seed)
         np.random.seed(t.seed % (2 ** 32))
-        if t.deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
-            if torch.backends.cudnn.is_available():
-                torch.backends.cudnn.benchmark = False
-                torch.backends.cudnn.deterministic = True
+        random.seed(t.seed)
+        set_determinism(t.deterministic, self.device)
 
-        self.loss_fn = build_loss(cfg.loss)
-        self.use_ctc = uses_ctc_head(self.loss_fn)
-        # Each component of a weighted-sum loss is logged on its own: (metric key, tag).
-        self.loss_parts = [(f"loss_{i}", f"loss_{i}_{sub.type}") for i, (sub, _, _) in
-                           enumerate(getattr(cfg.loss, "parsed", []))]
-        if self.use_ctc and cfg.model.ctc_outputs <= 0:
-            raise TrainingError("the loss has a ctc component but model.ctc_outputs is 0: "
-                                "pass --units (toolkit.bin.make_lexicon) or set it")
-        if self.use_ctc and cfg.loss.type == "ctc":
-            raise TrainingError("loss.type ctc alone trains no keyword output: use weighted_sum "
-                                "with a keyword loss and a ctc component")
+        self.requirements = task.data_requirements()
         self.train_list = self._load_list(cfg.dataset.train_data, "train")
         self.dev_list = (self._load_list(cfg.dataset.dev_data, "dev")
                          if cfg.dataset.dev_data else None)
 
-        cmvn = read_cmvn(cfg.model.cmvn_file) if cfg.model.cmvn_file else None
-        self.model = build_model(cfg.model, cmvn).to(self.device)
-        if t.init_checkpoint and not resuming:
-            load_init_weights(self.model, t.init_checkpoint, t.init_allow_missing)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.modules: Dict[str, nn.Module] = {n: m.to(self.device)
+                                              for n, m in task.build_modules().items()}
+        self.views = {n: task.training_view(n, m) for n, m in self.modules.items()}
+        self.optimizer_modules = task.optimizer_modules()
+        unknown = {m for ms in self.optimizer_modules.values() for m in ms} - set(self.modules)
+        if unknown or set(self.optimizer_modules) != set(task.optimizers):
+            raise RuntimeError(f"task {task.name}: optimizer_modules() names modules "
+                               f"{sorted(unknown)} / optimizers {sorted(self.optimizer_modules)} "
+                               f"that it does not build / declare")
+        self.optimizers = {name: build_optimizer(self._params(name), cfg.optim[name])
+                           for name in task.optimizers}
         self.amp_dtype = amp_dtype(cfg, self.device)
-        self.scaler = (torch.amp.GradScaler(self.device.type)
-                       if self.amp_dtype == torch.float16 else None)
+        self.scalers = ({name: torch.amp.GradScaler(self.device.type) for name in task.optimizers}
+                        if self.amp_dtype == torch.float16 else {})
 
-        self.steps_per_epoch = self._optimizer_steps_per_epoch()
-        total = cfg.optim.scheduler.total_steps or self.steps_per_epoch * t.max_epoch
-        self.total_steps = total
-        self.schedule = build_schedule(self.optimizer, cfg.optim.scheduler, total)
+        self.steps_per_epoch = self._steps_in_plan(len(self._global_plan(0)), 0)
+        self.total_steps = t.max_steps or self.steps_per_epoch * t.max_epoch
+        self.schedules = {name: build_schedule(opt, cfg.optim[name].scheduler,
+                                               self._schedule_total(name))
+                          for name, opt in self.optimizers.items()}
         # Each rank has its own dropout randomness; restored per rank on resume.
         torch.manual_seed(t.seed + 1000003 * info.rank)
 
-        self.trained = WithCTCHead(self.model) if self.use_ctc else self.model
-        self.ddp = self.trained
-        if info.distributed:
-            self.ddp = nn.parallel.DistributedDataParallel(
-                self.trained,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None)
-
         self.step = 0
         self.epoch = 0
-        self.batch_pos = 0          # micro-batches of the current epoch already trained
-        self.nonfinite_run = 0
-        self.nonfinite_total = 0
+        self.global_pos = 0       # global batches of the current epoch already trained
+        self.nonfinite_run = {n: 0 for n in task.optimizers}
+        self.nonfinite_total = {n: 0 for n in task.optimizers}
         self.epoch_bad = BadCounter()
         self.epoch_seen = 0
         self.writer = None
         self.save_seconds = 0.0
+        self.wrapped: Dict[str, nn.Module] = {}
+        self.trace = None
         self.trim_interval = t.malloc_trim_interval if self.device.type == "cpu" else 0
-        processor_args = dict(seed=t.seed, from_features=self.train_list.has_features())
+        self.num_threads = torch.get_num_threads()
         noise = DataList.load(cfg.dataset.noise.noise_list, require_label=False) \
-            if cfg.dataset.noise.noise_list and cfg.dataset.noise.prob > 0 else None
+            if cfg.dataset.noise.noise_list and _ever_positive(cfg.dataset.noise.prob) else None
         rirs = DataList.load(cfg.dataset.reverb.rir_list, require_label=False) \
-            if cfg.dataset.reverb.rir_list and cfg.dataset.reverb.prob > 0 else None
-        self.train_proc = UtteranceProcessor(cfg.dataset, train=True, noise=noise, rirs=rirs,
-                                             **processor_args)
-        self.dev_proc = UtteranceProcessor(cfg.dataset, train=False, seed=t.seed,
-                                           from_features=bool(self.dev_list and
-                                                              self.dev_list.has_features()))
+            if cfg.dataset.reverb.rir_list and _ever_positive(cfg.dataset.reverb.prob) else None
+        self.train_builder = task.example_builder(train=True, seed=t.seed, noise=noise, rirs=rirs,
+                                                  steps_per_epoch=self.steps_per_epoch,
+                                                  total_steps=self.total_steps)
+        self.dev_builder = task.example_builder(train=False, seed=t.seed)
         if self.train_list.has_features():
             waveform_aug = [name for name, on in (
                 ("speed_perturb", bool(cfg.dataset.speed_perturb)),
                 ("volume_range", bool(cfg.dataset.volume_range)),
-                ("noise", noise is not None), ("reverb", rirs is not None)) if on]
+                ("noise", noise is not None), ("reverb", rirs is not None),
+                ("feature.dither", cfg.dataset.feature.dither > 0)) if on]
             if waveform_aug:
                 logger.warning("training from precomputed features: waveform augmentations "
                                "%s are off", ", ".join(waveform_aug))
         self.workers = workers_per_rank(cfg.dataset.num_workers, info.local_world_size)
         if info.is_main:
-            logger.info("model %s: %d parameters; %d train utterances (%.2f h), %d optimizer "
-                        "steps/epoch, %d loader workers per rank", cfg.model.type,
-                        count_parameters(self.model), len(self.train_list),
-                        self.train_list.total_hours(), self.steps_per_epoch, self.workers)
+            outside = (f" ({self.train_list.outside_duration} outside the duration limits "
+                       "left out)" if self.train_list.outside_duration else "")
+            logger.info("%s; %d train utterances (%.2f h)%s, %d optimizer steps/epoch, "
+                        "%d loader workers per rank", task.describe(self.modules),
+                        len(self.train_list), self.train_list.total_hours(), outside,
+                        self.steps_per_epoch, self.workers)
 
     # ------------------------------------------------------------------ setup helpers
 
+    def _params(self, optimizer: str) -> List[nn.Parameter]:
+        return [p for m in self.optimizer_modules[optimizer]
+                for p in self.modules[m].parameters() if p.requires_grad]
+
+    def _schedule_total(self, name: str) -> int:
+        explicit = self.cfg.optim[name].scheduler.total_steps
+        start = self.start_step(name)
+        return explicit or max(1, self.total_steps - start)
+
+    def start_step(self, optimizer: str) -> int:
+        return int(math.ceil(self.cfg.optim[optimizer].start_fraction * self.total_steps))
+
+    def optimizer_active(self, optimizer: str, step: int) -> bool:
+        return step >= self.start_step(optimizer)
+
     def _load_list(self, path: str, name: str) -> DataSource:
-        if not path or not os.path.exists(path):
-            raise FileNotFoundError(f"dataset.{name}_data: data list '{path}' not found")
+        from toolkit.data.sources import is_url
+        if not path or not (os.path.exists(path) or is_url(path)):
+            raise MissingInputError(f"dataset.{name}_data: data list '{path}' not found")
         try:
-            datalist = open_source(self.cfg.dataset.data_type, path, self.cfg.model.num_outputs,
-                                   self.cfg.model.ctc_outputs if self.use_ctc else None)
-        except ValueError as err:
-            raise TrainingError(str(err)) from None
-        total = len(datalist) + datalist.bad.total()
-        if total == 0 or len(datalist) == 0:
-            raise TrainingError(f"{path}: no usable entries ({datalist.bad.summary()})")
-        if datalist.bad.total() / total > self.cfg.dataset.max_bad_fraction:
+            source = open_source(self.cfg.dataset.data_type, path, self.requirements,
+                                 self.cfg.dataset, self.task.example_frames)
+        except (ValueError, OSError) as err:
+            raise DataError(str(err)) from None
+        total = len(source) + source.bad.total()
+        if total == 0 or len(source) == 0:
+            raise TrainingError(f"{path}: no usable entries ({source.bad.summary()})")
+        if source.bad.total() / total > self.cfg.dataset.max_bad_fraction:
             raise TrainingError(
-                f"{path}: {datalist.bad.total()} of {total} entries are bad, above "
+                f"{path}: {source.bad.total()} of {total} entries are bad, above "
                 f"dataset.max_bad_fraction={self.cfg.dataset.max_bad_fraction}: "
-                f"{datalist.bad.summary()}")
-        return datalist
+                f"{source.bad.summary()}")
+        return source
 
-    def _rank_plan(self, epoch: int) -> List[np.ndarray]:
-        batches = self.train_list.plan(self.cfg.dataset, self.cfg.training.seed, epoch, True)
-        return rank_batches(batches, self.info.rank, self.info.world_size)
+    def _global_plan(self, epoch: int) -> List[np.ndarray]:
+        return self.train_list.plan(self.cfg.dataset, self.cfg.training.seed, epoch, True)
 
-    def _optimizer_steps_per_epoch(self) -> int:
-        micro = len(self._rank_plan(0))
-        return max(1, math.ceil(micro / self.cfg.training.accum_grad))
+    def _steps_in_plan(self, num_global: int, done: int) -> int:
+        micro = math.ceil(max(0, num_global - done) / self.info.world_size)
+        return max(1, math.ceil(micro / self.cfg.training.accum_grad)) if micro else 0
 
     # ------------------------------------------------------------------ checkpoints
 
     def _payload(self) -> dict:
-        rngs = dist_util.all_gather_object(ckpt.rng_state(), self.info)
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "schedule": self.schedule.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else {},
-            "step": self.step, "epoch": self.epoch, "batch_pos": self.batch_pos,
-            "nonfinite_run": self.nonfinite_run, "nonfinite_total": self.nonfinite_total,
+        per_rank = dist_util.all_gather_object({
+            "rng": ckpt.rng_state(cuda=self.device.type == "cuda"),
             "epoch_bad": dict(self.epoch_bad.counts), "epoch_seen": self.epoch_seen,
-            "rng": rngs, "world_size": self.info.world_size,
-            "model_config": redact(to_dict(self.cfg)["model"]),
+        }, self.info)
+        return {
+            "format": PAYLOAD_FORMAT,
+            "task": self.task.name,
+            "modules": {n: m.state_dict() for n, m in self.modules.items()},
+            "optimizers": {n: o.state_dict() for n, o in self.optimizers.items()},
+            "schedules": {n: s.state_dict() for n, s in self.schedules.items()},
+            "scalers": {n: s.state_dict() for n, s in self.scalers.items()},
+            "task_state": self.task.state_dict(),
+            "step": self.step, "epoch": self.epoch, "global_batch_pos": self.global_pos,
+            "nonfinite_run": dict(self.nonfinite_run),
+            "nonfinite_total": dict(self.nonfinite_total),
+            "per_rank": per_rank, "world_size": self.info.world_size,
+            "num_threads": self.num_threads,
+            "config": redact(to_dict(self.cfg)),
         }
 
-    def save(self, dev_loss: Optional[float] = None) -> None:
+    def save(self, dev_metric: Optional[float] = None) -> None:
         started = time.time()
         try:
-            self._save(dev_loss)
+            payload = self._payload()          # collective: every rank takes part
+            if not self.info.is_main:
+                return
+            meta = {"epoch": self.epoch, "global_batch_pos": self.global_pos,
+                    "dev_loss": dev_metric, "dev_metric": self.task.selection_metric,
+                    "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+            t0 = time.time()
+            path = ckpt.save_checkpoint(self.exp_dir, self.step, payload, meta)
+            ckpt.prune(self.exp_dir, self.cfg.training.keep_last, self.cfg.training.keep_best)
+            logger.info("saved %s (%.2f s)", os.path.basename(path), time.time() - t0)
         finally:
             self.save_seconds += time.time() - started
 
-    def _save(self, dev_loss: Optional[float]) -> None:
-        payload = self._payload()          # collective: every rank takes part
-        if not self.info.is_main:
-            return
-        meta = {"epoch": self.epoch, "batch_pos": self.batch_pos, "dev_loss": dev_loss,
-                "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-        t0 = time.time()
-        path = ckpt.save_checkpoint(self.exp_dir, self.step, payload, meta)
-        ckpt.prune(self.exp_dir, self.cfg.training.keep_last, self.cfg.training.keep_best)
-        logger.info("saved %s (%.2f s)", os.path.basename(path), time.time() - t0)
-
-    def resume(self) -> bool:
-        info = ckpt.latest_valid(self.exp_dir) if self.info.is_main else None
-        path = dist_util.broadcast_object(info.path if info else None, self.info)
-        if path is None:
-            return False
-        state = ckpt.load_payload(path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.schedule.load_state_dict(state["schedule"])
-        if self.scaler is not None and state["scaler"]:
-            self.scaler.load_state_dict(state["scaler"])
-        # A changed learning rate is allowed on resume: the schedule follows the config.
-        self.schedule.set_base_lr(self.cfg.optim.lr)
-        self.step, self.epoch, self.batch_pos = state["step"], state["epoch"], state["batch_pos"]
-        self.nonfinite_run, self.nonfinite_total = state["nonfinite_run"], state["nonfinite_total"]
-        self.epoch_bad.counts.update(state["epoch_bad"])
-        self.epoch_seen = state["epoch_seen"]
-        if state["world_size"] == self.info.world_size:
-            ckpt.set_rng_state(state["rng"][self.info.rank])
+    def restore(self, resume_path: Optional[str]) -> str:
+        """Resumes from `resume_path` (chosen by rank 0) or initialises from
+        training.init_checkpoint; returns what happened, for the log."""
+        if resume_path is None:
+            init = self.cfg.training.init_checkpoint
+            if init:
+                names = load_init_weights(self.modules, self.task, init,
+                                          self.cfg.training.init_allow_missing)
+                return f"initialised {', '.join(names)} from {init} (weights only)"
+            return "started from random initialisation"
+        state = ckpt.load_payload(resume_path)
+        if state.get("format") != PAYLOAD_FORMAT or state.get("task") != self.task.name:
+            raise ConfigError(f"{resume_path} is not a {self.task.name} checkpoint of this "
+                              "toolkit version; start a new exp dir")
+        for name, module in self.modules.items():
+            module.load_state_dict(state["modules"][name])
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state["optimizers"][name])
+            self._apply_optimizer_config(name)
+        for name, sched in self.schedules.items():
+            sched.load_state_dict(state["schedules"][name])
+            # An allowed LR change applies on resume: the schedule follows the config.
+            sched.set_base_lr(self.cfg.optim[name].lr)
+        for name, scaler in self.scalers.items():
+            if state["scalers"].get(name):
+                scaler.load_state_dict(state["scalers"][name])
+        self.task.load_state_dict(state["task_state"])
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.global_pos = state["global_batch_pos"]
+        self.nonfinite_run.update(state["nonfinite_run"])
+        self.nonfinite_total.update(state["nonfinite_total"])
+        saved_world = state["world_size"]
+        per_rank = state["per_rank"]
+        if saved_world == self.info.world_size:
+            mine = per_rank[self.info.rank]
+            ckpt.set_rng_state(mine["rng"])
+            self.epoch_bad.counts.update(mine["epoch_bad"])
+            self.epoch_seen = mine["epoch_seen"]
         else:
-            logger.warning("world size changed (%d -> %d): per-rank RNG states not restored, "
-                           "the run continues but is no longer bitwise reproducible",
-                           state["world_size"], self.info.world_size)
-        logger.info("resumed from %s: epoch %d, batch %d, step %d", path, self.epoch,
-                    self.batch_pos, self.step)
-        return True
+            if self.info.is_main:     # the epoch's counts so far, summed, live on rank 0
+                for r in per_rank:
+                    self.epoch_bad.counts.update(r["epoch_bad"])
+                    self.epoch_seen += r["epoch_seen"]
+            self._rescale_for_world_size(saved_world)
+        if state.get("num_threads") not in (None, self.num_threads) and self.info.is_main:
+            logger.warning("this run uses %d CPU threads per process, the checkpoint's run "
+                           "%s: results stay correct but are no longer bitwise those of an "
+                           "uninterrupted run (set OMP_NUM_THREADS to match)",
+                           self.num_threads, state["num_threads"])
+        return (f"resumed from {resume_path}: epoch {self.epoch}, global batch "
+                f"{self.global_pos}, step {self.step}")
+
+    def _apply_optimizer_config(self, name: str) -> None:
+        """Optimizer.load_state_dict restores the saved hyperparameters; the config's
+        (possibly changed, allowed) values win."""
+        o = self.cfg.optim[name]
+        values = {"weight_decay": o.weight_decay, "eps": o.eps, "betas": tuple(o.betas),
+                  "momentum": o.momentum, "amsgrad": o.amsgrad}
+        for group in self.optimizers[name].param_groups:
+            for key, value in values.items():
+                if key in group:
+                    group[key] = value
+
+    def _rescale_for_world_size(self, saved_world: int) -> None:
+        """Another world size: the rest of the epoch is dealt to the new ranks (exact data
+        accounting); the LR schedule now ends when the data does."""
+        t = self.cfg.training
+        remaining = self._steps_in_plan(len(self._global_plan(self.epoch)), self.global_pos)
+        per_epoch = self._steps_in_plan(len(self._global_plan(0)), 0)
+        if not t.max_steps:
+            self.total_steps = self.step + remaining + per_epoch * max(
+                0, t.max_epoch - self.epoch - 1)
+        self.steps_per_epoch = per_epoch
+        for name, sched in self.schedules.items():
+            sched.total_steps = self._schedule_total(name)
+            sched.reapply()
+        if self.info.is_main:
+            logger.warning("world size changed (%d -> %d): the rest of epoch %d (global batches "
+                           "%d on) is dealt to the %d ranks, so every utterance is still seen "
+                           "once; the schedule now ends at step %d; random streams are not "
+                           "those of an uninterrupted run", saved_world, self.info.world_size,
+                           self.epoch, self.global_pos, self.info.world_size, self.total_steps)
+
+    def wrap_ddp(self) -> None:
+        """DDP per module with trainable parameters (after any weights are loaded)."""
+        if not self.info.distributed:
+            return
+        for name, module in self.modules.items():
+            if not any(p.requires_grad for p in module.parameters()):
+                continue
+            self.wrapped[name] = nn.parallel.DistributedDataParallel(
+                self.views[name], device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=self.task.find_unused_parameters(name))
 
     # ------------------------------------------------------------------ steps
 
-    def _forward_loss(self, batch):
-        if hasattr(self.loss_fn, "progress"):     # loss schedules switch on by progress
-            self.loss_fn.progress = self.step / max(1, self.total_steps)
-        feats = batch.feats.to(self.device, non_blocking=True)
-        lengths = batch.lengths.to(self.device)
-        labels = batch.labels.to(self.device)
-        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
-                            enabled=self.amp_dtype is not None):
-            out = self.ddp(feats)
-        return self._loss(out, lengths, labels, batch)   # loss in fp32
+    def optimizer_step(self, name: str, factor: float) -> Dict[str, float]:
+        t = self.cfg.training
+        optimizer = self.optimizers[name]
+        clip = self.cfg.optim[name].grad_clip or t.grad_clip
+        if factor == 0.0:
+            # No rank had data for this step (every utterance of its batches was bad).
+            optimizer.zero_grad(set_to_none=True)
+            self.schedules[name].step()
+            return {"grad_norm": 0.0, "skipped": 1.0}
+        norm, applied = clip_and_step(self._params(name), optimizer, clip,
+                                      self.scalers.get(name), factor)
+        optimizer.zero_grad(set_to_none=True)
+        self.schedules[name].step()
+        if applied:
+            self.nonfinite_run[name] = 0
+        else:
+            self.nonfinite_run[name] += 1
+            self.nonfinite_total[name] += 1
+            logger.warning("step %d: non-finite gradient norm of optimizer %s (%s); update "
+                           "skipped (%d in a row, %d in total)", self.step, name, norm,
+                           self.nonfinite_run[name], self.nonfinite_total[name])
+            if self.nonfinite_run[name] >= t.max_nonfinite_steps:
+                raise TrainingError(
+                    f"{self.nonfinite_run[name]} consecutive non-finite gradient norms "
+                    f"(optimizer {name}, training.max_nonfinite_steps); lower the learning "
+                    "rate or check the data")
+        return {"grad_norm": norm, "skipped": 0.0 if applied else 1.0}
 
-    def _loss(self, out, lengths, labels, batch):
-        end = None if batch.keyword_end is None else batch.keyword_end.to(self.device)
-        if not self.use_ctc:
-            return self.loss_fn(out[0], lengths, labels, keyword_end=end)
-        logits, ctc_logits = out
-        return self.loss_fn(logits, lengths, labels, ctc_logits,
-                            batch.tokens.to(self.device), batch.token_lengths.to(self.device),
-                            keyword_end=end)
-
-    def _dummy_batch(self):
-        from toolkit.data.dataset import collate
-        dim = self.cfg.model.input_dim
-        # Two frames: BatchNorm in training mode needs more than one value per channel.
-        return collate(["<empty>"], [np.zeros((2, dim), np.float32)], [-1], 0.0, BadCounter(), dim,
-                       [[]] if self.use_ctc else None)
-
-    def _micro_step(self, batch, boundary: bool) -> Dict[str, float]:
+    def _micro_step(self, batch: Batch, boundary: bool, factor: float) -> Dict[str, float]:
         empty = len(batch) == 0
         if empty:
-            batch = self._dummy_batch()
-        sync = contextlib.nullcontext()
+            batch = self.task.dummy_batch()
+        sync = contextlib.ExitStack()
         if self.info.distributed and not boundary:
-            sync = self.ddp.no_sync()
-        frozen = frozen_norm_stats(self.model) if empty else contextlib.nullcontext()
+            for ddp in self.wrapped.values():
+                sync.enter_context(ddp.no_sync())
+        frozen = frozen_norm_stats(self.modules.values()) if empty else contextlib.nullcontext()
+        ctx = _StepContext(self, True, boundary, 0.0 if empty else 1.0, factor)
         with sync, frozen:
-            loss, metrics = self._forward_loss(batch)
-            # An empty batch still runs forward/backward (weight 0) so that the gradient
-            # all-reduce of the other ranks finds this one: no hang on uneven data.
-            weight = 0.0 if empty else 1.0 / self.cfg.training.accum_grad
-            scaled = loss * weight
-            if self.scaler is not None:
-                scaled = self.scaler.scale(scaled)
-            scaled.backward()
+            metrics = self.task.train_step(batch, ctx)
+        if boundary:
+            for name in self.optimizers:
+                if name not in ctx.results:
+                    # Not stepped this time (inactive phase): drop stray gradients.
+                    self.optimizers[name].zero_grad(set_to_none=True)
+            self.last_step_results = ctx.results
         if empty:
-            return {"loss": 0.0, "acc": 0.0, "n": 0}
-        stats = {"loss": float(loss.detach()), "acc": float(metrics["acc"]), "n": len(batch)}
-        for name, _ in self.loss_parts:     # components of a weighted sum, when switched on
-            if name in metrics:
-                stats[name] = float(metrics[name])
-        return stats
-
-    def _optimizer_step(self) -> Dict[str, float]:
-        norm, applied = clip_and_step(self.model.parameters(), self.optimizer,
-                                      self.cfg.training.grad_clip, self.scaler)
-        self.optimizer.zero_grad(set_to_none=True)
-        if applied:
-            self.nonfinite_run = 0
-        else:
-            self.nonfinite_run += 1
-            self.nonfinite_total += 1
-            logger.warning("step %d: non-finite gradient norm (%s); update skipped "
-                           "(%d in a row, %d in total)", self.step, norm, self.nonfinite_run,
-                           self.nonfinite_total)
-            if self.nonfinite_run >= self.cfg.training.max_nonfinite_steps:
-                raise TrainingError(f"{self.nonfinite_run} consecutive non-finite gradient norms "
-                                    "(training.max_nonfinite_steps); lower the learning rate or "
-                                    "check the data")
-        self.step += 1
-        self.schedule.step()
-        if self.trim_interval and self.step % self.trim_interval == 0:
-            release_free_memory()
-        return {"grad_norm": norm, "skipped": 0.0 if applied else 1.0}
+            return {"n": 0}
+        return dict(metrics, n=len(batch))
 
     # ------------------------------------------------------------------ validation
 
@@ -351,43 +472,51 @@ class Trainer:
     def validate(self) -> Optional[Dict[str, float]]:
         if self.dev_list is None:
             return None
-        self.model.eval()
+        for m in self.modules.values():
+            m.eval()
+        started = time.time()
         batches = self.dev_list.plan(self.cfg.dataset, self.cfg.training.seed, 0, False)
         mine = rank_batches(batches, self.info.rank, self.info.world_size)
-        loader = self.dev_list.loader(mine, self.dev_proc, 0, 0, self.workers,
+        loader = self.dev_list.loader(mine, self.dev_builder, 0, 0, self.workers,
                                       self.cfg.dataset.prefetch_factor, self.cfg.training.seed)
-        loss_sum = acc_sum = count = 0.0
+        sums: Dict[str, float] = {}
+        count = 0.0
+        names = list(self.task.eval_metric_names())
         for batch in loader:
             if len(batch) == 0:
                 continue
-            loss, metrics = self._forward_loss_eval(batch)
-            loss_sum += float(loss) * len(batch)
-            acc_sum += float(metrics["acc"]) * len(batch)
+            ctx = _StepContext(self, False)
+            metrics = self.task.eval_step(batch, ctx)
+            for k in names:
+                sums[k] = sums.get(k, 0.0) + float(metrics[k]) * len(batch)
             count += len(batch)
-        loss_sum, acc_sum, count = dist_util.all_reduce_sum([loss_sum, acc_sum, count], self.info)
-        self.model.train()
+        values = dist_util.all_reduce_sum([sums.get(k, 0.0) for k in names] + [count], self.info)
+        for m in self.modules.values():
+            m.train()
+        count = values[-1]
         if count == 0:
             raise TrainingError(f"{self.cfg.dataset.dev_data}: no usable dev utterances")
-        return {"loss": loss_sum / count, "acc": acc_sum / count, "count": count}
-
-    def _forward_loss_eval(self, batch):
-        feats = batch.feats.to(self.device)
-        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
-                            enabled=self.amp_dtype is not None):
-            out = self.trained(feats)   # the bare module: no DDP sync in eval
-        return self._loss(out, batch.lengths.to(self.device), batch.labels.to(self.device), batch)
+        result = {k: v / count for k, v in zip(names, values[:-1])}
+        result["count"] = count
+        result["seconds"] = time.time() - started
+        return result
 
     def _after_validation(self, result: Optional[Dict[str, float]], tag: str) -> Optional[float]:
         if result is None:
             return None
-        self.schedule.on_validation(result["loss"])
+        metric = result[self.task.selection_metric]
+        for sched in self.schedules.values():
+            sched.on_validation(metric)
         if self.info.is_main:
-            logger.info("%s dev: loss %.5f acc %.4f over %d utterances (step %d)", tag,
-                        result["loss"], result["acc"], int(result["count"]), self.step)
+            shown = " ".join(f"{k} {v:.5f}" for k, v in result.items()
+                             if k not in ("count", "seconds"))
+            logger.info("%s dev: %s over %d utterances (step %d, %.1f s)", tag, shown,
+                        int(result["count"]), self.step, result["seconds"])
             if self.writer:
-                self.writer.add_scalar("dev/loss", result["loss"], self.step)
-                self.writer.add_scalar("dev/acc", result["acc"], self.step)
-        return result["loss"]
+                for k, v in result.items():
+                    if k not in ("count", "seconds"):
+                        self.writer.add_scalar(f"dev/{k}", v, self.step)
+        return metric
 
     # ------------------------------------------------------------------ bad input
 
@@ -400,9 +529,12 @@ class Trainer:
                     self.writer.add_scalar(f"bad_input/{reason}", n, self.step)
         denominator = bad_total + seen
         if final and self.info.is_main:
-            logger.info("epoch %d input: %d utterances used, %d skipped%s", self.epoch,
+            outside = self.train_list.outside_duration
+            logger.info("epoch %d input: %d utterances used, %d skipped%s%s", self.epoch,
                         int(seen), int(bad_total),
-                        f" ({self.epoch_bad.summary()} on rank 0)" if bad_total else "")
+                        f" ({self.epoch_bad.summary()} on rank 0)" if bad_total else "",
+                        f"; {outside} outside the duration limits were not planned"
+                        if outside else "")
         if denominator and bad_total / denominator > self.cfg.dataset.max_bad_fraction \
                 and (final or denominator >= 1000):
             raise TrainingError(
@@ -412,109 +544,166 @@ class Trainer:
 
     # ------------------------------------------------------------------ main loop
 
+    def _open_trace(self) -> None:
+        if self.cfg.training.trace_keys:
+            path = os.path.join(self.exp_dir, "log", f"keys.rank{self.info.rank}.txt")
+            self.trace = open(path, "a", encoding="utf-8", buffering=1)
+
+    def _real_in_group(self, local: int) -> float:
+        """Real micro-batches of this optimizer step over all ranks (its gradient is their
+        mean: an empty rank or a short last group weighs nothing)."""
+        return dist_util.all_reduce_sum([float(local)], self.info)[0]
+
     def train(self) -> None:
         t = self.cfg.training
         if self.info.is_main and t.tensorboard:
             from tensorboardX import SummaryWriter
             self.writer = SummaryWriter(os.path.join(self.exp_dir, "tensorboard"),
                                         purge_step=self.step if self.step else None)
-        total_steps = self.steps_per_epoch * t.max_epoch
+        self._open_trace()
         run_start = time.time()
         start_step = self.step
-        self.model.train()
-        while self.epoch < t.max_epoch:
-            plan = self._rank_plan(self.epoch)
-            loader = self.train_list.loader(plan, self.train_proc, self.epoch, self.batch_pos,
+        for m in self.modules.values():
+            m.train()
+        # max_epoch ends a run at an epoch end; an explicit max_steps anywhere.
+        finished = bool(t.max_steps) and self.step >= t.max_steps
+        while self.epoch < t.max_epoch and not finished:
+            plan = self._global_plan(self.epoch)
+            done = min(self.global_pos, len(plan))
+            mine = rank_batches(plan[done:], self.info.rank, self.info.world_size)
+            loader = self.train_list.loader(mine, self.train_builder, self.epoch, 0,
                                             self.workers, self.cfg.dataset.prefetch_factor,
                                             t.seed + self.epoch)
             window = self._new_window()
             waited = time.time()
-            for index, batch in zip(range(self.batch_pos, len(plan)), loader):
+            group_real = 0
+            for index, batch in zip(range(len(mine)), loader):
                 window["wait"] += time.time() - waited
                 self.epoch_bad.merge(batch.bad)
                 self.epoch_seen += len(batch)
-                boundary = (index + 1) % t.accum_grad == 0 or index + 1 == len(plan)
-                stats = self._micro_step(batch, boundary)
-                window["loss"] += stats["loss"] * stats["n"]
-                window["acc"] += stats["acc"] * stats["n"]
-                for name, _ in self.loss_parts:
-                    if name in stats:
-                        total, count = window["parts"].get(name, (0.0, 0))
-                        window["parts"][name] = (total + stats[name] * stats["n"],
-                                                 count + stats["n"])
-                window["n"] += stats["n"]
-                window["audio"] += batch.audio_seconds
+                boundary = (index + 1) % t.accum_grad == 0 or index + 1 == len(mine)
+                group_real += 1 if len(batch) else 0
+                factor = 1.0
+                if boundary:
+                    real = (self._real_in_group(group_real) if self.info.distributed
+                            else float(group_real))
+                    # DDP averages over ranks; the step's gradient becomes the mean over
+                    # its real micro-batches (an empty rank or a short last group adds
+                    # nothing). 1.0 for one process without accumulation.
+                    factor = self.info.world_size / real if real else 0.0
+                    group_real = 0
+                if self.trace is not None and len(batch):
+                    self.trace.write(f"{self.epoch} {self.step + 1} {' '.join(batch.keys)}\n")
+                stats = self._micro_step(batch, boundary, factor)
+                self._accumulate(window, stats, batch)
                 if not boundary:
                     waited = time.time()
                     continue
-                step_stats = self._optimizer_step()
-                self.batch_pos = index + 1
-                if self.writer:
-                    self.writer.add_scalar("train/lr", self.schedule.lr(), self.step)
-                    self.writer.add_scalar("train/grad_norm", step_stats["grad_norm"], self.step)
-                    self.writer.add_scalar("train/skipped_steps", self.nonfinite_total, self.step)
+                self.step += 1
+                self.global_pos = min(len(plan), done + (index + 1) * self.info.world_size)
+                if self.trim_interval and self.step % self.trim_interval == 0:
+                    release_free_memory()
+                self._log_step()
                 if self.step % t.log_interval == 0:
-                    self._log(window, run_start, start_step, total_steps)
+                    self._log(window, run_start, start_step)
                     self._check_bad(final=False)
                     window = self._new_window()
-                dev_loss = None
+                finished = bool(t.max_steps) and self.step >= t.max_steps
+                if finished:
+                    break
+                dev = None
                 if t.val_interval_steps and self.step % t.val_interval_steps == 0 \
-                        and self.batch_pos < len(plan):
-                    dev_loss = self._after_validation(self.validate(), f"step {self.step}")
+                        and index + 1 < len(mine):
+                    dev = self._after_validation(self.validate(), f"step {self.step}")
                 if (t.save_interval_steps and self.step % t.save_interval_steps == 0
-                        and self.batch_pos < len(plan)) or dev_loss is not None:
-                    self.save(dev_loss)
+                        and index + 1 < len(mine)) or dev is not None:
+                    self.save(dev)
                 waited = time.time()
-            self._check_bad(final=True)
-            dev_loss = self._after_validation(self.validate(), f"epoch {self.epoch}")
-            self.epoch += 1
-            self.batch_pos = 0
-            self.epoch_bad = BadCounter()
-            self.epoch_seen = 0
-            self.save(dev_loss)
+            epoch_done = self.global_pos >= len(plan)
+            if epoch_done:
+                self._check_bad(final=True)
+            dev = self._after_validation(self.validate(),
+                                         f"epoch {self.epoch}" if epoch_done else f"step {self.step}")
+            if epoch_done:
+                self.epoch += 1
+                self.global_pos = 0
+                self.epoch_bad = BadCounter()
+                self.epoch_seen = 0
+            self.save(dev)
         if self.writer:
             self.writer.close()
+        if self.trace is not None:
+            self.trace.close()
         if self.info.is_main:
             wall = time.time() - run_start
-            logger.info("training finished: %d steps, %.1f s this run (%.2f steps/s); "
-                        "checkpointing %.2f s = %.2f%% of wall time", self.step, wall,
-                        (self.step - start_step) / max(wall, 1e-9), self.save_seconds,
-                        100.0 * self.save_seconds / max(wall, 1e-9))
+            logger.info("training finished: %d steps, %s this run (%.2f steps/s); "
+                        "checkpointing %.2f s = %.2f%% of wall time", self.step,
+                        format_duration(wall), (self.step - start_step) / max(wall, 1e-9),
+                        self.save_seconds, 100.0 * self.save_seconds / max(wall, 1e-9))
+
+    # ------------------------------------------------------------------ logging
 
     @staticmethod
     def _new_window() -> dict:
-        """Sums over the steps between two log lines ("parts": loss components)."""
-        return {"loss": 0.0, "acc": 0.0, "n": 0, "audio": 0.0, "wait": 0.0, "parts": {},
-                "t0": time.time()}
+        """Sums over the steps between two log lines."""
+        return {"metrics": {}, "n": 0, "audio": 0.0, "wait": 0.0, "t0": time.time()}
 
-    def _log(self, window, run_start, start_step, total_steps) -> None:
-        parts = [window["parts"].get(name, (0.0, 0)) for name, _ in self.loss_parts]
+    @staticmethod
+    def _accumulate(window: dict, stats: Dict[str, float], batch: Batch) -> None:
+        n = stats.pop("n")
+        if n:
+            for k, v in stats.items():
+                total, count = window["metrics"].get(k, (0.0, 0))
+                window["metrics"][k] = (total + float(v) * n, count + n)
+        window["n"] += n
+        window["audio"] += batch.audio_seconds
+
+    def _log_step(self) -> None:
+        if not self.writer:
+            return
+        for name, result in getattr(self, "last_step_results", {}).items():
+            suffix = "" if len(self.optimizers) == 1 else f"_{name}"
+            self.writer.add_scalar(f"train/lr{suffix}", self.schedules[name].lr(), self.step)
+            self.writer.add_scalar(f"train/grad_norm{suffix}", result["grad_norm"], self.step)
+            self.writer.add_scalar(f"train/skipped_steps{suffix}", self.nonfinite_total[name],
+                                   self.step)
+
+    def _log(self, window, run_start, start_step) -> None:
+        # Every rank reduces the same vector: the metric names come from the task.
+        names = list(self.task.train_metric_names())
         values = dist_util.all_reduce_sum(
-            [window["loss"], window["acc"], window["n"], window["audio"]]
-            + [v for total_count in parts for v in total_count], self.info)
+            [window["n"], window["audio"]]
+            + [v for k in names for v in window["metrics"].get(k, (0.0, 0))], self.info)
         if not self.info.is_main:
             return
-        loss_sum, acc_sum, n, audio = values[:4]
-        part_means = {label: values[4 + 2 * i] / values[5 + 2 * i]
-                      for i, (_, label) in enumerate(self.loss_parts) if values[5 + 2 * i] > 0}
+        n, audio = values[:2]
+        means = {k: values[2 + 2 * i] / values[3 + 2 * i]
+                 for i, k in enumerate(names) if values[3 + 2 * i] > 0}
         elapsed = max(1e-6, time.time() - window["t0"])
         done = self.step - start_step
         rate = done / max(1e-6, time.time() - run_start)
-        eta = (total_steps - self.step) / rate if rate > 0 else float("nan")
-        loss = loss_sum / max(n, 1)
-        logger.info("epoch %d step %d/%d loss %.5f acc %.4f lr %.3g | %.0f utt/s %.0f audio-s/s "
-                    "loader wait %.0f%% | ETA %.0f s", self.epoch, self.step, total_steps, loss,
-                    acc_sum / max(n, 1), self.schedule.lr(), n / elapsed, audio / elapsed,
-                    100.0 * window["wait"] / elapsed, eta)
-        if part_means:
-            logger.info("epoch %d step %d loss components: %s", self.epoch, self.step,
-                        " ".join(f"{k} {v:.5f}" for k, v in part_means.items()))
+        eta = (self.total_steps - self.step) / rate if rate > 0 else float("nan")
+        lrs = " ".join(f"lr{'' if len(self.schedules) == 1 else '_' + k} {s.lr():.3g}"
+                       for k, s in self.schedules.items())
+        shown = " ".join(f"{k} {v:.5f}" for k, v in means.items())
+        logger.info("epoch %d step %d/%d %s %s | %.0f utt/s %.0f audio-s/s loader wait %.0f%% "
+                    "| ETA %s", self.epoch, self.step, self.total_steps, shown, lrs,
+                    n / elapsed, audio / elapsed, 100.0 * window["wait"] / elapsed,
+                    format_duration(eta))
         if self.writer:
-            for label, value in part_means.items():
-                self.writer.add_scalar(f"train/{label}", value, self.step)
-            self.writer.add_scalar("train/loss", loss, self.step)
-            self.writer.add_scalar("train/acc", acc_sum / max(n, 1), self.step)
+            for k, v in means.items():
+                self.writer.add_scalar(f"train/{k}", v, self.step)
             self.writer.add_scalar("train/utts_per_s", n / elapsed, self.step)
             self.writer.add_scalar("train/audio_s_per_s", audio / elapsed, self.step)
             self.writer.add_scalar("train/loader_wait_s", window["wait"], self.step)
 
+
+def _ever_positive(ramp: Ramp) -> bool:
+    return ramp.initial > 0 or ramp.final > 0
+
+
+def workers_per_rank(configured: int, local_world_size: int) -> int:
+    """The configured worker count is per node; share it among the local ranks."""
+    if configured <= 0:
+        return 0
+    return max(1, configured // max(1, local_world_size))

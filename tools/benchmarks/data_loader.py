@@ -19,8 +19,8 @@ from toolkit.config import load_config
 from toolkit.data.datalist import DataList
 from toolkit.data.dataset import (BatchDataset, UtteranceProcessor, make_loader, open_source,
                                   plan_batches, workers_per_rank)
-from toolkit.losses import build_loss
-from toolkit.models import build_model
+from toolkit.tasks.kws.losses import build_loss
+from toolkit.tasks.kws.models import build_model
 from toolkit.trainer.clip import clip_and_step
 from toolkit.trainer.optim import build_optimizer
 

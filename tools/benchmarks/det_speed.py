@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from toolkit import scoring
+from toolkit.tasks.kws import scoring
 
 
 def main() -> None:

@@ -24,10 +24,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from toolkit.data.features import fbank_metadata, fbank_options  # noqa: E402
-from toolkit.detector import Detector, ModuleBackend, StreamingFbank, load_backend  # noqa: E402
-from toolkit.export import (StreamingScorer, build_metadata, export_onnx,  # noqa: E402
+from toolkit.tasks.kws.detector import Detector, ModuleBackend, StreamingFbank, load_backend  # noqa: E402
+from toolkit.tasks.kws.export import (StreamingScorer, build_metadata, export_onnx,  # noqa: E402
                             export_torchscript)
-from toolkit.models import MODELS, build_model, count_parameters  # noqa: E402
+from toolkit.tasks.kws.models import MODELS, build_model, count_parameters  # noqa: E402
 
 MODEL_TYPES = ["ds_tcn", "tcn", "mdtc", "gru"]
 FORMATS = ["pytorch", "torchscript", "onnx"]

@@ -10,8 +10,8 @@ import time
 import torch
 
 from toolkit.config import load_config
-from toolkit.losses import build_loss
-from toolkit.models import build_model, count_parameters
+from toolkit.tasks.kws.losses import build_loss
+from toolkit.tasks.kws.models import build_model, count_parameters
 from toolkit.trainer.clip import clip_and_step
 from toolkit.trainer.optim import build_optimizer
 

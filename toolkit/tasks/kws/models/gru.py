@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from toolkit.models.base import MODELS, GlobalCMVN, ModelConfigBase, StreamingModel
+from toolkit.tasks.kws.models.base import MODELS, GlobalCMVN, ModelConfigBase, StreamingModel
 
 
 @MODELS.register("gru")

@@ -50,7 +50,7 @@ def units_of(lexicon: Lexicon) -> List[str]:
 
 
 def read_units(path: str) -> List[str]:
-    from toolkit.data.datalist import read_inventory
+    from toolkit.data.inventory import read_inventory
     units = read_inventory(path)
     if units[0] != BLANK:
         raise ValueError(f"{path}: the first unit must be {BLANK} (the CTC blank), "
@@ -96,7 +96,7 @@ _PHONE_MARKS = str.maketrans("", "", "',%=")
 @LEXICON_BUILDERS.register("phone")
 def espeak_lexicon(words: Iterable[str], voice: str = "en-us") -> Lexicon:
     """Pronunciations from espeak-ng (the TTS the synthetic recipe speaks with)."""
-    from toolkit.data.synth import Espeak
+    from toolkit.tasks.kws.corpus import Espeak
     engine = Espeak()
     lexicon: Lexicon = {}
     for w in words:
@@ -112,9 +112,9 @@ def espeak_lexicon(words: Iterable[str], voice: str = "en-us") -> Lexicon:
 
 def transcript_words(text_files: Sequence[str]) -> List[str]:
     """Every word of Kaldi `text` files (key first on each line), sorted."""
-    from toolkit.fileio import read_lines
+    from toolkit.data.kaldi import read_table
     words = set()
     for path in text_files:
-        for _, line in read_lines(path):
-            words.update(w for w in line.split()[1:] if not is_nonspeech(w))
+        for text in read_table(path).values():
+            words.update(w for w in text.split() if not is_nonspeech(w))
     return sorted(words)

@@ -16,11 +16,10 @@ logger = logging.getLogger(__name__)
 
 def _accumulate(args) -> Tuple[np.ndarray, np.ndarray, int, BadCounter]:
     list_path, dataset_cfg, part, parts = args
-    from toolkit.data.dataset import UtteranceProcessor
+    from toolkit.data.pipeline import FeaturePipeline
     datalist = DataList.load(list_path, require_label=False)
-    processor = UtteranceProcessor(dataset_cfg, seed=0, train=False,
-                                   from_features=datalist.has_features())
-    dim = processor.opts.mel_opts.num_bins
+    processor = FeaturePipeline(dataset_cfg, seed=0, train=False)
+    dim = processor.num_bins
     total = np.zeros(dim, dtype=np.float64)
     total_sq = np.zeros(dim, dtype=np.float64)
     frames = 0
@@ -29,7 +28,7 @@ def _accumulate(args) -> Tuple[np.ndarray, np.ndarray, int, BadCounter]:
     for i in range(start, end):
         entry = datalist.entry(i)
         try:
-            feats = processor(entry, epoch=0).astype(np.float64)
+            feats = processor.features(entry, epoch=0).astype(np.float64)
         except BadEntry as err:
             bad.add(err.reason, entry["key"], err.detail)
             continue

@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from toolkit.models.base import MODELS, GlobalCMVN, ModelConfigBase, StreamingModel
+from toolkit.tasks.kws.models.base import MODELS, GlobalCMVN, ModelConfigBase, StreamingModel
 
 # Channels of BC-ResNet-1 (scaled by `scale`): stem, the four stages, final 1x1 conv.
 STEM_CHANNELS = 16

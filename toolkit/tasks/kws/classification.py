@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from toolkit.fileio import atomic_write_bytes, atomic_write_text
-from toolkit.scoring import json_safe
+from toolkit.tasks.kws.scoring import json_safe
 
 logger = logging.getLogger(__name__)
 

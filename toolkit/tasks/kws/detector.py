@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.decision import (DEFAULT_MAX_KEYWORD_FRAMES, DEFAULT_REFRACTORY_FRAMES,
+from toolkit.tasks.kws.decision import (DEFAULT_MAX_KEYWORD_FRAMES, DEFAULT_REFRACTORY_FRAMES,
                               DEFAULT_SMOOTH_FRAMES, DecisionState)
 from toolkit.registry import Registry
 
@@ -92,7 +92,7 @@ class CheckpointBackend(_TorchBackend):
     def __init__(self, path: str, threads: int = 1, exp_dir: Optional[str] = None):
         import torch
         from toolkit.data.features import fbank_metadata, options_from_config
-        from toolkit.export import StreamingScorer, build_metadata, model_from_checkpoint
+        from toolkit.tasks.kws.export import StreamingScorer, build_metadata, model_from_checkpoint
         from toolkit.trainer.experiment import load_exp_config, read_exp_inventory
         torch.set_num_threads(threads)
         exp_dir = exp_dir or os.path.dirname(os.path.abspath(path))
@@ -111,8 +111,9 @@ class SafetensorsBackend(_TorchBackend):
     def __init__(self, path: str, threads: int = 1):
         import torch
         from safetensors.torch import load_file
-        from toolkit.export import StreamingScorer, read_metadata
-        from toolkit.models import MODELS, build_model
+        from toolkit.export import read_metadata
+        from toolkit.tasks.kws.export import StreamingScorer
+        from toolkit.tasks.kws.models import MODELS, build_model
         torch.set_num_threads(threads)
         self.metadata = read_metadata(path)
         raw = dict(self.metadata["model_config"])
@@ -124,7 +125,8 @@ class SafetensorsBackend(_TorchBackend):
 
 def load_backend(path: str, threads: int = 1) -> Backend:
     if not os.path.exists(path):
-        raise FileNotFoundError(f"model {path} not found")
+        from toolkit.errors import MissingInputError
+        raise MissingInputError(f"model {path} not found (run the export stage first)")
     ext = os.path.splitext(path)[1]
     return BACKENDS.get(ext)(path, threads=threads)
 

@@ -50,21 +50,44 @@ def average_states(states: List[Dict[str, torch.Tensor]], names: List[str]) -> D
     return out
 
 
+def _architecture(payload: dict) -> dict:
+    """The config sections that define the modules (everything but training/data/optim)."""
+    cfg = payload.get("config") or {}
+    return {k: v for k, v in cfg.items() if k not in ("dataset", "optim", "training")}
+
+
 def average_checkpoints(exp_dir: str, num: int, mode: str = "best") -> dict:
+    """Mean weights of every module over the chosen checkpoints, as a payload export and
+    scoring read like a checkpoint (no optimizer or position: not resumable)."""
     chosen = select_checkpoints(exp_dir, num, mode)
     payloads = [ckpt.load_payload(c.path) for c in chosen]
-    configs = [p.get("model_config") for p in payloads]
-    for info, cfg in zip(chosen[1:], configs[1:]):
-        if cfg != configs[0]:
-            a, b = configs[0] or {}, cfg or {}
+    if any("modules" not in p for p in payloads):
+        raise ValueError(f"{exp_dir}: checkpoints from before the task contract cannot be "
+                         "averaged by this version")
+    archs = [_architecture(p) for p in payloads]
+    for info, arch in zip(chosen[1:], archs[1:]):
+        if arch != archs[0]:
+            a, b = flatten_dict(archs[0]), flatten_dict(arch)
             diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
             raise ValueError(
                 f"{info.path} has a different model configuration than {chosen[0].path} ("
-                + ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in diff)
+                + ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in diff[:8])
                 + "); refusing to average different architectures")
     names = [c.path for c in chosen]
-    averaged = average_states([p["model"] for p in payloads], names)
+    modules = {name: average_states([p["modules"][name] for p in payloads], names)
+               for name in payloads[0]["modules"]}
     logger.info("averaged %d checkpoints (%s): %s", len(chosen), mode,
-                ", ".join(f"step {c.step} dev_loss {c.dev_loss}" for c in chosen))
-    return {"model": averaged, "model_config": configs[0],
+                ", ".join(f"step {c.step} dev {c.dev_loss}" for c in chosen))
+    return {"format": payloads[0].get("format"), "task": payloads[0].get("task"),
+            "modules": modules, "config": payloads[0].get("config"),
             "averaged_from": [{"step": c.step, "dev_loss": c.dev_loss} for c in chosen]}
+
+
+def flatten_dict(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(flatten_dict(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -31,9 +31,11 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.decision import (DEFAULT_FRAME_SHIFT_MS, DEFAULT_REFRACTORY_FRAMES,
+from toolkit.tasks.kws.decision import (DEFAULT_FRAME_SHIFT_MS, DEFAULT_REFRACTORY_FRAMES,
                               DEFAULT_SMOOTH_FRAMES, frame_max_and_argmax, smooth_scores)
-from toolkit.fileio import atomic_write_bytes, atomic_write_text, read_json_lines, read_lines
+from toolkit.data.datalist import DataList
+from toolkit.data.inventory import read_inventory
+from toolkit.fileio import atomic_write_bytes, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -54,52 +56,21 @@ class Utterance:
 
 
 def read_keywords(path: str) -> List[str]:
-    """keywords.txt: one phrase per line; the line index is the keyword index."""
-    keywords: List[str] = []
-    last = 0
-    for lineno, line in read_lines(path):
-        if lineno != last + 1:
-            # A blank line would silently shift every later keyword index.
-            raise ValueError(f"{path}:{last + 1}: blank line inside the keyword list")
-        last = lineno
-        keywords.append(line.strip())
-    if not keywords:
-        raise ValueError(f"{path}: no keywords")
-    if len(set(keywords)) != len(keywords):
-        raise ValueError(f"{path}: duplicate keywords")
-    return keywords
+    """keywords.txt: the class inventory (line index = keyword index)."""
+    return read_inventory(path)
 
 
 def read_data_list(path: str, num_keywords: Optional[int] = None) -> List[Utterance]:
-    """JSON-lines data list; needs ``key``, ``duration`` (s) and ``label`` per line."""
-    utts: List[Utterance] = []
-    seen = set()
-    for lineno, obj in read_json_lines(path):
-        where = f"{path}:{lineno}"
-        missing = [f for f in ("key", "duration", "label") if f not in obj]
-        if missing:
-            raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
-        key, duration, label = obj["key"], obj["duration"], obj["label"]
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"{where}: 'key' must be a non-empty string")
-        # bool is an int subclass in Python; true/false here is a data bug.
-        if isinstance(duration, bool) or not isinstance(duration, (int, float)) \
-                or not math.isfinite(duration) or duration <= 0:
-            raise ValueError(f"{where}: 'duration' must be a positive number of seconds, got {duration!r}")
-        if isinstance(label, bool) or not isinstance(label, int) or label < -1 \
-                or (num_keywords is not None and label >= num_keywords):
-            hi = f"{num_keywords - 1}" if num_keywords is not None else "K-1"
-            raise ValueError(f"{where}: 'label' must be an integer in [-1, {hi}], got {label!r}")
-        if key in seen:
-            raise ValueError(f"{where}: duplicate key {key!r}")
-        seen.add(key)
-        speaker, text = obj.get("spk", ""), obj.get("txt", "")
-        for name, value in (("spk", speaker), ("txt", text)):
-            if not isinstance(value, str):
-                raise ValueError(f"{where}: '{name}' must be a string, got {value!r}")
-        utts.append(Utterance(key, float(duration), int(label), speaker, text))
-    if not utts:
-        raise ValueError(f"{path}: empty data list")
+    """The scored data list; needs ``key``, ``duration`` (s) and ``label`` per line. Any
+    bad line is an error naming it (scoring a silently shortened test set would be
+    wrong)."""
+    datalist = DataList.load(path, num_classes=num_keywords, require_label=True,
+                             allow_negative=True, strict=True)
+    utts = []
+    for i in range(len(datalist)):
+        e = datalist.entry(i)
+        utts.append(Utterance(e["key"], float(e["duration"]), int(e["label"]),
+                              e.get("spk", ""), e.get("txt", "")))
     return utts
 
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from toolkit.config import ConfigError, Ramp, build_dataclass
 from toolkit.registry import Registry
 
 LOSSES: Registry = Registry("loss")
@@ -48,7 +49,6 @@ class MaxPoolingLoss(nn.Module):
         end_window: List[int] = field(default_factory=list)
 
         def __post_init__(self):
-            from toolkit.config import ConfigError
             if self.focal_gamma < 0:
                 raise ConfigError("loss.focal_gamma must be >= 0")
             if self.end_window and (len(self.end_window) != 2
@@ -165,8 +165,9 @@ def uses_ctc_head(loss_fn: nn.Module) -> bool:
 
 @LOSSES.register("weighted_sum")
 class WeightedSumLoss(nn.Module):
-    """Several criteria on the same output, each switched on at a fraction of the total
-    training steps (a loss schedule), e.g. cross-entropy first, max-pooling from 30 %:
+    """Several criteria on the same output, each weighted by a number or a ramp over
+    training progress (`toolkit.config.Ramp`); `start_fraction` switches a component on
+    at that fraction of max_steps. E.g. cross-entropy first, max-pooling from 30 %:
 
         loss:
           type: weighted_sum
@@ -177,48 +178,63 @@ class WeightedSumLoss(nn.Module):
 
     @dataclass
     class Config(LossConfigBase):
+        # Each: a criterion's own keys plus `weight` (number or ramp) and `start_fraction`.
         components: List[Dict[str, Any]] = field(default_factory=list)
 
         def __post_init__(self):
-            from toolkit.config import ConfigError, build_dataclass
             if not self.components:
                 raise ConfigError("loss.components: at least one component is required")
             self.parsed = []
             for i, raw in enumerate(self.components):
+                if not isinstance(raw, dict):
+                    raise ConfigError(f"loss.components[{i}]: expected a mapping, got {raw!r}")
                 raw = dict(raw)
-                weight = float(raw.pop("weight", 1.0))
+                path = f"loss.components[{i}]"
+                weight = _coerce_ramp(raw.pop("weight", 1.0), f"{path}.weight")
                 start = float(raw.pop("start_fraction", 0.0))
                 kind = raw.get("type")
                 if kind not in LOSSES or kind == "weighted_sum":
-                    raise ConfigError(f"loss.components[{i}].type: unknown '{kind}' (one of: "
+                    raise ConfigError(f"{path}.type: unknown '{kind}' (one of: "
                                       + ", ".join(n for n in LOSSES.names() if n != "weighted_sum") + ")")
                 if not 0.0 <= start < 1.0:
-                    raise ConfigError(f"loss.components[{i}].start_fraction must be in [0, 1)")
-                sub = build_dataclass(LOSSES.get(kind).Config, raw, f"loss.components[{i}]")
-                self.parsed.append((sub, weight, start))
+                    raise ConfigError(f"{path}.start_fraction must be in [0, 1)")
+                if start > 0:
+                    if not weight.is_constant:
+                        raise ConfigError(f"{path}: give either start_fraction or a ramped "
+                                          "weight, not both")
+                    weight = Ramp(initial=0.0, final=weight.final, start=start, end=start,
+                                  shape="step")
+                sub = build_dataclass(LOSSES.get(kind).Config, raw, path)
+                self.parsed.append((sub, weight))
 
     def __init__(self, config: "WeightedSumLoss.Config"):
         super().__init__()
-        self.parts = nn.ModuleList(LOSSES.get(sub.type)(sub) for sub, _, _ in config.parsed)
-        self.weights = [w for _, w, _ in config.parsed]
-        self.starts = [s for _, _, s in config.parsed]
-        self.progress = 0.0       # fraction of training done; set by the trainer each step
+        self.parts = nn.ModuleList(LOSSES.get(sub.type)(sub) for sub, _ in config.parsed)
+        self.weights = [w for _, w in config.parsed]
+        self.names = [f"loss_{i}_{sub.type}" for i, (sub, _) in enumerate(config.parsed)]
+
+    def switches_parts(self) -> bool:
+        """True when the set of components in use changes during training."""
+        return any(not w.is_constant or w.final == 0.0 for w in self.weights)
 
     def forward(self, logits, lengths, labels, ctc_logits=None, tokens=None, token_lengths=None,
-                keyword_end=None):
+                keyword_end=None, step: int = 0, total_steps: int = 1):
+        """`step` of `total_steps`: the training progress the component weights follow."""
         total = None
         metrics: Dict[str, torch.Tensor] = {}
-        for i, (part, weight, start) in enumerate(zip(self.parts, self.weights, self.starts)):
-            if self.progress < start:
+        for i, (part, ramp) in enumerate(zip(self.parts, self.weights)):
+            weight = ramp.value(step, total_steps)
+            if weight == 0.0:
                 continue
             loss, m = self._run_part(i, logits, lengths, labels, ctc_logits, tokens,
                                      token_lengths, keyword_end)
             total = weight * loss if total is None else total + weight * loss
             metrics.update({f"{k}_{i}" if k in metrics else k: v for k, v in m.items()})
-            metrics[f"loss_{i}"] = loss.detach()
+            metrics[self.names[i]] = loss.detach()
         if total is None:     # nothing switched on yet: the earliest component counts
-            return self._run_part(int(np.argmin(self.starts)), logits, lengths, labels,
-                                  ctc_logits, tokens, token_lengths, keyword_end)
+            first = int(np.argmin([w.active_from() for w in self.weights]))
+            return self._run_part(first, logits, lengths, labels, ctc_logits, tokens,
+                                  token_lengths, keyword_end)
         return total, metrics
 
     def _run_part(self, i, logits, lengths, labels, ctc_logits, tokens, token_lengths,
@@ -228,6 +244,11 @@ class WeightedSumLoss(nn.Module):
         if getattr(part, "uses_ctc_head", False):
             return part(ctc_logits, lengths, tokens, token_lengths)
         return part(logits, lengths, labels, keyword_end=keyword_end)
+
+
+def _coerce_ramp(value, path: str) -> Ramp:
+    from toolkit.config import _coerce
+    return _coerce(value, Ramp, path)
 
 
 def build_loss(config) -> nn.Module:

@@ -5,7 +5,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from toolkit.models.base import MODELS, CausalConv1d, GlobalCMVN, ModelConfigBase, StreamingModel
+from toolkit.tasks.kws.models.base import MODELS, CausalConv1d, GlobalCMVN, ModelConfigBase, StreamingModel
 
 
 class TCNBlock(nn.Module):

@@ -17,10 +17,10 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from toolkit.data.audio import BadEntry, read_audio
+from toolkit.data.kaldi import Line, Table, c_order, scan_table, spk2utt_of, write_table  # noqa: F401
 from toolkit.fileio import atomic_write_text
 
 SHOW = 5  # keys quoted per message; the count tells how many there are in all
@@ -31,53 +31,6 @@ def _few(items: Iterable[str], n: int = SHOW) -> str:
     items = list(items)
     text = ", ".join(items[:n])
     return text + (f", ... (+{len(items) - n} more)" if len(items) > n else "")
-
-
-def c_order(key: str) -> bytes:
-    """Sort key matching `LC_ALL=C sort`, which Kaldi tools assume: raw byte order."""
-    return key.encode("utf-8")
-
-
-@dataclass
-class Line:
-    lineno: int
-    key: str
-    value: str
-
-
-@dataclass
-class Table:
-    name: str
-    path: str
-    lines: List[Line] = field(default_factory=list)
-    blank: List[int] = field(default_factory=list)
-    undecodable: List[int] = field(default_factory=list)
-
-    def first(self) -> Dict[str, Line]:
-        """Each key's first line (what `fix_data_dir` keeps)."""
-        out: Dict[str, Line] = {}
-        for line in self.lines:
-            out.setdefault(line.key, line)
-        return out
-
-
-def read_table(path: str) -> Table:
-    """Reads every line, recording blank and non-UTF-8 lines instead of failing on them,
-    so that a validator can report them together with everything else."""
-    table = Table(os.path.basename(path), path)
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                table.undecodable.append(lineno)
-                continue
-            parts = text.strip().split(maxsplit=1)
-            if not parts:
-                table.blank.append(lineno)
-                continue
-            table.lines.append(Line(lineno, parts[0], parts[1] if len(parts) > 1 else ""))
-    return table
 
 
 def table_kind(name: str, has_segments: bool) -> Optional[str]:
@@ -104,7 +57,7 @@ def load_tables(path: str) -> Dict[str, Table]:
     for name in sorted(os.listdir(path)):
         full = os.path.join(path, name)
         if os.path.isfile(full) and table_kind(name, has_segments):
-            tables[name] = read_table(full)
+            tables[name] = scan_table(full)
     return tables
 
 
@@ -327,7 +280,7 @@ def _write_table(path: str, rows: Dict[str, str], backup_dir: str, report: List[
     if old is not None:
         os.makedirs(backup_dir, exist_ok=True)
         shutil.copy2(path, os.path.join(backup_dir, name))
-    atomic_write_text(path, text)
+    write_table(path, rows)
     report.append(f"{name}: rewritten, {len(rows)} line(s)"
                   + (f" (original in {os.path.join(os.path.basename(backup_dir), name)})"
                      if old is not None else " (new)"))
@@ -418,13 +371,6 @@ def fix_data_dir(path: str) -> List[str]:
     return report
 
 
-def spk2utt_of(utt2spk: Dict[str, str]) -> Dict[str, str]:
-    grouped: Dict[str, List[str]] = {}
-    for utt in sorted(utt2spk, key=c_order):
-        grouped.setdefault(utt2spk[utt], []).append(utt)
-    return {spk: " ".join(v) for spk, v in grouped.items()}
-
-
 # ---------------------------------------------------------------------------- split
 
 def split_scp(in_path: str, out_paths: Sequence[str], utt2spk: Optional[str] = None) -> List[int]:
@@ -435,7 +381,7 @@ def split_scp(in_path: str, out_paths: Sequence[str], utt2spk: Optional[str] = N
     n = len(out_paths)
     if n < 1:
         raise ValueError("split_scp: no output files given")
-    table = read_table(in_path)
+    table = scan_table(in_path)
     if table.undecodable:
         raise ValueError(f"{in_path}:{table.undecodable[0]}: not valid UTF-8")
     with open(in_path, "rb") as f:
@@ -457,7 +403,7 @@ def split_scp(in_path: str, out_paths: Sequence[str], utt2spk: Optional[str] = N
 
 
 def _speaker_sizes(in_path: str, lines: list, utt2spk_path: str, n: int) -> List[int]:
-    u2s = {k: x.value for k, x in read_table(utt2spk_path).first().items()}
+    u2s = {k: x.value for k, x in scan_table(utt2spk_path).first().items()}
     groups: List[int] = []   # line counts of consecutive runs of one speaker
     done = set()
     prev = None

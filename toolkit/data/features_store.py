@@ -33,9 +33,9 @@ def _speed_copy(processor, entry: dict, factor: float):
 def _job(args):
     list_path, out_dir, dataset_cfg, part, parts, speeds = args
     import kaldiio
-    from toolkit.data.dataset import UtteranceProcessor
+    from toolkit.data.pipeline import FeaturePipeline
     datalist = DataList.load(list_path, require_label=False)
-    processor = UtteranceProcessor(dataset_cfg, seed=0, train=False)
+    processor = FeaturePipeline(dataset_cfg, seed=0, train=False)
     start, end = split_range(len(datalist), parts, part)
     ark = os.path.join(out_dir, f"feats.{part + 1}.ark")
     scp = os.path.join(out_dir, f"feats.{part + 1}.scp")
@@ -45,7 +45,7 @@ def _job(args):
         for i in range(start, end):
             entry = datalist.entry(i)
             try:
-                feats = processor(entry, epoch=0)
+                feats = processor.features(entry, epoch=0)
             except BadEntry as err:
                 bad.add(err.reason, entry["key"], err.detail)
                 continue

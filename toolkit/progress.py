@@ -1,0 +1,80 @@
+"""Progress of long stages: a tqdm bar on a terminal, plain periodic lines in logs."""
+import logging
+import math
+import sys
+import time
+from typing import Iterable, Iterator, Optional, TypeVar
+
+T = TypeVar("T")
+logger = logging.getLogger("toolkit.progress")
+
+
+def format_duration(seconds: float) -> str:
+    """h:mm:ss (or -:--:-- when unknown)."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "-:--:--"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class Progress:
+    """Counts work units; shows a bar when stderr is a terminal, else logs a line with
+    rate and ETA at most every `interval_s` seconds (and at the end)."""
+
+    def __init__(self, total: Optional[int], desc: str, unit: str = "it",
+                 interval_s: float = 30.0, log: Optional[logging.Logger] = None):
+        self.total = total
+        self.desc = desc
+        self.unit = unit
+        self.interval = interval_s
+        self.log = log or logger
+        self.done = 0
+        self.start = time.time()
+        self.last = self.start
+        self.bar = None
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total, desc=desc, unit=unit, leave=False)
+            except ImportError:
+                self.bar = None
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        now = time.time()
+        if now - self.last >= self.interval:
+            self.last = now
+            self.log.info("%s", self.line(now))
+
+    def line(self, now: Optional[float] = None) -> str:
+        elapsed = (now or time.time()) - self.start
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        if self.total:
+            eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+            return (f"{self.desc}: {self.done}/{self.total} {self.unit} "
+                    f"({100.0 * self.done / self.total:.0f}%, {rate:.1f} {self.unit}/s, "
+                    f"elapsed {format_duration(elapsed)}, ETA {format_duration(eta)})")
+        return (f"{self.desc}: {self.done} {self.unit} ({rate:.1f} {self.unit}/s, "
+                f"elapsed {format_duration(elapsed)})")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.log.info("%s", self.line())
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def track(items: Iterable[T], total: Optional[int], desc: str, unit: str = "it",
+          interval_s: float = 30.0) -> Iterator[T]:
+    with Progress(total, desc, unit, interval_s) as p:
+        for item in items:
+            yield item
+            p.update()

@@ -1,0 +1,24 @@
+"""Model families. Importing this package registers every task with toolkit.config.TASKS;
+generic code never imports it (binaries do).
+
+Tasks of your own live in any importable module that registers them
+(`@TASKS.register("name")` on a toolkit.task.Task subclass); list such modules in the
+environment variable TOOLKIT_PLUGINS (comma-separated) and every binary imports them.
+"""
+import importlib
+import os
+
+from toolkit.tasks import kws  # noqa: F401
+from toolkit.errors import UserError
+
+
+def _load_plugins() -> None:
+    for name in filter(None, (n.strip() for n in os.environ.get("TOOLKIT_PLUGINS", "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise UserError(f"TOOLKIT_PLUGINS names module {name!r}, which cannot be imported: "
+                            f"{err}") from None
+
+
+_load_plugins()

@@ -1,0 +1,417 @@
+"""Neural speech codec generator: convolutional encoder, residual VQ, mirrored decoder.
+
+Architecture (SEANet/DAC family): a stem conv, then per stride a block of residual units
+(dilations 1, 3, 9) followed by a strided conv that doubles the channels; a final conv to the
+latent. The decoder mirrors it with transposed convs that halve the channels. With strides
+[2, 4, 5, 8] the hop is 320 samples: 50 code frames per second at 16 kHz.
+
+Lengths: `forward` and `encode` right-pad the waveform with zeros to a multiple of the hop,
+and `forward` trims the output back, so audio out has the input's length. `decode` returns
+frames * hop samples (pass `length` to trim). For T a multiple of the hop nothing is padded.
+
+Causal models (`causal=True`): every conv pads on the left only and every transposed conv
+trims its overlap on the right, so output sample n depends on no input after n. Decoding the
+first N frames of codes then gives exactly the first N * hop samples of decoding all of them
+(the prefix property), and `StreamingEncoder` / `StreamingDecoder` run the model chunk by
+chunk with a bounded left context equal to its receptive field.
+
+Output layer: tanh. It bounds the waveform to the PCM range [-1, 1] that the training audio
+lives in, so an untrained decoder cannot emit large values that swamp the log-spectral and
+adversarial losses in the first steps; the price, slightly compressed peaks near full scale,
+does not matter for loudness-normalised speech. `output_tanh: false` gives a linear output
+(EnCodec's choice) for material that reaches full scale.
+"""
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrizations import weight_norm as _weight_norm
+
+from toolkit.config import ConfigError
+from toolkit.registry import Registry
+from toolkit.tasks.codec.quantizer import ResidualVectorQuantizer
+
+
+@dataclass
+class CodecConfig:
+    sample_rate: int = 16000        # audio rate the codec is built for; sets frames/s and bitrate
+    channels: int = 32              # encoder stem width, doubled per stride; 32 trains on CPU, DAC uses 64
+    # downsampling per encoder block; their product is the hop (320: 50 frames/s at 16 kHz)
+    strides: List[int] = field(default_factory=lambda: [2, 4, 5, 8])
+    # residual-unit dilations in every block; 1, 3, 9 with kernel 7 covers a block's context without gaps
+    dilations: List[int] = field(default_factory=lambda: [1, 3, 9])
+    kernel_size: int = 7            # kernel of the stem, residual and output convs (SEANet/DAC value)
+    latent_dim: int = 0             # encoder output width; 0: its top width channels * 2^len(strides) (DAC)
+    decoder_channels: int = 0       # decoder input width, halved per stride; 0: mirror the encoder
+    activation: str = "snake"       # snake (x + sin^2(ax)/a, periodic bias that suits audio) or elu (SEANet)
+    weight_norm: bool = True        # weight-normalised convs steady GAN training; remove_weight_norm for export
+    causal: bool = False            # left-only padding so the codec can stream; some quality cost at equal size
+    output_tanh: bool = True        # tanh bounds the output to [-1, 1] (module docstring); false: linear
+    n_codebooks: int = 8            # residual VQ stages: 8 x 10 bits x 50 frames/s = 4 kbit/s at 16 kHz
+    codebook_size: int = 1024       # entries per codebook: 10 bits per code
+    codebook_dim: int = 8           # lookup dimension (DAC): low-dim L2-normalised search keeps entries in use
+    quantizer_dropout: float = 0.5  # share of training items using 1..n stages at random: one model, all bitrates
+    ema_decay: float = 0.0          # 0: codebooks learned by the codebook loss (DAC); e.g. 0.99: EMA (EnCodec)
+    dead_code_threshold: float = 0.1  # EMA only: re-seed entries used less than this x the uniform share
+
+    @property
+    def hop(self) -> int:
+        return math.prod(self.strides)
+
+    @property
+    def encoder_top_channels(self) -> int:
+        return self.channels * 2 ** len(self.strides)
+
+    @property
+    def resolved_latent_dim(self) -> int:
+        return self.latent_dim or self.encoder_top_channels
+
+    @property
+    def resolved_decoder_channels(self) -> int:
+        return self.decoder_channels or self.encoder_top_channels
+
+    def validate(self) -> "CodecConfig":
+        def need(ok: bool, key: str, message: str):
+            if not ok:
+                raise ConfigError(f"model.{key}: {message}")
+        need(self.sample_rate > 0, "sample_rate", f"must be positive, got {self.sample_rate}")
+        need(self.channels > 0, "channels", f"must be positive, got {self.channels}")
+        need(len(self.strides) > 0 and all(s >= 1 for s in self.strides), "strides",
+             f"must be a non-empty list of integers >= 1, got {self.strides}")
+        need(len(self.dilations) > 0 and all(d >= 1 for d in self.dilations), "dilations",
+             f"must be a non-empty list of integers >= 1, got {self.dilations}")
+        need(self.kernel_size >= 1, "kernel_size", f"must be >= 1, got {self.kernel_size}")
+        need(self.latent_dim >= 0, "latent_dim", f"must be >= 0, got {self.latent_dim}")
+        need(self.decoder_channels >= 0, "decoder_channels",
+             f"must be >= 0, got {self.decoder_channels}")
+        rest = self.resolved_decoder_channels // 2 ** len(self.strides)
+        need(rest >= 1, "decoder_channels",
+             f"{self.resolved_decoder_channels} cannot be halved {len(self.strides)} times")
+        need(self.activation in ACTIVATIONS, "activation",
+             f"unknown '{self.activation}'; known: {', '.join(ACTIVATIONS.names())}")
+        need(self.n_codebooks >= 1, "n_codebooks", f"must be >= 1, got {self.n_codebooks}")
+        need(self.codebook_size >= 2, "codebook_size", f"must be >= 2, got {self.codebook_size}")
+        need(self.codebook_dim >= 1, "codebook_dim", f"must be >= 1, got {self.codebook_dim}")
+        need(0.0 <= self.quantizer_dropout <= 1.0, "quantizer_dropout",
+             f"must be in [0, 1], got {self.quantizer_dropout}")
+        need(0.0 <= self.ema_decay < 1.0, "ema_decay", f"must be in [0, 1), got {self.ema_decay}")
+        need(self.dead_code_threshold >= 0.0, "dead_code_threshold",
+             f"must be >= 0, got {self.dead_code_threshold}")
+        return self
+
+
+# --------------------------------------------------------------------------- layers
+
+ACTIVATIONS: Registry = Registry("codec activation")
+
+
+@ACTIVATIONS.register("snake")
+class Snake1d(nn.Module):
+    """x + sin^2(alpha x) / alpha with a learned alpha per channel (Ziyin et al. 2020): a
+    periodic inductive bias that helps convs generate waveforms (BigVGAN, DAC)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # 1e-9 keeps the reciprocal finite should an alpha be driven to zero.
+        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x) ** 2
+
+
+@ACTIVATIONS.register("elu")
+class ELU1d(nn.ELU):
+    def __init__(self, channels: int):   # same constructor as Snake1d, width unused
+        super().__init__()
+
+
+def _maybe_weight_norm(module: nn.Module, enabled: bool) -> nn.Module:
+    return _weight_norm(module) if enabled else module
+
+
+def remove_weight_norm(module: nn.Module) -> nn.Module:
+    """Folds every weight-norm parametrization into a plain weight (in place): same outputs,
+    fewer ops, and exporters that do not understand parametrizations see ordinary convs."""
+    for sub in module.modules():
+        if parametrize.is_parametrized(sub, "weight"):
+            parametrize.remove_parametrizations(sub, "weight", leave_parametrized=True)
+    return module
+
+
+class CodecConv1d(nn.Module):
+    """Conv1d whose padding makes the output length exactly T / stride (T a multiple of
+    stride): (k - 1) * d + 1 - stride zeros in all, all on the left when causal."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 dilation: int = 1, causal: bool = False, weight_norm: bool = True):
+        super().__init__()
+        total = (kernel_size - 1) * dilation + 1 - stride
+        if total < 0:
+            raise ValueError(f"kernel {kernel_size} (dilation {dilation}) shorter than stride "
+                             f"{stride}")
+        self.kernel_size, self.stride, self.dilation = kernel_size, stride, dilation
+        self.padding = (total, 0) if causal else (total // 2, total - total // 2)
+        self.conv = _maybe_weight_norm(
+            nn.Conv1d(in_channels, out_channels, kernel_size, stride=stride, dilation=dilation),
+            weight_norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(nn.functional.pad(x, self.padding))
+
+
+class CodecConvTranspose1d(nn.Module):
+    """Upsampling by `stride` with kernel 2 * stride; the `stride` samples of overlap beyond
+    L * stride are trimmed, on the right only when causal (so no output sees a later input)."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int, causal: bool = False,
+                 weight_norm: bool = True):
+        super().__init__()
+        self.stride = stride
+        self.kernel_size = 2 * stride
+        self.trim = (0, stride) if causal else (stride // 2, stride - stride // 2)
+        self.conv = _maybe_weight_norm(
+            nn.ConvTranspose1d(in_channels, out_channels, self.kernel_size, stride=stride),
+            weight_norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        left, right = self.trim
+        return y[..., left:y.shape[-1] - right]
+
+
+class ResidualUnit(nn.Module):
+    """x + conv1x1(act(conv_k,dilated(act(x)))), width preserved."""
+
+    def __init__(self, channels: int, dilation: int, kernel_size: int, activation: str,
+                 causal: bool, weight_norm: bool):
+        super().__init__()
+        act = ACTIVATIONS.get(activation)
+        self.branch = nn.Sequential(
+            act(channels),
+            CodecConv1d(channels, channels, kernel_size, dilation=dilation, causal=causal,
+                        weight_norm=weight_norm),
+            act(channels),
+            CodecConv1d(channels, channels, 1, weight_norm=weight_norm),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.branch(x)
+
+
+def _residual_units(channels: int, cfg: CodecConfig) -> List[nn.Module]:
+    return [ResidualUnit(channels, d, cfg.kernel_size, cfg.activation, cfg.causal,
+                         cfg.weight_norm) for d in cfg.dilations]
+
+
+class Encoder(nn.Module):
+    """(B, 1, T) -> (B, latent_dim, T / hop)."""
+
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        act = ACTIVATIONS.get(cfg.activation)
+        width = cfg.channels
+        layers: List[nn.Module] = [CodecConv1d(1, width, cfg.kernel_size, causal=cfg.causal,
+                                               weight_norm=cfg.weight_norm)]
+        for stride in cfg.strides:
+            layers += _residual_units(width, cfg)
+            layers += [act(width),
+                       CodecConv1d(width, 2 * width, 2 * stride, stride=stride,
+                                   causal=cfg.causal, weight_norm=cfg.weight_norm)]
+            width *= 2
+        layers += [act(width),
+                   CodecConv1d(width, cfg.resolved_latent_dim, 3, causal=cfg.causal,
+                               weight_norm=cfg.weight_norm)]
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, wav: torch.Tensor) -> torch.Tensor:
+        return self.layers(wav)
+
+
+class Decoder(nn.Module):
+    """(B, latent_dim, frames) -> (B, 1, frames * hop)."""
+
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        act = ACTIVATIONS.get(cfg.activation)
+        width = cfg.resolved_decoder_channels
+        layers: List[nn.Module] = [CodecConv1d(cfg.resolved_latent_dim, width, cfg.kernel_size,
+                                               causal=cfg.causal, weight_norm=cfg.weight_norm)]
+        for stride in reversed(cfg.strides):
+            layers += [act(width),
+                       CodecConvTranspose1d(width, width // 2, stride, causal=cfg.causal,
+                                            weight_norm=cfg.weight_norm)]
+            width //= 2
+            layers += _residual_units(width, cfg)
+        layers += [act(width),
+                   CodecConv1d(width, 1, cfg.kernel_size, causal=cfg.causal,
+                               weight_norm=cfg.weight_norm)]
+        if cfg.output_tanh:
+            layers.append(nn.Tanh())
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.layers(z)
+
+
+def history_length(module: nn.Module, scale: float = 1.0) -> float:
+    """Upper bound on how far back (in units of `module`'s input samples) a causal stack's
+    output depends on its input, summed over its convs in registration order. Valid for the
+    chains built here, where registration order is execution order and residual branches sit
+    in parallel with an identity (their history adds like a chain's)."""
+    total = 0.0
+    for sub in module.modules():
+        if isinstance(sub, CodecConv1d):
+            total += (sub.kernel_size - 1) * sub.dilation * scale
+            scale *= sub.stride
+        elif isinstance(sub, CodecConvTranspose1d):
+            # Output n reads inputs floor(n/s) - 1 and floor(n/s): at most 2 input samples back.
+            total += 2 * scale
+            scale /= sub.stride
+    return total
+
+
+# --------------------------------------------------------------------------- model
+
+class CodecModel(nn.Module):
+    """Encoder -> residual VQ -> decoder."""
+
+    def __init__(self, config: Optional[CodecConfig] = None):
+        super().__init__()
+        self.config = (config or CodecConfig()).validate()
+        cfg = self.config
+        self.hop = cfg.hop
+        self.encoder = Encoder(cfg)
+        self.quantizer = ResidualVectorQuantizer(
+            cfg.resolved_latent_dim, cfg.n_codebooks, cfg.codebook_size, cfg.codebook_dim,
+            cfg.quantizer_dropout, cfg.ema_decay, cfg.dead_code_threshold)
+        self.decoder = Decoder(cfg)
+
+    @property
+    def frames_per_second(self) -> float:
+        return self.config.sample_rate / self.hop
+
+    def bitrate(self, sample_rate: Optional[int] = None, n_q: Optional[int] = None) -> float:
+        """Bits per second: frames_per_s * n_q * log2(codebook_size)."""
+        rate = self.config.sample_rate if sample_rate is None else sample_rate
+        return self.quantizer.bitrate(rate / self.hop, n_q)
+
+    def _prepare(self, wav: torch.Tensor) -> torch.Tensor:
+        """(B, T) or (B, 1, T) -> (B, 1, T') with T' the next multiple of the hop."""
+        if wav.dim() == 2:
+            wav = wav.unsqueeze(1)
+        if wav.dim() != 3 or wav.shape[1] != 1:
+            raise ValueError(f"expected (B, 1, T) or (B, T) audio, got {tuple(wav.shape)}")
+        extra = (-wav.shape[-1]) % self.hop
+        return nn.functional.pad(wav, (0, extra)) if extra else wav
+
+    def forward(self, wav: torch.Tensor, n_q: Optional[int] = None) -> Dict[str, torch.Tensor]:
+        """wav (B, 1, T) -> {audio (B, 1, T), codes (B, n_q, frames), commit_loss,
+        codebook_loss}. In training mode with n_q=None, quantizer dropout applies."""
+        length = wav.shape[-1]
+        z = self.encoder(self._prepare(wav))
+        z_q, codes, commit, codebook = self.quantizer.quantize(z, n_q)
+        audio = self.decoder(z_q)[..., :length]
+        return {"audio": audio, "codes": codes, "commit_loss": commit,
+                "codebook_loss": codebook}
+
+    @torch.no_grad()
+    def encode(self, wav: torch.Tensor, n_q: Optional[int] = None) -> torch.Tensor:
+        """wav (B, 1, T) -> codes (B, n_q, ceil(T / hop)), n_q defaulting to all codebooks.
+        Inference only (no gradients); call in eval mode, or EMA codebooks keep updating."""
+        z = self.encoder(self._prepare(wav))
+        _, codes, _, _ = self.quantizer.quantize(z, n_q or self.config.n_codebooks)
+        return codes
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor, length: Optional[int] = None) -> torch.Tensor:
+        """codes (B, n_q, frames) -> wav (B, 1, frames * hop), trimmed to `length` if given.
+        Inference only (no gradients)."""
+        audio = self.decoder(self.quantizer.decode_codes(codes))
+        return audio if length is None else audio[..., :length]
+
+
+# --------------------------------------------------------------------------- streaming
+
+def _require_causal(model: CodecModel) -> None:
+    if not model.config.causal:
+        raise ValueError("streaming needs a model built with causal=True")
+
+
+class StreamingEncoder:
+    """Feeds audio in arbitrary chunks, returns the codes of every frame completed so far.
+
+    Each call re-runs the encoder over the new samples plus a left context that covers the
+    encoder's receptive field (rounded up to whole frames, which keeps the stride grid
+    aligned), so the codes equal those of encoding the whole signal at once."""
+
+    def __init__(self, model: CodecModel, n_q: Optional[int] = None):
+        _require_causal(model)
+        self.model, self.n_q = model, n_q or model.config.n_codebooks
+        hop = model.hop
+        self.context = int(math.ceil(history_length(model.encoder) / hop)) * hop + hop
+        self._buffer: Optional[torch.Tensor] = None   # (B, 1, samples) from _buffer_start on
+        self._buffer_start = 0                          # absolute index of _buffer[..., 0]
+        self._frames_done = 0
+
+    @torch.no_grad()
+    def push(self, chunk: torch.Tensor) -> torch.Tensor:
+        """chunk (B, 1, n) -> codes (B, n_q, new complete frames), possibly zero frames."""
+        chunk = chunk.unsqueeze(1) if chunk.dim() == 2 else chunk
+        self._buffer = chunk if self._buffer is None else torch.cat([self._buffer, chunk], -1)
+        hop = self.model.hop
+        total_frames = (self._buffer_start + self._buffer.shape[-1]) // hop
+        if total_frames == self._frames_done:
+            return chunk.new_zeros(chunk.shape[0], self.n_q, 0, dtype=torch.long)
+        start = max(0, self._frames_done * hop - self.context)   # a multiple of the hop
+        window = self._buffer[..., start - self._buffer_start:total_frames * hop - self._buffer_start]
+        z = self.model.encoder(window)[..., self._frames_done - start // hop:]
+        _, codes, _, _ = self.model.quantizer.quantize(z, self.n_q)
+        self._frames_done = total_frames
+        keep_from = max(0, total_frames * hop - self.context)    # drop what no frame needs
+        self._buffer = self._buffer[..., keep_from - self._buffer_start:]
+        self._buffer_start = keep_from
+        return codes
+
+
+class StreamingDecoder:
+    """Feeds codes in chunks of frames, returns frames * hop new samples per call, equal to
+    the matching samples of decoding all codes at once (left context = receptive field)."""
+
+    def __init__(self, model: CodecModel):
+        _require_causal(model)
+        self.model = model
+        self.context = int(math.ceil(history_length(model.decoder))) + 1   # in frames
+        self._codes: Optional[torch.Tensor] = None    # the last `context` frames seen
+
+    @torch.no_grad()
+    def push(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes (B, n_q, f) -> audio (B, 1, f * hop)."""
+        hop = self.model.hop
+        new = codes.shape[-1]
+        self._codes = codes if self._codes is None else torch.cat([self._codes, codes], -1)
+        audio = self.model.decode(self._codes)[..., -new * hop:] if new else \
+            codes.new_zeros(codes.shape[0], 1, 0, dtype=torch.float32)
+        self._codes = self._codes[..., max(0, self._codes.shape[-1] - self.context):]
+        return audio
+
+
+def encode_streaming(model: CodecModel, wav: torch.Tensor, chunk_samples: int,
+                     n_q: Optional[int] = None) -> torch.Tensor:
+    """Encodes `wav` (B, 1, T) `chunk_samples` at a time; returns all codes (B, n_q, T // hop)."""
+    encoder = StreamingEncoder(model, n_q)
+    return torch.cat([encoder.push(wav[..., i:i + chunk_samples])
+                      for i in range(0, wav.shape[-1], chunk_samples)], dim=-1)
+
+
+def decode_streaming(model: CodecModel, codes: torch.Tensor, chunk_frames: int) -> torch.Tensor:
+    """Decodes `codes` (B, n_q, frames) `chunk_frames` at a time; returns (B, 1, frames * hop)."""
+    decoder = StreamingDecoder(model)
+    return torch.cat([decoder.push(codes[..., i:i + chunk_frames])
+                      for i in range(0, codes.shape[-1], chunk_frames)], dim=-1)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

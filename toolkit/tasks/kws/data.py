@@ -1,0 +1,131 @@
+"""What an utterance becomes for keyword spotting: fbank features (with the dataset
+section's augmentation), its label (keyword index, -1 for filler), the frame where its
+keyword ends, and CTC unit targets when the loss has a CTC component."""
+import os
+import re
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from toolkit.data.audio import BadEntry
+from toolkit.data.datalist import BadCounter
+from toolkit.data.kaldi import LABELERS, read_table, scan_table
+from toolkit.errors import DataError
+from toolkit.task import Batch, ExampleBuilder, pad_sequences
+
+KW_TIMES = "kw_times"
+
+
+def keyword_end_frame(entry: dict, num_frames: int) -> int:
+    """Frame where the entry's keyword ends (`kw_end` seconds), -1 when the entry has none.
+    Taken as a fraction of the duration, so it follows any speed perturbation."""
+    end, duration = entry.get("kw_end"), entry.get("duration")
+    if not isinstance(end, (int, float)) or not isinstance(duration, (int, float)) \
+            or duration <= 0 or num_frames <= 0:
+        return -1
+    return min(int(end / duration * num_frames), num_frames - 1)
+
+
+def token_problem(tokens, num_units: int) -> Optional[Tuple[str, str]]:
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                               for t in tokens):
+        return "missing_tokens", "needs a `tokens` list of unit ids (make_datalist --lexicon)"
+    outside = [t for t in tokens if not 0 < t < num_units]
+    if outside:
+        return "token_not_in_units", f"ids {outside[:5]} outside [1, {num_units})"
+    return None
+
+
+def read_kw_times(path: str) -> Dict[str, Tuple[float, float]]:
+    """`utt start end` lines (seconds, 0 <= start <= end): where the keyword of each
+    listed positive is spoken. Malformed lines are errors naming file and line."""
+    out: Dict[str, Tuple[float, float]] = {}
+    read_table(path)           # duplicate keys and bad bytes, named by line
+    for line in scan_table(path).lines:
+        key, value = line.key, line.value
+        parts = value.split()
+        try:
+            start, end = (float(x) for x in parts) if len(parts) == 2 else (None, None)
+        except ValueError:
+            start = end = None
+        if start is None or not 0.0 <= start <= end:
+            raise DataError(f"{path}:{line.lineno}: expected '<utt> <start> <end>' with "
+                            f"0 <= start <= end seconds, got {value!r}")
+        out[key] = (start, end)
+    return out
+
+
+def _words(text: str) -> List[str]:
+    return re.sub(r"[^\w' ]+", " ", text.lower()).split()
+
+
+@LABELERS.register("keyword")
+def keyword_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
+    """Index of the keyword whose word sequence occurs in the text (earliest occurrence
+    wins), else -1 (filler). Case and punctuation are ignored."""
+    phrases = [_words(k) for k in inventory]
+
+    def label(entry: dict) -> Optional[int]:
+        words = _words(entry.get("txt", ""))
+        best: Tuple[int, int] = (len(words) + 1, -1)
+        for index, phrase in enumerate(phrases):
+            n = len(phrase)
+            for pos in range(len(words) - n + 1):
+                if words[pos:pos + n] == phrase:
+                    best = min(best, (pos, index))
+                    break
+        return best[1]
+    return label
+
+
+class KwsExampleBuilder(ExampleBuilder):
+    """Entry -> (features, label, keyword end frame, CTC tokens or None)."""
+
+    def __init__(self, pipeline, spec_aug_positives: bool, num_units: Optional[int]):
+        self.pipeline = pipeline
+        self.spec_aug_positives = spec_aug_positives
+        self.num_units = num_units
+        self.dim = pipeline.num_bins
+
+    def __call__(self, entry: dict, epoch: int, audio=None):
+        label = entry.get("label")
+        label = label if isinstance(label, int) else -1
+        tokens = None
+        if self.num_units is not None:
+            problem = token_problem(entry.get("tokens"), self.num_units)
+            if problem is not None:
+                raise BadEntry(*problem)
+            tokens = entry["tokens"]
+        # A mask over the final /s/ of "hey snips" leaves a positive that sounds like a
+        # confusable: `spec_aug_positives: false` masks fillers only.
+        feats = self.pipeline.features(entry, epoch, audio,
+                                       spec_aug=self.spec_aug_positives or label < 0)
+        end = keyword_end_frame(entry, len(feats)) if label >= 0 else -1
+        return feats, label, end, tokens
+
+    def collate(self, examples, keys: List[str], audio_seconds: float, bad: BadCounter) -> Batch:
+        return collate(keys, [e[0] for e in examples], [e[1] for e in examples], audio_seconds,
+                       bad, self.dim, [e[3] for e in examples] if self.num_units is not None
+                       else None, [e[2] for e in examples])
+
+
+def collate(keys, feats_list, labels, audio_seconds, bad, dim: int,
+            tokens: Optional[Sequence[Sequence[int]]] = None,
+            keyword_end: Optional[Sequence[int]] = None) -> Batch:
+    if feats_list:
+        padded, lengths = pad_sequences(feats_list)
+    else:
+        padded, lengths = np.zeros((0, 0, dim), np.float32), np.zeros(0, np.int64)
+    tensors = {"feats": torch.from_numpy(padded), "lengths": torch.from_numpy(lengths),
+               "labels": torch.tensor(labels, dtype=torch.int64)}
+    if keyword_end is not None:
+        tensors["keyword_end"] = torch.tensor(list(keyword_end), dtype=torch.int64)
+    if tokens is not None:
+        token_lengths = np.array([len(t) for t in tokens], dtype=np.int64)
+        ids = np.zeros((len(tokens), max(1, int(token_lengths.max(initial=0)))), dtype=np.int64)
+        for i, t in enumerate(tokens):
+            ids[i, :len(t)] = t
+        tensors["tokens"] = torch.from_numpy(ids)
+        tensors["token_lengths"] = torch.from_numpy(token_lengths)
+    return Batch(list(keys), tensors, audio_seconds, bad)

@@ -1,0 +1,148 @@
+"""Keyword models to deployable files: the streaming graph (fbank chunk + cache ->
+posteriors + cache) in TorchScript, ONNX and safetensors + config.json, parity-checked
+against PyTorch whole-utterance and chunk by chunk, with what a runtime needs (fbank
+options, cache size, keyword list, recommended threshold; CMVN is inside the weights)."""
+import dataclasses
+import logging
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from toolkit import export as writers
+from toolkit.export import onnx_runner, read_metadata, torch_runner, update_metadata  # noqa: F401
+from toolkit.tasks.kws.models import MODELS, build_model
+from toolkit.trainer.checkpoint import load_payload, module_states_from_file
+
+logger = logging.getLogger(__name__)
+
+
+class StreamingScorer(nn.Module):
+    """Deployment graph: raw fbank chunk + cache -> keyword posteriors + new cache."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        # Keyword detectors score each keyword independently (sigmoid); utterance
+        # classifiers choose one class (softmax).
+        self.classify = not getattr(model, "streaming", True)
+
+    def forward(self, feats: torch.Tensor, cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        logits, new_cache = self.model(feats, cache)
+        if self.classify:
+            return torch.softmax(logits, dim=-1), new_cache
+        return torch.sigmoid(logits), new_cache
+
+
+def model_config_from_payload(payload: dict) -> dict:
+    cfg = payload.get("config", {})
+    if "model" in cfg:
+        return dict(cfg["model"])
+    return dict(payload["model_config"])          # checkpoints before the task contract
+
+
+def model_from_checkpoint(path: str) -> nn.Module:
+    """Model in eval mode from a training or averaged checkpoint (weights_only load)."""
+    payload = load_payload(path)
+    raw = model_config_from_payload(payload)
+    config = MODELS.get(raw["type"]).Config(**raw)
+    model = build_model(config)
+    states = module_states_from_file(path)
+    model.load_state_dict(states.get("model", states.get("")))
+    return model.eval()
+
+
+def build_metadata(model: nn.Module, fbank: dict, keywords: Sequence[str],
+                   threshold: Optional[float]) -> dict:
+    return {
+        "format_version": 1,
+        "task": "kws",
+        "model_type": model.config.type,
+        "model_config": dataclasses.asdict(model.config),
+        "feature": fbank,
+        "cache_size": int(model.cache_size),
+        "keywords": list(keywords),
+        "threshold": threshold,
+        "output": ("sigmoid posteriors (batch, frames, keywords)" if getattr(model, "streaming", True)
+                   else "softmax posteriors (batch, classes)"),
+        "cmvn": {"mean": model.cmvn.mean.tolist(), "inv_std": model.cmvn.inv_std.tolist(),
+                 "applied_inside_model": True},
+    }
+
+
+def export_torchscript(model: nn.Module, path: str, metadata: dict) -> None:
+    writers.export_torchscript(StreamingScorer(model), path, metadata)
+
+
+def export_onnx(model: nn.Module, path: str, metadata: dict, opset: int = 17) -> None:
+    """The streaming graph with dynamic batch and frame axes: feats (B, T, D) and cache
+    (B, cache_size) -> probs (B, T, K) and new_cache."""
+    example = (torch.zeros(1, 20, model.config.input_dim), torch.zeros(1, model.cache_size))
+    writers.export_onnx(StreamingScorer(model), example, path, ["feats", "cache"],
+                        ["probs", "new_cache"],
+                        {"feats": {0: "batch", 1: "frames"}, "cache": {0: "batch"},
+                         "probs": {0: "batch", 1: "frames"}, "new_cache": {0: "batch"}},
+                        metadata, opset)
+
+
+def export_safetensors(model: nn.Module, path: str, metadata: dict) -> None:
+    writers.export_safetensors(model, path, metadata, metadata["model_config"])
+
+
+def export_model_files(model: nn.Module, out_dir: str, metadata: dict) -> Dict[str, str]:
+    """Writes model.zip, model.onnx, model.safetensors (+ config.json); returns paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"torchscript": os.path.join(out_dir, "model.zip"),
+             "onnx": os.path.join(out_dir, "model.onnx"),
+             "safetensors": os.path.join(out_dir, "model.safetensors")}
+    export_torchscript(model, paths["torchscript"], metadata)
+    export_onnx(model, paths["onnx"], metadata)
+    export_safetensors(model, paths["safetensors"], metadata)
+    return paths
+
+
+def run_chunked(fn, feats: np.ndarray, cache_size: int, chunk: int) -> np.ndarray:
+    """Feeds (T, D) features `chunk` frames at a time through fn(feats, cache)."""
+    cache = np.zeros((1, cache_size), dtype=np.float32)
+    outs = []
+    for start in range(0, len(feats), chunk):
+        probs, cache = fn(feats[None, start:start + chunk].astype(np.float32), cache)
+        outs.append(probs[0])
+    return np.concatenate(outs, axis=0)
+
+
+def check_parity(model: nn.Module, paths: Dict[str, str], features: List[np.ndarray],
+                 tolerance: float = 1e-4, chunks: Sequence[int] = (0, 1, 16)) -> Dict[str, float]:
+    """Max |diff| of every exported format against PyTorch, whole-utterance (chunk 0)
+    and streamed in chunks. Raises when any exceeds `tolerance`."""
+    if not getattr(model, "streaming", True):
+        chunks = (0,)      # a classifier sees whole clips only
+    reference = torch_runner(StreamingScorer(model).eval())
+    runners = {}
+    if "torchscript" in paths:
+        runners["torchscript"] = torch_runner(torch.jit.load(paths["torchscript"]).eval())
+    if "onnx" in paths:
+        runners["onnx"] = onnx_runner(paths["onnx"])
+    worst: Dict[str, float] = {name: 0.0 for name in runners}
+    for i, feats in enumerate(features):
+        expected = run_chunked(reference, feats, model.cache_size, len(feats))
+        for name, fn in runners.items():
+            # Frame-by-frame streaming is the slowest check: two utterances suffice.
+            for chunk in (c for c in chunks if c != 1 or i < 2):
+                got = run_chunked(fn, feats, model.cache_size, chunk or len(feats))
+                worst[name] = max(worst[name], float(np.max(np.abs(got - expected))))
+    failed = {k: v for k, v in worst.items() if v > tolerance}
+    for name, diff in worst.items():
+        logger.info("parity %s vs PyTorch: max abs diff %.3g over %d utterances", name, diff,
+                    len(features))
+    if failed:
+        raise RuntimeError("exported model disagrees with PyTorch beyond tolerance "
+                           f"{tolerance}: " + ", ".join(f"{k} {v:.3g}" for k, v in failed.items()))
+    return worst
+
+
+def set_threshold(export_dir: str, threshold: float) -> None:
+    """Stores the recommended threshold (chosen by scoring) in every exported format."""
+    update_metadata(export_dir, {"threshold": threshold})

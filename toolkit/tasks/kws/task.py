@@ -1,0 +1,178 @@
+"""Keyword spotting as a task of the generic trainer: wake words (max-pooling detectors,
+optionally with a CTC head) and command words (utterance classifiers)."""
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from toolkit.config import ConfigError, Section, TaskConfigBase
+from toolkit.data.cmvn import read_cmvn
+from toolkit.data.pipeline import FeaturePipeline
+from toolkit.task import TASKS, DataRequirements, Task
+from toolkit.tasks.kws.data import KwsExampleBuilder, collate
+from toolkit.tasks.kws.losses import LOSSES, WeightedSumLoss, build_loss, uses_ctc_head
+from toolkit.tasks.kws.models import MODELS, build_model
+from toolkit.tasks.kws.tokens import read_units
+
+
+class WithCTCHead(nn.Module):
+    """Keyword logits and CTC logits from one encoder pass. DDP wraps this view when the
+    loss has a CTC component: DDP synchronises only parameters used through the forward
+    it wraps, and the model's own forward skips the CTC head."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, feats: torch.Tensor):
+        hidden, _ = self.model.encode(feats, None)
+        return self.model.classifier(hidden), self.model.ctc_head(hidden)
+
+
+@TASKS.register("kws")
+class KwsTask(Task):
+    name = "kws"
+
+    @dataclass
+    class Config(TaskConfigBase):
+        # SpecAugment on keyword utterances too; false masks fillers (label -1) only, since
+        # a mask over the final /s/ of "hey snips" leaves a positive that sounds like
+        # "hey snip" (label noise against the confusables a wake word must reject).
+        spec_aug_positives: bool = True
+
+    sections = {"model": Section(registry=MODELS),
+                "loss": Section(registry=LOSSES, default_type="max_pooling")}
+    optimizers = ("model",)
+
+    # ---------------------------------------------------------------- config
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.loss.type == "ctc":
+            raise ConfigError("loss.type ctc alone trains no keyword output: use weighted_sum "
+                              "with a keyword loss and a ctc component")
+
+    @classmethod
+    def resolve(cls, cfg, inventory, extras) -> None:
+        m = cfg.model
+        if extras.get("cmvn"):
+            m.cmvn_file = extras["cmvn"]
+        if m.input_dim <= 0:
+            m.input_dim = cfg.dataset.feature.num_mel_bins
+        if m.num_outputs <= 0:
+            m.num_outputs = len(inventory)
+        if m.num_outputs != len(inventory):
+            raise ConfigError(f"model.num_outputs={m.num_outputs} but the inventory "
+                              f"{extras.get('inventory_path')} has {len(inventory)} entries")
+        if not uses_ctc_head(build_loss(cfg.loss)):
+            return
+        units_path = extras.get("units")
+        if units_path:
+            try:
+                units = read_units(units_path)
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"--units: {err}") from None
+            if m.ctc_outputs <= 0:
+                m.ctc_outputs = len(units)
+            if m.ctc_outputs != len(units):
+                raise ConfigError(f"model.ctc_outputs={m.ctc_outputs} but the unit list "
+                                  f"{units_path} has {len(units)} entries")
+        if m.ctc_outputs <= 0:
+            raise ConfigError("the loss has a ctc component but model.ctc_outputs is 0: "
+                              "pass --units (toolkit.bin.make_lexicon) or set it")
+
+    def __init__(self, cfg, inventory=None):
+        super().__init__(cfg, inventory)
+        self.loss_fn = build_loss(cfg.loss)
+        self.use_ctc = uses_ctc_head(self.loss_fn)
+        self.part_names = list(getattr(self.loss_fn, "names", []))
+
+    # ---------------------------------------------------------------- modules
+    def build_modules(self) -> Dict[str, nn.Module]:
+        m = self.cfg.model
+        cmvn = read_cmvn(m.cmvn_file) if m.cmvn_file else None
+        return {"model": build_model(m, cmvn)}
+
+    def training_view(self, name: str, module: nn.Module) -> nn.Module:
+        return WithCTCHead(module) if self.use_ctc else module
+
+    def find_unused_parameters(self, module: str) -> bool:
+        # A component switched on later (e.g. the CTC head) gets no gradient before then.
+        return isinstance(self.loss_fn, WeightedSumLoss) and self.loss_fn.switches_parts()
+
+    # ---------------------------------------------------------------- data
+    def data_requirements(self) -> DataRequirements:
+        return DataRequirements(require_label=True, num_classes=self.cfg.model.num_outputs,
+                                allow_negative_label=True)
+
+    def example_builder(self, train, seed, noise=None, rirs=None, steps_per_epoch=0,
+                        total_steps=0):
+        pipeline = FeaturePipeline(self.cfg.dataset, seed, train, noise, rirs,
+                                   steps_per_epoch, total_steps)
+        return KwsExampleBuilder(pipeline, self.cfg.task.spec_aug_positives,
+                                 self.cfg.model.ctc_outputs if self.use_ctc else None)
+
+    def dummy_batch(self):
+        from toolkit.data.datalist import BadCounter
+        dim = self.cfg.model.input_dim
+        # Two frames: BatchNorm in training mode needs more than one value per channel.
+        return collate(["<empty>"], [np.zeros((2, dim), np.float32)], [-1], 0.0, BadCounter(),
+                       dim, [[]] if self.use_ctc else None, [-1])
+
+    # ---------------------------------------------------------------- steps
+    def _loss(self, out, batch, device, step: int, total: int):
+        lengths = batch.lengths.to(device)
+        labels = batch.labels.to(device)
+        end = batch.get("keyword_end")
+        end = None if end is None else end.to(device)
+        extra = {"step": step, "total_steps": total} \
+            if isinstance(self.loss_fn, WeightedSumLoss) else {}
+        if not self.use_ctc:
+            return self.loss_fn(out[0], lengths, labels, keyword_end=end, **extra)
+        logits, ctc_logits = out
+        return self.loss_fn(logits, lengths, labels, ctc_logits, batch.tokens.to(device),
+                            batch.token_lengths.to(device), keyword_end=end, **extra)
+
+    def _forward(self, batch, ctx):
+        feats = batch.feats.to(ctx.device, non_blocking=True)
+        with ctx.autocast():
+            out = ctx.module("model")(feats)
+        return self._loss(out, batch, ctx.device, ctx.step_index, ctx.total_steps)  # fp32 loss
+
+    def train_step(self, batch, ctx) -> Dict[str, float]:
+        loss, metrics = self._forward(batch, ctx)
+        ctx.backward(loss, "model")
+        ctx.step("model")
+        stats = {"loss": float(loss.detach()), "acc": float(metrics["acc"])}
+        for name in self.part_names:
+            if name in metrics:
+                stats[name] = float(metrics[name])
+        return stats
+
+    def eval_step(self, batch, ctx) -> Dict[str, float]:
+        loss, metrics = self._forward(batch, ctx)
+        return {"loss": float(loss), "acc": float(metrics["acc"])}
+
+    # ---------------------------------------------------------------- export
+    def export(self, checkpoint: str, out_dir: str, test_data: str, num_check: int = 20,
+               tolerance: float = 1e-4, threshold: Optional[float] = None) -> Dict[str, float]:
+        from toolkit.data.features import fbank_metadata, options_from_config
+        from toolkit.export import parity_inputs
+        from toolkit.tasks.kws.export import (build_metadata, check_parity, export_model_files,
+                                              model_from_checkpoint)
+        model = model_from_checkpoint(checkpoint)
+        d = self.cfg.dataset
+        metadata = build_metadata(model, fbank_metadata(options_from_config(d.feature,
+                                                                            d.sample_rate)),
+                                  self.inventory, threshold)
+        paths = export_model_files(model, out_dir, metadata)
+        pipeline = FeaturePipeline(d, seed=0, train=False)
+        features = parity_inputs(test_data, lambda e: pipeline.features(e, 0), num_check)
+        return check_parity(model, paths, features, tolerance)
+
+    def train_metric_names(self) -> Tuple[str, ...]:
+        return ("loss", "acc", *self.part_names)
+
+    def eval_metric_names(self) -> Tuple[str, ...]:
+        return ("loss", "acc")
