@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from toolkit.config import ConfigError
+from toolkit.config import ConfigError, Ramp
 from toolkit.tasks.speaker.heads import (SPEAKER_HEADS, AAMSoftmaxHead, AMSoftmaxHead,
                                          SoftmaxHead, build_speaker_head)
 from toolkit.tasks.speaker.models import (SPEAKER_MODELS, ECAPATDNN, SpeakerResNet,
@@ -201,7 +201,9 @@ def test_head_registry_and_weight_shapes():
         head = build_speaker_head(config, 16)
         assert head.weight.shape == (7, 16)
         if kind != "softmax":
-            assert config.scale == 32.0 and config.margin == 0.2
+            # The margin ramps to 0.2 over training (a number gives a constant margin).
+            assert config.scale == 32.0 and config.margin.final == 0.2
+            assert config.margin.value(0, 100) == 0.0 and config.margin.value(100, 100) == 0.2
 
 
 def test_reset_parameters_reinitialises_the_weights():
@@ -291,4 +293,5 @@ def test_softmax_head_refuses_a_margin():
     with pytest.raises(ValueError, match="margin"):
         head(emb, torch.tensor([0, 1]), 0.2)
     with pytest.raises(ConfigError, match="margin"):
-        SoftmaxHead(SoftmaxHead.Config(type="softmax", num_classes=3, margin=0.2), 4)
+        SoftmaxHead(SoftmaxHead.Config(type="softmax", num_classes=3,
+                                       margin=Ramp.constant(0.2)), 4)

@@ -85,10 +85,10 @@ def test_init_checkpoint_strict_and_weights_only(corpus, trained, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     payload = latest_payload(exp)
     # lr 0: weights stay those of the init checkpoint; the step counter starts from zero.
-    for key, value in src["model"].items():
+    for key, value in src["modules"]["model"].items():
         if value.is_floating_point() and "running" not in key:
-            assert torch.equal(value, payload["model"][key]), key
-    assert payload["step"] < src["step"] + 1 and "initialised weights from" in result.stderr
+            assert torch.equal(value, payload["modules"]["model"][key]), key
+    assert payload["step"] < src["step"] + 1 and "initialised model from" in result.stderr
 
     # A different architecture is refused (strict), naming missing/unexpected keys.
     exp2 = str(tmp_path / "init2")
@@ -106,7 +106,8 @@ def test_init_from_safetensors_export(corpus, trained, tmp_path):
     result = run_train(corpus.train_args(exp, *FAST, "optim.lr=0") + ["--init-checkpoint", path])
     assert result.returncode == 0, result.stderr[-2000:]
     payload = latest_payload(exp)
-    assert torch.equal(payload["model"]["classifier.weight"], model.state_dict()["classifier.weight"])
+    assert torch.equal(payload["modules"]["model"]["classifier.weight"],
+                       model.state_dict()["classifier.weight"])
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -117,15 +118,21 @@ def test_amp_state_round_trip(corpus, tmp_path, dtype):
     assert result.returncode == 0, result.stderr[-2000:]
     payload = latest_payload(exp)
     if dtype == "float16":
-        assert payload["scaler"] and payload["scaler"]["scale"] > 0
-        # Resume picks the scaler back up: a second epoch continues from its state.
+        saved = payload["scalers"]["model"]
+        assert saved["scale"] > 0 and saved["_growth_tracker"] > 0
+        # The rerun resumes the scaler: its growth tracker keeps counting from the saved
+        # value (a fresh scaler would restart at 0), one per successful step.
         again = run_train(corpus.train_args(exp, "training.max_epoch=2", "training.use_amp=true",
                                             f"training.amp_dtype={dtype}"))
         assert again.returncode == 0, again.stderr[-2000:]
-        assert latest_payload(exp)["scaler"]["_growth_tracker"] >= 0
+        later = latest_payload(exp)
+        assert later["scalers"]["model"]["scale"] == saved["scale"]
+        assert later["scalers"]["model"]["_growth_tracker"] == \
+            saved["_growth_tracker"] + later["step"] - payload["step"]
     else:
-        assert payload["scaler"] == {}
-    assert all(torch.isfinite(v).all() for v in payload["model"].values() if v.is_floating_point())
+        assert payload["scalers"] == {}
+    assert all(torch.isfinite(v).all() for v in payload["modules"]["model"].values()
+               if v.is_floating_point())
 
 
 def test_uneven_batches_do_not_hang(corpus, tmp_path):
@@ -218,22 +225,23 @@ def test_num_gpus_mismatch_is_an_error_before_work(corpus, tmp_path):
 
 
 def test_secrets_never_written(corpus, tmp_path):
-    secret = "s3cr3t-T0KEN-value"
-    data_dir = tmp_path / f"bucket-{secret}"
-    data_dir.mkdir()
-    train = data_dir / "train.list"
-    train.write_text(open(corpus.train).read())
+    """A dataset token given in the config (dataset.auth_token, on the command line) and in
+    the environment reaches no file of the exp dir (config copy, checkpoints, logs, lock
+    records, TensorBoard) and not the console."""
+    secret, env_secret = "s3cr3t-T0KEN-value", "envtok-XYZ-123456"
     exp = str(tmp_path / "exp")
-    args = corpus.train_args(exp, *FAST, train=str(train))
-    e = env(MY_API_TOKEN=secret)
+    args = corpus.train_args(exp, *FAST, f"dataset.auth_token={secret}")
+    e = env(TOOLKIT_DATA_TOKEN=env_secret, MY_API_TOKEN=env_secret)
     result = subprocess.run([sys.executable] + args, capture_output=True, text=True, env=e,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert secret not in result.stderr
-    for path in glob.glob(os.path.join(exp, "**", "*"), recursive=True) + \
-            glob.glob(os.path.join(exp, ".*", "*")):
-        if os.path.isfile(path):
-            assert secret.encode() not in open(path, "rb").read(), f"secret found in {path}"
+    files = [p for p in glob.glob(os.path.join(exp, "**", "*"), recursive=True)
+             + glob.glob(os.path.join(exp, ".*", "*")) if os.path.isfile(p)]
+    assert any("events.out.tfevents" in p for p in files) and any(p.endswith(".pt") for p in files)
+    for text in (secret, env_secret):
+        assert text not in result.stderr and text not in result.stdout
+        for path in files:
+            assert text.encode() not in open(path, "rb").read(), f"secret found in {path}"
 
 
 def test_non_finite_gradients_stop_after_limit(corpus, tmp_path):

@@ -1,14 +1,31 @@
 """Exact resume: SIGKILL at arbitrary moments, rerun, end bitwise identical to an
-uninterrupted run (one process, and two gloo ranks through torchrun)."""
+uninterrupted run — modules, every optimizer, schedule and GradScaler, position, and each
+rank's random streams. Covered: the keyword task on one process (raw WAVs with dither,
+accumulation, bf16 autocast, two loader workers) and on two gloo ranks; fp16 with a
+GradScaler; and the two-optimizer test task (phase switch, ramped loss weight) on one
+process and two gloo ranks."""
+import copy
 import os
 import random
 import subprocess
-import time
 
 import pytest
 
-from train_utils import (Corpus, assert_states_identical, env, kill_tree, latest_payload,
-                         launcher, run_train)
+from train_utils import (TINY_CONFIG, Corpus, assert_states_identical, env, kill_tree,
+                         latest_payload, launcher, run_train)
+
+TWO_OPTIMIZER = {
+    "task": {"type": "two_optimizer"},
+    "dataset": {"feature": {"num_mel_bins": 20, "dither": 1.0}, "volume_range": [0.7, 1.3],
+                "batch_size": 6, "sort_window": 20, "num_workers": 2},
+    "model": {"hidden": 16, "crop_frames": 12, "dropout": 0.1},
+    "optim": {"generator": {"type": "adamw", "lr": 0.003, "grad_clip": 1.0,
+                            "scheduler": {"type": "warmup_linear", "warmup_steps": 2}},
+              "critic": {"type": "adamw", "lr": 0.001, "start_fraction": 0.3,
+                         "scheduler": {"type": "exponential", "gamma": 0.98}}},
+    "training": {"seed": 5, "max_epoch": 3, "log_interval": 2, "save_interval_steps": 2,
+                 "keep_last": 2, "keep_best": 2},
+}
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +39,7 @@ def newest_step(exp):
     return infos[-1].step if infos else -1
 
 
-def train_with_kills(args, nproc, kill_points, exp, rng):
+def train_with_kills(args, nproc, kill_points, exp, rng, extra_env=None):
     """Starts training and SIGKILLs it (launcher and workers together) once a checkpoint
     at or past each step exists, plus a random delay so kills also land inside steps,
     loader start-up and checkpoint writes; then lets a final rerun finish.
@@ -30,43 +47,78 @@ def train_with_kills(args, nproc, kill_points, exp, rng):
     hits = 0
     for target in kill_points:
         proc = subprocess.Popen(launcher(nproc) + args, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
-        deadline = time.time() + 120
+                                stderr=subprocess.DEVNULL, env=env(**(extra_env or {})),
+                                start_new_session=True)
+        import time
+        deadline = time.time() + 180
         while proc.poll() is None and newest_step(exp) < target and time.time() < deadline:
             time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 0.4))
         if proc.poll() is None:
             kill_tree(proc)
             hits += 1
-    result = run_train(args, nproc)
+    result = run_train(args, nproc, timeout=600, extra_env=extra_env)
     assert result.returncode == 0, result.stderr[-3000:]
     return hits
 
 
-@pytest.mark.parametrize("nproc", [0, 2], ids=["one-process", "torchrun-2-ranks"])
-def test_killed_runs_end_bitwise_identical(corpus, tmp_path, nproc):
+def assert_same_run(reference: dict, resumed: dict) -> None:
+    assert resumed["step"] == reference["step"] and resumed["epoch"] == reference["epoch"]
+    for part in ("modules", "optimizers", "schedules", "scalers", "task_state"):
+        assert set(reference[part]) == set(resumed[part]), part
+        assert_states_identical(reference[part], resumed[part], part)
+    assert reference["global_batch_pos"] == resumed["global_batch_pos"]
+    # Every rank's random streams (Python, NumPy, torch) end where they would have.
+    assert_states_identical({"r": reference["per_rank"]}, {"r": resumed["per_rank"]}, "per_rank")
+
+
+CASES = {
+    "kws-1proc-dither-accum-bf16": (0, None, ["dataset.feature.dither=1.0",
+                                              "training.accum_grad=2", "training.use_amp=true",
+                                              "training.amp_dtype=bfloat16"]),
+    "kws-2ranks-dither": (2, None, ["dataset.feature.dither=1.0"]),
+    "kws-1proc-fp16-scaler": (0, None, ["training.use_amp=true", "training.amp_dtype=float16"]),
+    "two-optimizers-1proc": (0, TWO_OPTIMIZER, []),
+    "two-optimizers-2ranks": (2, TWO_OPTIMIZER, []),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_killed_runs_end_bitwise_identical(corpus, tmp_path, case):
+    nproc, config, overrides = CASES[case]
+    extra_env = {}
+    conf = None
+    if config is not None:
+        conf = corpus.write_config(copy.deepcopy(config), name=f"{case}.yaml")
+        extra_env = {"TOOLKIT_PLUGINS": "two_optimizer_task"}
     ref_exp = str(tmp_path / "reference")
-    result = run_train(corpus.train_args(ref_exp), nproc)
+    result = run_train(corpus.train_args(ref_exp, *overrides, config=conf), nproc,
+                       extra_env=extra_env)
     assert result.returncode == 0, result.stderr[-3000:]
     reference = latest_payload(ref_exp)
 
     exp = str(tmp_path / "killed")
-    rng = random.Random(1234 + nproc)
+    rng = random.Random(1234 + nproc + len(case))
     total = reference["step"]
     # Kill points stay in the first two thirds of the run: a kill aimed at the last
     # steps can arrive after a loaded machine has already finished the whole run.
     points = sorted(rng.sample(range(1, max(4, total * 2 // 3)), 3))
-    hits = train_with_kills(corpus.train_args(exp), nproc, points, exp, rng)
+    hits = train_with_kills(corpus.train_args(exp, *overrides, config=conf), nproc, points, exp,
+                            rng, extra_env)
     assert hits == 3, "every kill should land while the run is alive"
     resumed = latest_payload(exp)
-
-    assert resumed["step"] == reference["step"] and resumed["epoch"] == reference["epoch"]
-    assert_states_identical(reference["model"], resumed["model"], "model")
-    assert_states_identical(reference["optimizer"], resumed["optimizer"], "optimizer")
-    assert reference["schedule"] == resumed["schedule"]
+    assert_same_run(reference, resumed)
     # The resumed run really resumed (not restarted from scratch): its logs say so.
     log = open(os.path.join(exp, "log", "train.rank0.log")).read()
     assert "resumed from" in log
+    if "scaler" in case:
+        scaler = resumed["scalers"]["model"]
+        assert scaler["_growth_tracker"] > 0 and scaler["scale"] > 0
+    if config is not None:
+        # Both optimizers by name; the critic's phase began at 30 % of the steps.
+        assert set(resumed["optimizers"]) == {"generator", "critic"}
+        assert resumed["schedules"]["critic"]["step_count"] < resumed["step"]
+        assert resumed["schedules"]["generator"]["step_count"] == resumed["step"]
 
 
 def test_corrupt_newest_checkpoint_falls_back(corpus, tmp_path):

@@ -61,16 +61,24 @@ class Corpus:
                 "--inventory", inventory or self.inventory, *overrides]
 
 
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
 def env(**extra) -> Dict[str, str]:
+    """The training subprocesses' environment; tests/ is importable, so that
+    TOOLKIT_PLUGINS=two_optimizer_task finds the test task."""
     e = dict(os.environ)
     e.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, e.get("PYTHONPATH", "")) if p)
     e.update(extra)
     return e
 
 
-def run_train(args: List[str], nproc: int = 0, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
+def run_train(args: List[str], nproc: int = 0, timeout: float = 300,
+              extra_env: Optional[Dict[str, str]] = None, **popen) -> subprocess.CompletedProcess:
     cmd = launcher(nproc) + args
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), **popen)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=env(**(extra_env or {})), **popen)
 
 
 def launcher(nproc: int) -> List[str]:

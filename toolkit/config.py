@@ -715,10 +715,30 @@ def dump_config(cfg: Config, path: str) -> None:
 
 
 def scrub_text(text: str, extra: Iterable[str] = ()) -> str:
-    """`text` with every secret environment value and every `extra` secret replaced."""
-    for secret in set(secret_env_values()) | {s for s in extra if s and len(s) >= 4}:
+    """`text` with every known secret (environment, registered config secrets, `extra`)
+    replaced."""
+    from toolkit.logging_utils import known_secrets
+    for secret in known_secrets() | {s for s in extra if s and len(s) >= 4}:
         text = text.replace(secret, REDACTED)
     return text
+
+
+def config_secrets(cfg: "Config") -> List[str]:
+    """Values under secret-named keys of a validated config."""
+    out: List[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if is_secret_key(k) and isinstance(v, str) and v:
+                    out.append(v)
+                else:
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(to_dict(cfg))
+    return out
 
 
 # --------------------------------------------------------------------------- reference

@@ -4,13 +4,29 @@ import os
 import sys
 
 
+_EXTRA_SECRETS: set = set()
+
+
+def register_secrets(values) -> None:
+    """Secret values from the configuration (e.g. dataset.auth_token) that no log line
+    may show, next to the secret-named environment variables."""
+    _EXTRA_SECRETS.update(v for v in values if isinstance(v, str) and len(v) >= 4)
+
+
+def known_secrets() -> set:
+    from toolkit.config import secret_env_values
+    return secret_env_values() | _EXTRA_SECRETS
+
+
 class RedactSecrets(logging.Filter):
-    """Replaces values of secret-looking environment variables in every log record, so a
-    token inside a URL or path never reaches a log file."""
+    """Replaces secret values (secret-named environment variables and registered config
+    secrets) anywhere in every log record, so a token inside a URL or a message never
+    reaches a log file. Logs are never read back, so redacting inside values is safe
+    here, unlike in config.yaml."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from toolkit.config import REDACTED, secret_env_values
-        secrets = secret_env_values()
+        from toolkit.config import REDACTED
+        secrets = known_secrets()
         if secrets:
             message = record.getMessage()
             for secret in secrets:

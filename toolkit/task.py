@@ -160,8 +160,9 @@ class Task:
         switched on later): DDP then has to look for them."""
         return False
 
-    def init_modules(self) -> List[str]:
-        """Modules an init checkpoint loads into (the rest keep their fresh init)."""
+    def init_modules(self, task_state: Optional[dict] = None) -> List[str]:
+        """Modules an init checkpoint loads into (the rest keep their fresh init);
+        `task_state` is the checkpoint's task state (None for a one-module export)."""
         return [self.export_module]
 
     def describe(self, modules: Dict[str, nn.Module]) -> str:
@@ -170,7 +171,8 @@ class Task:
         return f"task {self.name}: parameters {counts}"
 
     # ---------------------------------------------------------------- data
-    def data_requirements(self) -> DataRequirements:
+    def data_requirements(self, split: str = "train") -> DataRequirements:
+        """`split`: train or dev (a dev list may hold other classes, e.g. unseen speakers)."""
         return DataRequirements()
 
     def example_builder(self, train: bool, seed: int, noise=None, rirs=None,
@@ -197,9 +199,31 @@ class Task:
         raise NotImplementedError
 
     def eval_step(self, batch: Batch, ctx: StepContext) -> Dict[str, float]:
-        """Dev metrics of one batch (means over its utterances); the trainer weights them
-        by batch size and reduces over ranks."""
+        """Dev metrics of one batch (means over its utterances); weighted by batch size
+        and reduced over ranks by the default eval_begin/eval_batch/eval_end."""
         raise NotImplementedError
+
+    # Validation as begin -> batch ... -> end over the gathered per-rank states, so that a
+    # task can compute metrics that do not decompose over batches (EER over trials).
+    def eval_begin(self) -> Any:
+        return {"sums": {}, "count": 0.0}
+
+    def eval_batch(self, batch: Batch, ctx: StepContext, state: Any) -> None:
+        metrics = self.eval_step(batch, ctx)
+        for k in self.eval_metric_names():
+            state["sums"][k] = state["sums"].get(k, 0.0) + float(metrics[k]) * len(batch)
+        state["count"] += len(batch)
+
+    def eval_end(self, states: List[Any]) -> Dict[str, float]:
+        """`states`: every rank's eval state, in rank order. Returns the metrics (must
+        include `selection_metric`) and `count`, the utterances evaluated."""
+        count = sum(s["count"] for s in states)
+        if not count:
+            return {"count": 0.0}
+        out = {k: sum(s["sums"].get(k, 0.0) for s in states) / count
+               for k in self.eval_metric_names()}
+        out["count"] = count
+        return out
 
     def train_metric_names(self) -> Tuple[str, ...]:
         """Every metric train_step may return, in log order (ranks reduce them together)."""

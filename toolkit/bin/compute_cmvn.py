@@ -5,6 +5,7 @@ import logging
 import sys
 
 from toolkit.data.cmvn import compute_global_cmvn, write_cmvn
+import toolkit.tasks  # noqa: F401  (registers the tasks a config may name)
 from toolkit.config import DatasetConfig, load_config
 from toolkit.logging_utils import setup_logging
 from toolkit.errors import cli

@@ -5,6 +5,7 @@ Work is split over --nj processes; entries that fail are reported and left out."
 import argparse
 import sys
 
+import toolkit.tasks  # noqa: F401  (registers the tasks a config may name)
 from toolkit.config import DatasetConfig, load_config
 from toolkit.data.features_store import compute_features_for_list
 from toolkit.logging_utils import setup_logging

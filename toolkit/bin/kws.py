@@ -10,6 +10,7 @@ import argparse
 import sys
 
 import numpy as np
+
 from toolkit.errors import cli
 
 

@@ -7,10 +7,11 @@ import argparse
 import logging
 import sys
 
-from toolkit.tasks.kws.corpus import (TRAIN_CARRIER_SHARE, TRAIN_CONF_SHARE, TRAIN_HARD_SHARE,
 from toolkit.errors import cli
-                                TRAIN_PAIR_SHARE, TRAIN_SWAP_SHARE, Sizes, SynthError,
-                                generate_corpus)
+from toolkit.tasks.kws.corpus import (OTHER_ENGINES_SHARE, TRAIN_CARRIER_SHARE,
+                                      TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, TRAIN_PAIR_SHARE,
+                                      TRAIN_SWAP_SHARE, Sizes, generate_corpus)
+from toolkit.tts.engines import ENGINES
 
 _DEFAULTS = Sizes()
 
@@ -19,14 +20,15 @@ def get_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m toolkit.bin.synth_kws_data",
         description=(
-            "Synthesize a wake-word corpus with espeak-ng (plus Debian flite when it is on\n"
-            "PATH): positives (the keyword alone or in carrier phrases) and negatives (random\n"
-            "words, confusables built from the keyword, pure noise), all in white/pink/brown/\n"
-            "babble noise. Writes <out-dir>/{train,dev,test}/ Kaldi data dirs (wav.scp text\n"
-            "utt2dur utt2spk spk2utt utt2kind), WAVs under <out-dir>/wavs/<split>/ and\n"
-            "<out-dir>/dict/keywords.txt (line i = class i). Train, dev and test use disjoint\n"
-            "voices. The output is byte-identical for the same arguments whatever --nj, and\n"
-            "rerunning a finished run with the same arguments does nothing.\n\n"
+            "Synthesize a wake-word corpus with espeak-ng (and the other TTS engines named in\n"
+            "--engines): positives (the keyword alone or in carrier phrases) and negatives\n"
+            "(random words, confusables built from the keyword, pure noise), all in white/pink/\n"
+            "brown/babble noise. Writes <out-dir>/{train,dev,test}/ Kaldi data dirs (wav.scp\n"
+            "text utt2dur utt2spk spk2utt utt2kind kw_times), WAVs under <out-dir>/wavs/<split>/,\n"
+            "<out-dir>/dict/keywords.txt (line i = class i) and <out-dir>/dict/tts_engines\n"
+            "(`engine share` lines). Train, dev and test use disjoint voices. The output is\n"
+            "byte-identical for the same arguments whatever --nj and whatever else is\n"
+            "installed, and rerunning a finished run with the same arguments does nothing.\n\n"
             "example: %(prog)s --keyword 'hey snips' --out-dir data --seed 777 --nj 2\n"
             "needs espeak-ng: pip install -e .[tts]"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,8 +72,10 @@ def get_args(argv=None):
                    help="procedural espeak-ng voices (random variant files: formants, pitch, "
                         "voice source, klatt mode) added to the training voices; dev and test "
                         "keep the fixed voices only; at most 300 (default %(default)s)")
-    p.add_argument("--no-flite", action="store_true",
-                   help="use espeak-ng only even when the flite binary is on PATH")
+    p.add_argument("--engines", default="espeak", metavar="LIST",
+                   help=f"comma-separated TTS engines that speak, of {','.join(ENGINES.names())}; "
+                        f"those besides espeak share {OTHER_ENGINES_SHARE:g} of the utterances. "
+                        "One asked for but not installed is an error (default %(default)s)")
     return p.parse_args(argv)
 
 
@@ -82,20 +86,17 @@ def main(argv=None):
                         format="%(asctime)s synth_kws_data %(levelname)s %(message)s")
     sizes = Sizes(**{f"{s}_{k}": getattr(args, f"{s}_{k}")
                      for s in ("train", "dev", "test") for k in ("pos", "neg")})
-    try:
-        summary = generate_corpus(args.keyword, args.out_dir, seed=args.seed, sizes=sizes,
-                                  nj=args.nj, sample_rate=args.sample_rate,
-                                  snr_db=(args.snr_min, args.snr_max),
-                                  use_flite=not args.no_flite,
-                                  train_conf_share=args.train_conf_share,
-                                  train_hard_share=args.train_hard_share,
-                                  train_swap_share=args.train_swap_share,
-                                  train_carrier_share=args.train_carrier_share,
-                                  train_pair_share=args.train_pair_share,
-                                  train_random_voices=args.train_random_voices)
-    except SynthError as err:
-        print(f"synth_kws_data: error: {err}", file=sys.stderr)
-        return 1
+    # A SynthError is a UserError: @cli prints it as one `error:` line, exit status 2.
+    summary = generate_corpus(args.keyword, args.out_dir, seed=args.seed, sizes=sizes,
+                              nj=args.nj, sample_rate=args.sample_rate,
+                              snr_db=(args.snr_min, args.snr_max),
+                              engines=args.engines.split(","),
+                              train_conf_share=args.train_conf_share,
+                              train_hard_share=args.train_hard_share,
+                              train_swap_share=args.train_swap_share,
+                              train_carrier_share=args.train_carrier_share,
+                              train_pair_share=args.train_pair_share,
+                              train_random_voices=args.train_random_voices)
     for split, info in summary.items():
         kinds = ", ".join(f"{k} {h:.2f} h" for k, h in info["hours_by_kind"].items())
         logging.info("%s: %d utterances, %.2f h (%s)", split, info["utts"], info["hours"], kinds)

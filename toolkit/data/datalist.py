@@ -171,7 +171,10 @@ def _entry_problem(raw: bytes, require_label: bool, num_classes: Optional[int], 
     if not strict and not (obj.get("wav") or obj.get("feat")):
         missing.append("wav or feat")
     if missing:
-        return "missing_field", str(key or ""), f"missing field(s) {', '.join(missing)}"
+        # The reason codes of the counters: a list without labels is `missing_label`.
+        reason = ("missing_field" if {"key", "wav or feat"} & set(missing) else
+                  "absurd_duration" if "duration" in missing else "missing_label")
+        return reason, str(key or ""), f"missing field(s) {', '.join(missing)}"
     if not isinstance(key, str) or not key:
         return "missing_field", "", "'key' must be a non-empty string"
     dur = obj.get("duration")

@@ -50,6 +50,8 @@ class FeaturePipeline:
         return augment.utterance_rng(self.seed, epoch, key)
 
     def _prob(self, ramp, epoch: int) -> float:
+        if isinstance(ramp, (int, float)):
+            return float(ramp)
         return ramp.value(epoch * self.steps_per_epoch, self.total_steps)
 
     # ------------------------------------------------------------------ waveform

@@ -122,7 +122,7 @@ class ShardSource(DataSource):
             raise ValueError(f"{path}: dataset.sampler.type={dataset_cfg.sampler.type} needs "
                              "random access; tar shards are read in order (use a data list)")
         self.path = path
-        self.index = shards.ShardIndex.load(path)
+        self.index = shards.ShardIndex.load(path, token=dataset_cfg.auth_token)
         self.bad = BadCounter()
         self.frames_of = frames_of
         labels = self.index.labels
@@ -159,9 +159,9 @@ def builder_channel(builder) -> int:
     return pipeline.cfg.channel if pipeline is not None else -1
 
 
-def detect_data_type(path: str) -> str:
+def detect_data_type(path: str, token: str = "") -> str:
     """A data list holds JSON objects; a shard list holds tar paths or URLs."""
-    text = shards.read_text(path)
+    text = shards.read_text(path, token)
     for line in text.splitlines():
         if line.strip():
             return "raw" if line.lstrip().startswith("{") else "shard"
@@ -175,7 +175,7 @@ def is_url(path: str) -> bool:
 def open_source(data_type: str, path: str, requirements, dataset_cfg,
                 frames_of: Callable) -> DataSource:
     if data_type == "auto":
-        data_type = detect_data_type(path)
+        data_type = detect_data_type(path, dataset_cfg.auth_token)
     if data_type == "raw" and is_url(path):
         raise ValueError(f"{path}: a data list must be a local file (URLs are for shard lists)")
     return SOURCES.get(data_type)(path, requirements, dataset_cfg, frames_of)

@@ -241,7 +241,11 @@ def load_init_weights(modules: Dict[str, torch.nn.Module], task, path: str,
     if not os.path.exists(path):
         raise MissingInputError(f"training.init_checkpoint {path} not found")
     states = module_states_from_file(path)
-    targets = [m for m in task.init_modules() if m in modules]
+    task_state = None
+    if not path.endswith(".safetensors"):
+        from toolkit.trainer.checkpoint import load_payload
+        task_state = load_payload(path).get("task_state")
+    targets = [m for m in task.init_modules(task_state) if m in modules]
     if "" in states:                   # a one-module export: the task's export module
         if path.endswith(".safetensors"):
             _check_export_config(path, modules[task.export_module], allow_missing)

@@ -4,10 +4,11 @@ import logging
 import os
 import traceback
 
-from toolkit.config import TASKS, ConfigError, apply_overrides, load_yaml, validate
+from toolkit.config import (TASKS, ConfigError, apply_overrides, config_secrets, load_yaml,
+                            validate)
 from toolkit.data.inventory import read_inventory
 from toolkit.errors import MissingInputError, UserError
-from toolkit.logging_utils import setup_logging
+from toolkit.logging_utils import register_secrets, setup_logging
 from toolkit.trainer import checkpoint as ckpt
 from toolkit.trainer import distributed as dist_util
 from toolkit.trainer.experiment import data_fingerprint, prepare_exp_dir
@@ -68,6 +69,7 @@ def run_training(args) -> int:
     try:
         info = dist_util.from_env(num_gpus if use_cuda else None, use_cuda)
         cfg, task_cls, inventory = resolve_config(args)
+        register_secrets(config_secrets(cfg))
         dist_util.init(info, cfg.training.rank_failure_timeout_s)
         # Rank 0 checks the exp dir is free before anyone else touches it.
         problem = None

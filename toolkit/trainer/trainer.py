@@ -171,7 +171,6 @@ class Trainer:
         random.seed(t.seed)
         set_determinism(t.deterministic, self.device)
 
-        self.requirements = task.data_requirements()
         self.train_list = self._load_list(cfg.dataset.train_data, "train")
         self.dev_list = (self._load_list(cfg.dataset.dev_data, "dev")
                          if cfg.dataset.dev_data else None)
@@ -260,8 +259,9 @@ class Trainer:
         if not path or not (os.path.exists(path) or is_url(path)):
             raise MissingInputError(f"dataset.{name}_data: data list '{path}' not found")
         try:
-            source = open_source(self.cfg.dataset.data_type, path, self.requirements,
-                                 self.cfg.dataset, self.task.example_frames)
+            source = open_source(self.cfg.dataset.data_type, path,
+                                 self.task.data_requirements(name), self.cfg.dataset,
+                                 self.task.example_frames)
         except (ValueError, OSError) as err:
             raise DataError(str(err)) from None
         total = len(source) + source.bad.total()
@@ -287,6 +287,7 @@ class Trainer:
         per_rank = dist_util.all_gather_object({
             "rng": ckpt.rng_state(cuda=self.device.type == "cuda"),
             "epoch_bad": dict(self.epoch_bad.counts), "epoch_seen": self.epoch_seen,
+            "epoch_bad_examples": {k: list(v) for k, v in self.epoch_bad.examples.items()},
         }, self.info)
         return {
             "format": PAYLOAD_FORMAT,
@@ -356,13 +357,10 @@ class Trainer:
         if saved_world == self.info.world_size:
             mine = per_rank[self.info.rank]
             ckpt.set_rng_state(mine["rng"])
-            self.epoch_bad.counts.update(mine["epoch_bad"])
-            self.epoch_seen = mine["epoch_seen"]
-        else:
-            if self.info.is_main:     # the epoch's counts so far, summed, live on rank 0
-                for r in per_rank:
-                    self.epoch_bad.counts.update(r["epoch_bad"])
-                    self.epoch_seen += r["epoch_seen"]
+            self._restore_counts([mine])
+        elif self.info.is_main:        # the epoch's counts so far, summed, live on rank 0
+            self._restore_counts(per_rank)
+        if saved_world != self.info.world_size:
             self._rescale_for_world_size(saved_world)
         if state.get("num_threads") not in (None, self.num_threads) and self.info.is_main:
             logger.warning("this run uses %d CPU threads per process, the checkpoint's run "
@@ -371,6 +369,14 @@ class Trainer:
                            self.num_threads, state["num_threads"])
         return (f"resumed from {resume_path}: epoch {self.epoch}, global batch "
                 f"{self.global_pos}, step {self.step}")
+
+    def _restore_counts(self, ranks: List[dict]) -> None:
+        for r in ranks:
+            counter = BadCounter()
+            counter.counts.update(r["epoch_bad"])
+            counter.examples = {k: list(v) for k, v in r.get("epoch_bad_examples", {}).items()}
+            self.epoch_bad.merge(counter)
+            self.epoch_seen += r["epoch_seen"]
 
     def _apply_optimizer_config(self, name: str) -> None:
         """Optimizer.load_state_dict restores the saved hyperparameters; the config's
@@ -479,25 +485,16 @@ class Trainer:
         mine = rank_batches(batches, self.info.rank, self.info.world_size)
         loader = self.dev_list.loader(mine, self.dev_builder, 0, 0, self.workers,
                                       self.cfg.dataset.prefetch_factor, self.cfg.training.seed)
-        sums: Dict[str, float] = {}
-        count = 0.0
-        names = list(self.task.eval_metric_names())
+        state = self.task.eval_begin()
         for batch in loader:
             if len(batch) == 0:
                 continue
-            ctx = _StepContext(self, False)
-            metrics = self.task.eval_step(batch, ctx)
-            for k in names:
-                sums[k] = sums.get(k, 0.0) + float(metrics[k]) * len(batch)
-            count += len(batch)
-        values = dist_util.all_reduce_sum([sums.get(k, 0.0) for k in names] + [count], self.info)
+            self.task.eval_batch(batch, _StepContext(self, False), state)
+        result = self.task.eval_end(dist_util.all_gather_object(state, self.info))
         for m in self.modules.values():
             m.train()
-        count = values[-1]
-        if count == 0:
+        if not result.get("count"):
             raise TrainingError(f"{self.cfg.dataset.dev_data}: no usable dev utterances")
-        result = {k: v / count for k, v in zip(names, values[:-1])}
-        result["count"] = count
         result["seconds"] = time.time() - started
         return result
 
@@ -634,12 +631,23 @@ class Trainer:
             self.writer.close()
         if self.trace is not None:
             self.trace.close()
+        # Every rank logs it: ranks that drifted apart (a sync bug) are visible at a glance.
+        logger.info("rank %d final parameter checksum %s", self.info.rank, self.checksum())
         if self.info.is_main:
             wall = time.time() - run_start
             logger.info("training finished: %d steps, %s this run (%.2f steps/s); "
                         "checkpointing %.2f s = %.2f%% of wall time", self.step,
                         format_duration(wall), (self.step - start_step) / max(wall, 1e-9),
                         self.save_seconds, 100.0 * self.save_seconds / max(wall, 1e-9))
+
+    def checksum(self) -> str:
+        import hashlib
+        h = hashlib.sha256()
+        for name in sorted(self.modules):
+            for key, value in self.modules[name].state_dict().items():
+                if value.is_floating_point() and "running" not in key:
+                    h.update(value.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
 
     # ------------------------------------------------------------------ logging
 

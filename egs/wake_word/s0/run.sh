@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Train a wake-word detector from the keyword's text alone: synthetic speech (espeak-ng,
-# plus flite when installed), no corpus download, no recorded audio.
+# Train a wake-word detector from the keyword's text alone: synthetic speech (espeak-ng;
+# flite or festival only when asked for in engines=), no corpus download, no recorded audio.
 #
 #   bash run.sh --keyword "hey snips"                 # all stages
 #   bash run.sh --stage 3 --stop-stage 3              # only training (resumes if killed)
@@ -50,6 +50,9 @@ train_carrier_share=0
 train_pair_share=0
 # Procedural espeak-ng voices (random variant files) added to the training voices only.
 train_random_voices=0
+# TTS engines that speak (comma list). Flite is opt-in: "espeak,flite" (apt-get install
+# flite) gives it 20 % of the utterances; an engine asked for but missing stops stage 0.
+engines=espeak
 nj=2
 
 config=conf/ds_tcn.yaml
@@ -77,7 +80,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     --train-conf-share $train_conf_share --train-hard-share $train_hard_share \
     --train-swap-share $train_swap_share --train-carrier-share $train_carrier_share \
     --train-pair-share $train_pair_share \
-    --train-random-voices $train_random_voices --nj $nj
+    --train-random-voices $train_random_voices --engines "$engines" --nj $nj
 fi
 # --- end of stage 0 ---
 

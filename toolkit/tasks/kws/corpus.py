@@ -1,71 +1,66 @@
-"""Synthetic wake-word corpus: espeak-ng (and optionally flite) speech mixed with noise.
+"""Synthetic wake-word corpus: TTS speech (espeak-ng, plus the engines asked for) in noise.
 
-Produces Kaldi data dirs ``{train,dev,test}`` (wav.scp, text, utt2dur, utt2spk,
-spk2utt, utt2kind), the WAVs under ``wavs/<split>/`` and ``dict/keywords.txt``.
+Produces Kaldi data dirs ``{train,dev,test}`` (wav.scp, text, utt2dur, utt2spk, spk2utt,
+utt2kind, kw_times), the WAVs under ``wavs/<split>/``, ``dict/keywords.txt`` (line i =
+class i) and ``dict/tts_engines``: one ``<engine> <share>`` line per engine that speaks,
+share being its planned fraction of the speech (a split holding none of an engine's voices
+gets none). The engines are an explicit choice (``engines``, the binary's ``--engines``;
+names from toolkit.tts.engines.ENGINES), recorded with their voices in the stamp: espeak-ng
+alone by default, and an engine that is not asked for is never looked at, so what happens
+to be installed does not change the corpus. espeak-ng is needed in any case: its phonemes
+keep keyword sound-alikes out of the negatives. Engines other than espeak-ng speak
+OTHER_ENGINES_SHARE of the utterances. Keyword timings (kw_times) come from the engine's
+word onsets (espeak-ng; flite when its phone segments add up, see toolkit.tts.flite); a
+positive that is the keyword alone, from an engine that times no words (festival), spans
+its whole speech; other positives of such engines have no kw_times line.
 
 Determinism: libespeak-ng keeps internal waveform state from one utterance to the next
 and nothing resets it, so the corpus is planned in the parent (all text/voice/parameter
 choices) and rendered in fixed groups, each in a freshly forked child that loads
-espeak-ng itself.  Group composition never depends on ``nj``, so output files are
-byte-identical for any ``nj``.  The parent process never loads espeak-ng.  espeak-ng
-also seeds its own noise generator (breath/echo voices) from the clock, so every
+espeak-ng itself (toolkit.tts.pool).  Group composition never depends on ``nj``, so output
+files are byte-identical for any ``nj``.  The parent process never loads espeak-ng.
+espeak-ng also seeds its own noise generator (breath/echo voices) from the clock, so every
 utterance reseeds it (espeak_ng_SetRandSeed) and libc rand() from the group's rng.
 """
-import ctypes
-import hashlib
 import json
 import logging
 import math
 import os
-import pickle
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-import traceback
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from toolkit.data.audio import resample
+from toolkit.data import kaldi
+from toolkit.fileio import atomic_write_text
+from toolkit.tts import SynthError, Voice, word_char_starts
+from toolkit.tts.engines import ENGINES, Engine, engine_class
+from toolkit.tts.espeak import (ACCENTS, INSTALL_HINT, MAX_RANDOM_VOICES, Espeak,
+                                espeak_fingerprint, espeak_paths, espeak_voices,
+                                loaded_in_this_process, private_espeak_data, random_voices)
+from toolkit.tts.pool import run_forked, single_thread_blas
+from toolkit.tts.signal import (active_power, babble_noise, colored_noise, mix_at_snr,
+                                speech_bounds, to_int16)
+
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2           # bump when the outputs change, so old stamps are stale
-                             # (2: kw_times, the keyword's span in each positive)
+FORMAT_VERSION = 3           # bump when the outputs change, so old stamps are stale
+                             # (2: kw_times, the keyword's span in each positive;
+                             # 3: dict/tts_engines, kw_times of flite positives)
 SPLITS = ("train", "dev", "test")
 GROUP_SIZE = 64              # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_kws_data.json"
 NOISE_TEXT = "<noise>"
-INSTALL_HINT = "install the TTS extra: pip install -e .[tts]  (package espeakng-loader)"
-
-# espeak-ng accents whose voices exist in the espeakng-loader data (`en-gb` is not one:
-# it falls back to `en` and ignores the variant).
-ACCENTS = ("en", "en-us", "en-us-nyc", "en-gb-scotland", "en-gb-x-rp",
-           "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-029")
-# Voice variants checked to change the waveform for every accent above (a fresh process
-# per accent+variant, same text: all hashes differ).  Novelty variants (whisper, croak,
-# robosoft, ...) are left out; `fast` is left out because it only changes the rate,
-# which is set per utterance anyway.
-VARIANTS = ("f1", "f2", "f3", "f4", "f5", "m1", "m2", "m3", "m4", "m5", "m6", "m7",
-            "klatt", "klatt2", "klatt3", "klatt4", "Andy", "Annie", "adam", "anika",
-            "belinda", "benjamin", "david", "linda", "max", "michael", "paul", "steph")
-FLITE_VOICES = ("kal16", "awb", "rms", "slt")
-# Procedural espeak-ng voices (training only): variant files drawn at random per corpus and
-# written into a private copy of the espeak-ng data dir: random vocal tracts (formant
-# frequencies, strengths, bandwidths), voice sources (pitch, flutter, roughness, breath,
-# voicing) and klatt modes beside the ~150 fixed training voices. Measured on the wake-word
-# recipe (README, 35 h test): no gain; the worst unseen test variants stayed the worst.
-RANDOM_VOICE_PREFIX = "kwsrv"
-# espeak-ng lists the voice files of its data dir at start-up and stops at 349: the private
-# copy keeps only the English languages and the fixed variants, leaving room for these.
-MAX_RANDOM_VOICES = 300
-FLITE_SHARE = 0.2            # fraction of utterances spoken by flite when it is present
-VOICE_SPLIT = {"dev": 0.1, "test": 0.2}   # per accent; the rest is train
+# Fraction of the utterances spoken by the engines other than espeak-ng (--engines), shared
+# alike among them; with espeak-ng alone nothing else is looked at.
+OTHER_ENGINES_SHARE = 0.2
+VOICE_SPLIT = {"dev": 0.1, "test": 0.2}   # per accent (espeak) or engine; the rest is train
 
 RATE_WPM = (120, 220)        # espeak default is 175
 PITCH = (20, 80)             # espeak 0-100, default 50
@@ -74,7 +69,6 @@ LEVEL_DBFS = (-32.0, -14.0)  # active-speech RMS level, i.e. the volume gain
 SILENCE_S = (0.1, 1.0)       # leading and trailing, filled with the same noise
 NOISE_ONLY_S = (1.0, 4.0)
 NOISE_TYPES = ("white", "pink", "brown", "babble")
-BABBLE_SOURCES = (3, 6)      # talkers summed into one babble noise
 BABBLE_POOL = 6              # babble sentences synthesized per group
 NEG_MIX = {"noise": 0.1, "conf": 0.3}     # rest of the negatives: random word sequences
 # Train split only: the share of confusables among negatives, and the share of those that are
@@ -173,10 +167,6 @@ _VOWELS = ("a", "e", "i", "o", "u", "ee", "ay", "oo", "oa", "ai", "ow", "ie")
 _WORD_RE = re.compile(r"^[a-z0-9']+$")
 
 
-class SynthError(RuntimeError):
-    """A problem the user can fix (bad argument, TTS missing); its message says which."""
-
-
 # --------------------------------------------------------------------------------------
 # Text: keywords, negatives, confusables
 # --------------------------------------------------------------------------------------
@@ -251,309 +241,8 @@ def confusable_categories(keyword: str) -> Dict[str, List[str]]:
 
 
 # --------------------------------------------------------------------------------------
-# espeak-ng via ctypes (only ever used inside forked children)
-# --------------------------------------------------------------------------------------
-
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_INIT_DONT_EXIT = 0x8000          # return an error instead of calling exit()
-_CHARS_UTF8 = 1
-_POS_CHARACTER = 1
-_PARAM_RATE, _PARAM_PITCH, _PARAM_RANGE = 1, 3, 4
-_SYNTH_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
-                             ctypes.c_void_p)
-_EVENT_WORD = 1
-
-
-class _EspeakEvent(ctypes.Structure):
-    """espeak_EVENT of speak_lib.h; a list of them ends with type 0."""
-    _fields_ = [("type", ctypes.c_int), ("unique_identifier", ctypes.c_uint),
-                ("text_position", ctypes.c_int), ("length", ctypes.c_int),
-                ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
-                ("user_data", ctypes.c_void_p), ("id", ctypes.c_char * 8)]
-
-
-class _EspeakVoice(ctypes.Structure):
-    """espeak_VOICE of speak_lib.h."""
-    _fields_ = [("name", ctypes.c_char_p), ("languages", ctypes.c_char_p),
-                ("identifier", ctypes.c_char_p), ("gender", ctypes.c_ubyte),
-                ("age", ctypes.c_ubyte), ("variant", ctypes.c_ubyte), ("xx1", ctypes.c_ubyte),
-                ("score", ctypes.c_int), ("spare", ctypes.c_void_p)]
-_espeak_pid: Optional[int] = None     # pid of the process that loaded espeak-ng, if any
-
-
-def espeak_paths() -> Tuple[str, str]:
-    """(library, data dir) of the espeakng-loader wheel; SynthError names what is missing."""
-    try:
-        import espeakng_loader
-    except ImportError:
-        raise SynthError(f"espeak-ng is missing (Python package espeakng_loader not found): "
-                         f"{INSTALL_HINT}") from None
-    lib = espeakng_loader.get_library_path()
-    try:
-        data = espeakng_loader.get_data_path()
-    except RuntimeError as err:
-        raise SynthError(f"espeak-ng data dir missing ({err}): {INSTALL_HINT}") from None
-    if not os.path.exists(lib):
-        raise SynthError(f"espeak-ng library missing at {lib}: {INSTALL_HINT}")
-    return lib, data
-
-
-def _libc_srand(value: int) -> None:
-    try:
-        ctypes.CDLL(None).srand(ctypes.c_uint(value & 0xFFFFFFFF))
-    except (OSError, AttributeError):
-        pass
-
-
-class Espeak:
-    """Synchronous espeak-ng synthesizer returning float32 samples at `self.rate` Hz."""
-
-    def __init__(self, data_path: Optional[str] = None):
-        """`data_path`: an espeak-ng data dir other than the wheel's (procedural voices)."""
-        global _espeak_pid
-        lib_path, wheel_data = espeak_paths()
-        data_path = data_path or wheel_data
-        try:
-            lib = ctypes.CDLL(lib_path)
-        except OSError as err:
-            raise SynthError(f"cannot load espeak-ng library {lib_path}: {err}; {INSTALL_HINT}")
-        _espeak_pid = os.getpid()
-        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint,
-                                     ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
-                                     ctypes.c_void_p, ctypes.c_void_p]
-        lib.espeak_GetCurrentVoice.restype = ctypes.POINTER(_EspeakVoice)
-        lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
-        lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                                              ctypes.c_int]
-        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(),
-                                     _INIT_DONT_EXIT)
-        if rate <= 0:
-            raise SynthError(f"espeak-ng failed to initialise (data dir {data_path}): "
-                             f"{INSTALL_HINT}")
-        self.lib, self.rate = lib, int(rate)
-        # espeak-ng's own noise generator (breath, echo voices such as +f3/+f5) is seeded
-        # from the clock at initialisation: without a fixed seed no two runs match.
-        self._set_seed = getattr(lib, "espeak_ng_SetRandSeed", None)
-        if self._set_seed is None:
-            logger.warning("libespeak-ng lacks espeak_ng_SetRandSeed: output is not reproducible")
-        else:
-            self._set_seed.argtypes = [ctypes.c_long]
-        self._chunks: List[np.ndarray] = []
-        # (1-based character position of the word in the text, its first output sample)
-        self.word_starts: List[Tuple[int, int]] = []
-        self._cb = _SYNTH_CB(self._collect)   # keep a reference: C holds the pointer
-        lib.espeak_SetSynthCallback(self._cb)
-
-    def _collect(self, wav, n, events):
-        if n > 0 and wav:
-            self._chunks.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
-        if events:
-            ev = ctypes.cast(events, ctypes.POINTER(_EspeakEvent))
-            i = 0
-            while ev[i].type != 0:
-                if ev[i].type == _EVENT_WORD:
-                    self.word_starts.append((int(ev[i].text_position), int(ev[i].sample)))
-                i += 1
-        return 0
-
-    def seed(self, value: int) -> None:
-        """Fixes espeak's internal random generator and libc rand() (klatt noise)."""
-        if self._set_seed is not None:
-            self._set_seed(int(value))
-        _libc_srand(int(value))
-
-    def set_voice(self, voice: str) -> bool:
-        """False when espeak does not know the voice (it would silently fall back)."""
-        return self.lib.espeak_SetVoiceByName(voice.encode()) == 0
-
-    def current_identifier(self) -> str:
-        """Data-dir path of the voice in use, with `+variant` only when the variant file
-        was found and applied, e.g. gmw/en-US+f3."""
-        return self.lib.espeak_GetCurrentVoice().contents.identifier.decode()
-
-    def synth(self, text: str, voice: str, rate: int = 175, pitch: int = 50,
-              prange: int = 50) -> np.ndarray:
-        if not self.set_voice(voice):
-            raise SynthError(f"espeak-ng has no voice {voice!r}")
-        for param, value in ((_PARAM_RATE, rate), (_PARAM_PITCH, pitch), (_PARAM_RANGE, prange)):
-            self.lib.espeak_SetParameter(param, int(value), 0)
-        self._chunks = []
-        self.word_starts = []
-        data = text.encode()
-        err = self.lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8,
-                                    None, None)
-        self.lib.espeak_Synchronize()
-        if err != 0:
-            raise SynthError(f"espeak_Synth failed ({err}) for {text!r} with voice {voice}")
-        audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
-        return audio.astype(np.float32) / 32768.0
-
-    def phonemes(self, text: str, voice: str, separator: str = "") -> str:
-        """espeak's ASCII phoneme string for `text` (all clauses joined); `separator`
-        (one ASCII character) goes between the phonemes of a word."""
-        if not self.set_voice(voice):
-            raise SynthError(f"espeak-ng has no voice {voice!r}")
-        # Bits 8-23 of the phoneme mode hold the separator character.
-        mode = (ord(separator) << 8) if separator else 0
-        buf = ctypes.create_string_buffer(text.encode())
-        ptr = ctypes.c_void_p(ctypes.addressof(buf))
-        out = []
-        while ptr.value:
-            res = self.lib.espeak_TextToPhonemes(ctypes.byref(ptr), _CHARS_UTF8, mode)
-            if res:
-                out.append(res.decode("utf-8", "replace"))
-        return " ".join(out)
-
-
-# --------------------------------------------------------------------------------------
-# flite (optional, Debian binary)
-# --------------------------------------------------------------------------------------
-
-def flite_voices() -> List[str]:
-    """FLITE_VOICES that the `flite` on PATH provides; [] when there is no flite."""
-    exe = shutil.which("flite")
-    if not exe:
-        return []
-    try:
-        res = subprocess.run([exe, "-lv"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    listed = set((res.stdout + res.stderr).replace(":", " ").split())
-    return [v for v in FLITE_VOICES if v in listed]
-
-
-def flite_synth(text: str, voice: str, rate: int, tmp_dir: str) -> Tuple[np.ndarray, int]:
-    """One flite clip (fresh process each time, hence deterministic). Pitch is not
-    varied: flite's f0 targets are per voice and not queryable from the CLI."""
-    import soundfile as sf
-    path = os.path.join(tmp_dir, "flite.wav")
-    cmd = ["flite", "-voice", voice, "-t", text, "-o", path,
-           "--setf", f"duration_stretch={175.0 / rate:.3f}"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SynthError(f"flite failed for voice {voice}: {res.stderr.strip()[:200]}")
-    audio, sr = sf.read(path, dtype="float32", always_2d=True)
-    return audio[:, 0], int(sr)
-
-
-# --------------------------------------------------------------------------------------
-# Signal processing (numpy only)
-# --------------------------------------------------------------------------------------
-
-def colored_noise(n: int, color: str, rng: np.random.Generator, sr: int = 16000) -> np.ndarray:
-    """Unit-RMS white / pink (1/f power) / brown (1/f^2 power) Gaussian noise."""
-    white = rng.standard_normal(n, dtype=np.float32)
-    if color == "white" or n < 4:
-        noise = white
-    else:
-        exponent = {"pink": 0.5, "brown": 1.0}[color]
-        n_fft = 1 << (n - 1).bit_length()    # odd lengths make pocketfft slow
-        white = np.concatenate([white, rng.standard_normal(n_fft - n, dtype=np.float32)])
-        freqs = np.fft.rfftfreq(n_fft, d=1.0 / sr)
-        # Flat below 20 Hz: a true 1/f^2 slope would make brown noise a slow DC drift.
-        shape = (1.0 / np.maximum(freqs, 20.0) ** exponent).astype(np.float32)
-        noise = np.fft.irfft(np.fft.rfft(white) * shape, n=n_fft)[:n]
-    return (noise / (np.sqrt(np.mean(noise ** 2)) + 1e-12)).astype(np.float32)
-
-
-def babble_noise(n: int, pool: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """Unit-RMS sum of 3-6 talkers from `pool`, each looped from a random offset."""
-    usable = [p for p in pool if len(p) > 0 and np.any(p)]
-    if not usable:
-        return np.zeros(n, np.float32)
-    k = int(rng.integers(BABBLE_SOURCES[0], BABBLE_SOURCES[1] + 1))
-    out = np.zeros(n, np.float64)
-    for _ in range(k):
-        src = usable[int(rng.integers(len(usable)))]
-        src = src / (np.sqrt(active_power(src)) + 1e-12)
-        start = int(rng.integers(len(src)))
-        reps = (start + n) // len(src) + 1
-        out += np.tile(src, reps)[start:start + n] * 10 ** (rng.uniform(-6, 0) / 20)
-    return (out / (np.sqrt(np.mean(out ** 2)) + 1e-12)).astype(np.float32)
-
-
-def active_power(x: np.ndarray, frame: int = 320, floor_db: float = 40.0) -> float:
-    """Mean power over frames within `floor_db` of the loudest: speech level that is not
-    diluted by pauses and padding (the SNR reference)."""
-    x = np.asarray(x, dtype=np.float64)
-    if len(x) == 0:
-        return 0.0
-    n = max(1, len(x) // frame)
-    p = np.mean(x[:n * frame].reshape(n, -1) ** 2, axis=1) if len(x) >= frame else \
-        np.array([np.mean(x ** 2)])
-    top = p.max()
-    if top <= 0:
-        return 0.0
-    return float(p[p >= top * 10 ** (-floor_db / 10)].mean())
-
-
-def mix_at_snr(speech: np.ndarray, noise: np.ndarray, snr_db: float
-               ) -> Tuple[np.ndarray, np.ndarray]:
-    """Scales `noise` (same length) so active-speech power / noise power = snr_db.
-    Returns (mixture, scaled noise)."""
-    ps, pn = active_power(speech), float(np.mean(np.asarray(noise, np.float64) ** 2))
-    gain = math.sqrt(ps / (pn * 10 ** (snr_db / 10))) if pn > 0 and ps > 0 else 0.0
-    scaled = (noise * gain).astype(np.float32)
-    return (speech + scaled).astype(np.float32), scaled
-
-
-def to_int16(x: np.ndarray) -> np.ndarray:
-    """Peak-protect (scale down whole clip, so the SNR is kept) then quantize."""
-    peak = float(np.max(np.abs(x))) if len(x) else 0.0
-    if peak > 0.98:
-        x = x * (0.98 / peak)
-    return np.round(np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
-
-
-def speech_bounds(x: np.ndarray, threshold: float = 1e-3) -> Tuple[int, int]:
-    """[start, stop) without the TTS's own leading/trailing near-silence."""
-    idx = np.flatnonzero(np.abs(x) > threshold)
-    return (int(idx[0]), int(idx[-1]) + 1) if len(idx) else (0, 0)
-
-
-def trim_silence(x: np.ndarray, threshold: float = 1e-3) -> np.ndarray:
-    """Drop the TTS's own leading/trailing near-silence so SILENCE_S controls padding."""
-    start, stop = speech_bounds(x, threshold)
-    return x[start:stop]
-
-
-def word_char_starts(text: str) -> List[int]:
-    """1-based character position of each whitespace-separated word (espeak's text_position)."""
-    return [m.start() + 1 for m in re.finditer(r"\S+", text)]
-
-
-def keyword_span(text: str, word_range: Tuple[int, int], word_starts: Sequence[Tuple[int, int]],
-                 rate_in: int, rate_out: int, bounds: Tuple[int, int]) -> Optional[Tuple[float, float]]:
-    """(start, end) seconds of words [a, b) of `text` in the trimmed output audio: from
-    the first word's onset to the next word's onset (or the end of speech). None when
-    the TTS did not report those onsets (espeak-ng reports none for some function words,
-    e.g. "the" in "turn on the lights")."""
-    starts = dict(word_starts)
-    chars = word_char_starts(text)
-    a, b = word_range
-    if chars[a] not in starts or (b < len(chars) and chars[b] not in starts):
-        return None
-    to_out = lambda sample: sample * rate_out / rate_in - bounds[0]
-    length = bounds[1] - bounds[0]
-    start = min(max(to_out(starts[chars[a]]), 0.0), length)
-    end = length if b >= len(chars) else min(max(to_out(starts[chars[b]]), start), length)
-    return start / rate_out, end / rate_out
-
-
-# --------------------------------------------------------------------------------------
 # Planning (parent process): every random choice except the noise waveforms
 # --------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Voice:
-    spk: str          # speaker id used as utterance-key prefix, e.g. en-us_f3
-    engine: str       # espeak | flite
-    name: str         # engine voice name, e.g. en-us+f3
-    variant: Optional[str] = None   # espeak variant file text of a procedural voice
-
 
 @dataclass
 class UttSpec:
@@ -587,73 +276,9 @@ def _rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), *stream])
 
 
-def espeak_voices() -> List[Voice]:
-    return [Voice(f"{a}_{v}", "espeak", f"{a}+{v}") for a in ACCENTS for v in VARIANTS]
-
-
-def random_variant(rng: np.random.Generator, name: str) -> str:
-    """Text of an espeak-ng variant file for one random voice. Values are percentages of
-    the language's default voice, within the spread of espeak's own variants (f1-f5, m1-m7,
-    klatt*, david, anika, ...)."""
-    female = rng.random() < 0.5
-    base = rng.uniform(140, 250) if female else rng.uniform(65, 140)    # pitch, Hz
-    tract = rng.uniform(1.0, 1.2) if female else rng.uniform(0.8, 1.05)  # formant scale
-    lines = ["language variant", f"name {name}", f"gender {'female' if female else 'male'}",
-             f"pitch {base:.0f} {base * rng.uniform(1.15, 1.7):.0f}"]
-    for n in range(9):
-        # formants 0-5 shape the vowels; 6-8 only add high-frequency colour
-        strength = rng.uniform(60, 140) if n < 6 else rng.uniform(0, 100)
-        lines.append(f"formant {n} {100 * tract * rng.uniform(0.93, 1.07):.0f} "
-                     f"{strength:.0f} {rng.uniform(70, 170):.0f}")
-    lines += [f"flutter {int(rng.integers(0, 16))}", f"roughness {int(rng.integers(0, 6))}",
-              f"voicing {rng.uniform(40, 140):.0f}",
-              f"consonants {rng.uniform(50, 150):.0f} {rng.uniform(50, 150):.0f}"]
-    if rng.random() < 0.3:
-        lines.append("breath " + " ".join(str(int(b)) for b in rng.integers(0, 7, size=8)))
-    if rng.random() < 0.2:
-        lines.append(f"echo {int(rng.integers(50, 151))} {int(rng.integers(5, 21))}")
-    if rng.random() < 0.35:
-        lines.append(f"klatt {int(rng.integers(1, 7))}")
-    return "\n".join(lines) + "\n"
-
-
-def random_voices(count: int, accents: Sequence[str], seed: int) -> List[Voice]:
-    """`count` procedural voices, accents taken in turn; a pure function of the seed."""
-    rng = _rng(seed, 3)
-    out = []
-    for i in range(count):
-        accent, name = accents[i % len(accents)], f"{RANDOM_VOICE_PREFIX}{i:04d}"
-        out.append(Voice(f"{accent}_rv{i:04d}", "espeak", f"{accent}+{name}",
-                         random_variant(rng, name)))
-    return out
-
-
-def private_espeak_data(voices: Sequence[Voice], tmp_dir: str) -> Optional[str]:
-    """A copy of the espeak-ng data dir (files symlinked) with the variant files of the
-    procedural voices among `voices` added; None when there are none."""
-    variants = {v.name.split("+", 1)[1]: v.variant for v in voices if v.variant}
-    if not variants:
-        return None
-    src, dst = espeak_paths()[1], os.path.join(tmp_dir, "espeak-ng-data")
-    for root, _, files in os.walk(src):
-        rel = os.path.relpath(root, src)
-        top = rel.split(os.sep)[0]
-        for name in files:
-            if (top == "lang" and not name.lower().startswith("en")) or \
-                    (top == "voices" and name not in VARIANTS):
-                continue
-            os.makedirs(os.path.join(dst, rel), exist_ok=True)
-            os.symlink(os.path.join(root, name), os.path.join(dst, rel, name))
-    os.makedirs(os.path.join(dst, "voices", "!v"), exist_ok=True)
-    for name, text in variants.items():
-        with open(os.path.join(dst, "voices", "!v", name), "w", encoding="utf-8") as f:
-            f.write(text)
-    return dst
-
-
 def split_voices(voices: Sequence[Voice], seed: int) -> Dict[str, List[Voice]]:
-    """Disjoint voice sets per split, stratified by accent (espeak) or engine (flite) so
-    that every split hears every accent, but never a voice of another split."""
+    """Disjoint voice sets per split, stratified by accent (espeak) or engine (the others)
+    so that every split hears every accent, but never a voice of another split."""
     rng = _rng(seed, 0)
     strata: Dict[str, List[Voice]] = {}
     for v in voices:
@@ -713,11 +338,17 @@ def lexicon_words(keywords: Sequence[str]) -> List[str]:
 
 
 def _sample_params(rng: np.random.Generator, voices: Sequence[Voice], snr: Tuple[float, float],
-                   flite_share: float) -> dict:
-    """Voice, prosody, level, noise, SNR and padding of one utterance."""
+                   other_share: float) -> dict:
+    """Voice, prosody, level, noise, SNR and padding of one utterance. `other_share` of
+    them go to the engines other than espeak-ng, when `voices` hold both."""
     esp = [v for v in voices if v.engine == "espeak"]
-    fli = [v for v in voices if v.engine == "flite"]
-    pool = fli if fli and (not esp or rng.random() < flite_share) else esp
+    others = [v for v in voices if v.engine != "espeak"]
+    pool = others if others and (not esp or rng.random() < other_share) else esp
+    if pool is others:
+        names = sorted({v.engine for v in others})
+        if len(names) > 1:      # engines alike, whatever their voice counts
+            name = names[int(rng.integers(len(names)))]
+            pool = [v for v in others if v.engine == name]
     return dict(
         voice=pool[int(rng.integers(len(pool)))],
         rate=int(rng.integers(RATE_WPM[0], RATE_WPM[1] + 1)),
@@ -824,7 +455,7 @@ def _hard_confusable_text(i: int, rng, keywords: Sequence[str],
 
 def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
                voices: Sequence[Voice], filt: TextFilter, cats, seed: int,
-               snr: Tuple[float, float], flite_share: float = FLITE_SHARE,
+               snr: Tuple[float, float], other_share: float = OTHER_ENGINES_SHARE,
                conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0,
                swap_share: float = 0.0, carrier_share: float = 0.0,
                pair_share: float = 0.0) -> List[Group]:
@@ -846,7 +477,7 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
     n_seen = {"pos": 0, "conf": 0, "hard": 0}
     hard: List[int] = []
     for i, kind in enumerate(kinds):
-        p = _sample_params(rng, voices, snr, flite_share)
+        p = _sample_params(rng, voices, snr, other_share)
         kw_words = None
         counter = kind
         if kind == "pos":
@@ -884,7 +515,7 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
     for g, start in enumerate(range(0, len(specs), GROUP_SIZE)):
         babble = []
         for _ in range(BABBLE_POOL):
-            p = _sample_params(rng, voices, snr, flite_share)
+            p = _sample_params(rng, voices, snr, other_share)
             text = _negative_text(rng, filt, 8, 14)
             babble.append(UttSpec("babble", p["voice"].spk, "babble", text, **p))
         groups.append(Group(split, g, (int(seed), 2, si, g), specs[start:start + GROUP_SIZE], babble))
@@ -922,34 +553,55 @@ def _pair_with_positives(specs: List[UttSpec], indices: Sequence[int], rng,
 # Rendering (forked children)
 # --------------------------------------------------------------------------------------
 
+def keyword_span(text: str, word_range: Tuple[int, int], word_starts: Sequence[Tuple[int, int]],
+                 rate_in: int, rate_out: int, bounds: Tuple[int, int]) -> Optional[Tuple[float, float]]:
+    """(start, end) seconds of words [a, b) of `text` in the trimmed output audio: from
+    the first word's onset to the next word's onset (or the end of speech). None when
+    the TTS did not report those onsets (espeak-ng reports none for some function words,
+    e.g. "the" in "turn on the lights")."""
+    starts = dict(word_starts)
+    chars = word_char_starts(text)
+    a, b = word_range
+    if chars[a] not in starts or (b < len(chars) and chars[b] not in starts):
+        return None
+    to_out = lambda sample: sample * rate_out / rate_in - bounds[0]
+    length = bounds[1] - bounds[0]
+    start = min(max(to_out(starts[chars[a]]), 0.0), length)
+    end = length if b >= len(chars) else min(max(to_out(starts[chars[b]]), start), length)
+    return start / rate_out, end / rate_out
+
+
 class Renderer:
-    """TTS front end of one child process: speaks a spec at the output rate."""
+    """TTS front end of one child process: speaks a spec at the output rate. Each engine
+    is made on its first utterance (espeak-ng is loaded only where it speaks)."""
 
     def __init__(self, sample_rate: int, tmp_dir: str, espeak_data: Optional[str] = None):
         self.sr = sample_rate
         self.tmp_dir = tmp_dir
-        self.espeak_data = espeak_data
-        self._espeak: Optional[Espeak] = None
+        self._options = {"espeak": {"data_path": espeak_data}}
+        self._engines: Dict[str, Engine] = {}
+
+    def _engine(self, name: str) -> Engine:
+        if name not in self._engines:
+            self._engines[name] = ENGINES.get(name)(self.tmp_dir, **self._options.get(name, {}))
+        return self._engines[name]
 
     def speak(self, spec: UttSpec, seed: int) -> Tuple[np.ndarray, Optional[Tuple[float, float]]]:
-        """Trimmed speech, and the keyword's (start, end) seconds in it for positives whose
-        TTS reports word onsets (espeak-ng; None for flite)."""
+        """Trimmed speech, and for positives the keyword's (start, end) seconds in it: from
+        the engine's word onsets, or the whole speech when the text is the keyword alone
+        and the engine times no words; None when neither applies."""
         v = spec.voice
-        word_starts: List[Tuple[int, int]] = []
-        if v.engine == "flite":
-            audio, sr = flite_synth(spec.text, v.name, spec.rate, self.tmp_dir)
-        else:
-            if self._espeak is None:
-                self._espeak = Espeak(self.espeak_data)
-            self._espeak.seed(seed)
-            audio, sr = self._espeak.synth(spec.text, v.name, spec.rate, spec.pitch,
-                                           spec.prange), self._espeak.rate
-            word_starts = list(self._espeak.word_starts)
-        audio = resample(audio, sr, self.sr)
+        speech = self._engine(v.engine).synth(spec.text, v, spec.rate, spec.pitch, spec.prange,
+                                              seed)
+        audio = resample(speech.audio, speech.sample_rate, self.sr)
         bounds = speech_bounds(audio)
         span = None
-        if spec.kw_words is not None and word_starts:
-            span = keyword_span(spec.text, spec.kw_words, word_starts, sr, self.sr, bounds)
+        if spec.kw_words is not None:
+            if speech.word_onsets:
+                span = keyword_span(spec.text, spec.kw_words, speech.word_onsets,
+                                    speech.sample_rate, self.sr, bounds)
+            elif speech.word_onsets is None and spec.kw_words == (0, len(spec.text.split())):
+                span = (0.0, (bounds[1] - bounds[0]) / self.sr)
         return audio[bounds[0]:bounds[1]], span
 
 
@@ -971,35 +623,12 @@ def render_utterance(spec: UttSpec, speech: Optional[np.ndarray], rng: np.random
     return to_int16(mixed)
 
 
-def _single_thread_blas() -> None:
-    """Best effort: one OpenBLAS thread per child. nj children already fill the cores, and
-    idle BLAS threads spinning beside them doubled the CPU time of the resampler matmul."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as f:
-            libs = sorted({line.split()[-1] for line in f
-                           if "openblas" in line.lower() and ".so" in line.split()[-1]})
-    except OSError:
-        return
-    names = ("openblas_set_num_threads", "openblas_set_num_threads64_",
-             "scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads")
-    for path in libs:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in names:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn(1)
-                break
-
-
 def _render_group(group: Group, out_dir: str, sr: int, espeak_data: Optional[str] = None
                   ) -> List[Tuple[str, int, Optional[Tuple[float, float]]]]:
     """Child body: babble pool first, then every utterance; writes WAVs, returns
     (utterance, samples, keyword span in seconds or None)."""
     import soundfile as sf
-    _single_thread_blas()
+    single_thread_blas()
     rng = np.random.default_rng(list(group.seed))
     wav_dir = os.path.join(out_dir, "wavs", group.split)
     with tempfile.TemporaryDirectory(prefix="synth_") as tmp:
@@ -1037,68 +666,6 @@ def _probe(words: Sequence[str], voices: Sequence[Voice], espeak_data: Optional[
     return {"voices": ok, "phonemes": phon, "rate": es.rate}
 
 
-def run_forked(fn: Callable, tasks: Sequence, nj: int, tmp_dir: str,
-               progress: Optional[Callable[[int, int], None]] = None) -> List:
-    """fn(task) for each task, each in a freshly forked child (at most nj at once), so
-    no child inherits TTS state from another. Results in task order; a failure in any
-    child stops the others and is raised as SynthError."""
-    results: List = [None] * len(tasks)
-    running: Dict[int, Tuple[int, str]] = {}
-    nxt, done = 0, 0
-    try:
-        while nxt < len(tasks) or running:
-            while nxt < len(tasks) and len(running) < max(1, nj):
-                path = os.path.join(tmp_dir, f"task{nxt}.pkl")
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:   # child: never returns into the caller's code
-                    code = 0
-                    try:
-                        res = ("ok", fn(tasks[nxt]))
-                    except BaseException as err:  # report everything, incl. Ctrl-C
-                        code = 1
-                        res = ("err", str(err) if isinstance(err, SynthError)
-                               else traceback.format_exc())
-                    try:
-                        with open(path, "wb") as f:
-                            pickle.dump(res, f)
-                    finally:
-                        os._exit(code)
-                running[pid] = (nxt, path)
-                nxt += 1
-            finished = []
-            for pid in list(running):
-                wpid, status = os.waitpid(pid, os.WNOHANG)
-                if wpid:
-                    finished.append((pid, status))
-            if not finished:
-                time.sleep(0.005)
-                continue
-            for pid, status in finished:
-                idx, path = running.pop(pid)
-                try:
-                    with open(path, "rb") as f:
-                        kind, value = pickle.load(f)
-                    os.unlink(path)
-                except (OSError, EOFError, pickle.UnpicklingError):
-                    kind, value = "err", f"worker died (wait status {status})"
-                if kind != "ok":
-                    raise SynthError(value)
-                results[idx] = value
-                done += 1
-                if progress:
-                    progress(done, len(tasks))
-    finally:
-        for pid in running:       # only our own children
-            try:
-                os.kill(pid, signal.SIGTERM)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
-    return results
-
-
 # --------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------
@@ -1131,59 +698,68 @@ class Sizes:
 DATA_FILES = ("wav.scp", "text", "utt2dur", "utt2spk", "spk2utt", "utt2kind", "kw_times")
 
 
-def _write_lines(path: str, lines: Sequence[str]) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8", newline="\n") as f:
-        f.write("".join(line + "\n" for line in lines))
-    os.replace(path + ".tmp", path)
+ENGINES_FILE = "tts_engines"    # in dict/: `<engine> <share>`, see the module docstring
 
 
 def write_data_dir(data_dir: str, wav_dir: str, specs: Sequence[UttSpec],
                    lengths: Dict[str, int], sr: int,
                    spans: Optional[Dict[str, Tuple[float, float]]] = None) -> None:
-    """Kaldi data dir; every file sorted by key in C (code point) order."""
-    os.makedirs(data_dir, exist_ok=True)
-    specs = sorted(specs, key=lambda s: s.utt)
+    """Kaldi data dir through the toolkit's writer (C-order keys, atomic files)."""
     wav_dir = os.path.abspath(wav_dir)
-    _write_lines(os.path.join(data_dir, "wav.scp"),
-                 [f"{s.utt} {os.path.join(wav_dir, s.utt + '.wav')}" for s in specs])
-    _write_lines(os.path.join(data_dir, "text"), [f"{s.utt} {s.text}" for s in specs])
-    _write_lines(os.path.join(data_dir, "utt2dur"),
-                 [f"{s.utt} {lengths[s.utt] / sr:.3f}" for s in specs])
-    _write_lines(os.path.join(data_dir, "utt2spk"), [f"{s.utt} {s.spk}" for s in specs])
-    _write_lines(os.path.join(data_dir, "utt2kind"), [f"{s.utt} {s.kind}" for s in specs])
     spans = spans or {}
-    _write_lines(os.path.join(data_dir, "kw_times"),
-                 [f"{s.utt} {spans[s.utt][0]:.3f} {spans[s.utt][1]:.3f}"
-                  for s in specs if s.utt in spans])
-    spk2utt: Dict[str, List[str]] = {}
-    for s in specs:
-        spk2utt.setdefault(s.spk, []).append(s.utt)
-    _write_lines(os.path.join(data_dir, "spk2utt"),
-                 [f"{k} {' '.join(v)}" for k, v in sorted(spk2utt.items())])
+    kaldi.write_data_dir(data_dir, {
+        "wav.scp": {s.utt: os.path.join(wav_dir, s.utt + ".wav") for s in specs},
+        "text": {s.utt: s.text for s in specs},
+        "utt2dur": {s.utt: f"{lengths[s.utt] / sr:.3f}" for s in specs},
+        "utt2spk": {s.utt: s.spk for s in specs},         # spk2utt follows from it
+        "utt2kind": {s.utt: s.kind for s in specs},
+        "kw_times": {s.utt: f"{spans[s.utt][0]:.3f} {spans[s.utt][1]:.3f}"
+                     for s in specs if s.utt in spans},
+    })
 
 
-def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, flite, train_mix: TrainMix,
+def check_engines(engines: Sequence[str]) -> List[str]:
+    """The engine names, espeak first then sorted (the stamp's form); SynthError, before
+    any work, for an unknown, repeated or unavailable one. Only these are looked at."""
+    names = [str(e).strip() for e in engines]
+    if not names or "" in names:
+        raise SynthError(f"--engines needs engine names, e.g. espeak or espeak,flite; got "
+                         f"{','.join(names)!r}")
+    if len(set(names)) != len(names):
+        raise SynthError(f"engine named twice in --engines: {','.join(names)}")
+    for name in names:
+        reason = engine_class(name).unavailable_reason()
+        if reason:
+            raise SynthError(f"{name} was asked for (--engines) but {reason}")
+    return sorted(names, key=lambda n: (n != "espeak", n))
+
+
+def engine_shares(engines: Sequence[str]) -> Dict[str, float]:
+    """Planned fraction of the speech per engine: OTHER_ENGINES_SHARE to the engines other
+    than espeak-ng when it is among them (all of it otherwise), shared alike."""
+    others = [e for e in engines if e != "espeak"]
+    if "espeak" not in engines:
+        return {e: 1.0 / len(others) for e in others}
+    if not others:
+        return {"espeak": 1.0}
+    return {"espeak": 1.0 - OTHER_ENGINES_SHARE,
+            **{e: OTHER_ENGINES_SHARE / len(others) for e in others}}
+
+
+def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, engines: Sequence[str],
+                  other_voices: Sequence[Voice], train_mix: TrainMix,
                   train_random_voices: int = 0) -> dict:
+    voices: Dict[str, List[str]] = {}
+    for v in other_voices:          # espeak-ng's voices are fixed here; its build is below
+        voices.setdefault(v.engine, []).append(v.name)
     return {"format": FORMAT_VERSION, "keywords": list(keywords), "seed": int(seed),
             "sizes": asdict(sizes), "sample_rate": int(sample_rate),
-            "snr_db": [float(snr[0]), float(snr[1])], "flite_voices": list(flite),
+            "snr_db": [float(snr[0]), float(snr[1])],
+            "engines": list(engines), "engine_shares": engine_shares(engines),
+            "engine_voices": voices,
             **{f"train_{k}": float(v) for k, v in asdict(train_mix).items()},
             "train_random_voices": int(train_random_voices),
             "espeak": espeak_fingerprint()}
-
-
-def espeak_fingerprint() -> str:
-    """Identifies the espeak-ng build without loading it (file size + data version)."""
-    try:
-        lib, data = espeak_paths()
-    except SynthError:
-        return "missing"
-    h = hashlib.sha256(str(os.path.getsize(lib)).encode())
-    for name in ("phondata", "en_dict"):
-        p = os.path.join(data, name)
-        if os.path.exists(p):
-            h.update(f"{name}:{os.path.getsize(p)}".encode())
-    return h.hexdigest()[:16]
 
 
 def is_complete(out_dir: str, config: dict) -> bool:
@@ -1192,7 +768,8 @@ def is_complete(out_dir: str, config: dict) -> bool:
         with open(os.path.join(out_dir, STAMP_NAME), encoding="utf-8") as f:
             if json.load(f) != config:
                 return False
-        if not os.path.exists(os.path.join(out_dir, "dict", "keywords.txt")):
+        if not all(os.path.exists(os.path.join(out_dir, "dict", n))
+                   for n in ("keywords.txt", ENGINES_FILE)):
             return False
         for split in SPLITS:
             d = os.path.join(out_dir, split)
@@ -1218,7 +795,8 @@ def _clean_outputs(out_dir: str) -> None:
 
 def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     sizes: Sizes = Sizes(), nj: int = 2, sample_rate: int = 16000,
-                    snr_db: Tuple[float, float] = (5.0, 30.0), use_flite: bool = True,
+                    snr_db: Tuple[float, float] = (5.0, 30.0),
+                    engines: Sequence[str] = ("espeak",),
                     train_conf_share: float = TRAIN_CONF_SHARE,
                     train_hard_share: float = TRAIN_HARD_SHARE,
                     train_swap_share: float = TRAIN_SWAP_SHARE,
@@ -1229,7 +807,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     when `out_dir` already holds a complete corpus made with the same arguments.
     The `train_*_share` arguments shape the training negatives only (see TRAIN_CONF_SHARE
     and the shares after it); dev and test do not depend on them, nor on `train_random_voices`,
-    the number of procedural espeak-ng voices added to the training voices."""
+    the number of procedural espeak-ng voices added to the training voices. `engines`: the
+    TTS engines that speak (toolkit.tts.engines names; see OTHER_ENGINES_SHARE)."""
     keywords = [normalize_keyword(k) for k in keywords]
     if not keywords:
         raise SynthError("no keyword given: use --keyword 'hey snips'")
@@ -1257,13 +836,16 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
         raise SynthError(f"train random voices {train_random_voices} is outside "
                          f"[0, {MAX_RANDOM_VOICES}] (espeak-ng lists at most 349 voice files)")
     espeak_paths()   # clear message before any work when the TTS is not installed
-    if _espeak_pid == os.getpid():
+    engines = check_engines(engines)
+    if train_random_voices and "espeak" not in engines:
+        raise SynthError("train random voices are espeak-ng voices: add espeak to --engines")
+    if loaded_in_this_process():
         logger.warning("espeak-ng was loaded in this process: output may not be reproducible")
-    flite = flite_voices() if use_flite else []
+    other_voices = [v for e in engines if e != "espeak" for v in engine_class(e).voices()]
     train_mix = TrainMix(train_conf_share, train_hard_share, train_swap_share,
                          train_carrier_share, train_pair_share)
-    config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, flite, train_mix,
-                           train_random_voices)
+    config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, engines, other_voices,
+                           train_mix, train_random_voices)
     if is_complete(out_dir, config):
         logger.info("%s is complete for these arguments; nothing to do", out_dir)
         return summarize(out_dir)
@@ -1273,8 +855,9 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     tmp_dir = os.path.join(out_dir, ".synth_tmp")
     os.makedirs(tmp_dir)
     try:
-        groups, espeak_data = plan_corpus(keywords, seed, sizes, snr_db, flite, tmp_dir,
-                                          train_mix, train_random_voices)
+        groups, espeak_data = plan_corpus(keywords, seed, sizes, snr_db, other_voices, tmp_dir,
+                                          train_mix, train_random_voices,
+                                          use_espeak="espeak" in engines)
         logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
                     sum(len(g.specs) for g in groups), len(groups), time.time() - t0, nj)
         step = max(1, len(groups) // 10)
@@ -1296,8 +879,10 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
         specs = [s for g in groups if g.split == split for s in g.specs]
         write_data_dir(os.path.join(out_dir, split), os.path.join(out_dir, "wavs", split),
                        specs, lengths, sample_rate, spans)
-    os.makedirs(os.path.join(out_dir, "dict"), exist_ok=True)
-    _write_lines(os.path.join(out_dir, "dict", "keywords.txt"), keywords)
+    atomic_write_text(os.path.join(out_dir, "dict", "keywords.txt"),
+                      "".join(k + "\n" for k in keywords))
+    kaldi.write_table(os.path.join(out_dir, "dict", ENGINES_FILE),
+                {e: f"{share:g}" for e, share in engine_shares(engines).items()})
     with open(os.path.join(out_dir, STAMP_NAME), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=1, sort_keys=True)   # written last: marks completion
     logger.info("wrote %s in %.1f s", out_dir, time.time() - t0)
@@ -1305,13 +890,16 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
 
 
 def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[float, float],
-                flite: Sequence[str], tmp_dir: str,
+                other_voices: Sequence[Voice], tmp_dir: str,
                 train_mix: TrainMix = TrainMix(),
-                train_random_voices: int = 0) -> Tuple[List[Group], Optional[str]]:
+                train_random_voices: int = 0,
+                use_espeak: bool = True) -> Tuple[List[Group], Optional[str]]:
     """Every group of every split, and the private espeak-ng data dir that the procedural
-    voices need (None without them). espeak is only asked (in a forked probe) which voices
-    exist and how words sound; the plan itself is pure numpy randomness from `seed`."""
-    voices = espeak_voices() + [Voice(f"flite_{v}", "flite", v) for v in flite]
+    voices need (None without them). The speakers: espeak-ng's fixed voices when
+    `use_espeak`, and `other_voices` (other engines). espeak is only asked (in a forked
+    probe) which voices exist and how words sound; the plan itself is pure numpy
+    randomness from `seed`."""
+    voices = (espeak_voices() if use_espeak else []) + list(other_voices)
     # Procedural voices join the training split only, after the fixed voices are split,
     # so dev and test are the same with or without them.
     procedural = random_voices(train_random_voices, ACCENTS, seed)

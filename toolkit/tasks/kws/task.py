@@ -102,7 +102,7 @@ class KwsTask(Task):
         return isinstance(self.loss_fn, WeightedSumLoss) and self.loss_fn.switches_parts()
 
     # ---------------------------------------------------------------- data
-    def data_requirements(self) -> DataRequirements:
+    def data_requirements(self, split: str = "train") -> DataRequirements:
         return DataRequirements(require_label=True, num_classes=self.cfg.model.num_outputs,
                                 allow_negative_label=True)
 

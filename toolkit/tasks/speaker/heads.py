@@ -6,15 +6,21 @@ The margin comes with each call because the trainer ramps it over training; the 
 heads with margin 0 give plain scaled cosine logits s * cos(theta).
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from toolkit.config import ConfigError
+from toolkit.config import ConfigError, Ramp
 from toolkit.registry import Registry
+
+
+def default_margin() -> Ramp:
+    # 0 -> 0.2 over 10-30 % of training, fast then settling: a margin from the start keeps
+    # a fresh network from separating classes at all (WeSpeaker ramps epochs 20-40 of 150).
+    return Ramp(initial=0.0, final=0.2, start=0.1, end=0.3, shape="exponential")
 
 SPEAKER_HEADS: Registry = Registry("speaker head")
 
@@ -34,15 +40,15 @@ class SoftmaxHead(nn.Module):
     class Config:
         type: str = ""
         num_classes: int = 0      # training speakers; 0: taken from the speaker inventory
-        # Must stay 0 (a linear layer has no margin); present so a margin schedule can read
-        # every head's final margin the same way.
-        margin: float = 0.0
+        # Must stay 0 (a linear layer has no margin); present so that every head's margin
+        # is read the same way.
+        margin: Ramp = field(default_factory=lambda: Ramp.constant(0.0))
         bias: bool = True         # give the linear layer a bias
 
     def __init__(self, config: "SoftmaxHead.Config", embed_dim: int):
         super().__init__()
         check_head_config(config)
-        if config.margin != 0.0:
+        if not (config.margin.is_constant and config.margin.final == 0.0):
             raise ConfigError(f"head.margin must be 0 for the softmax head, got {config.margin}")
         self.config = config
         self.linear = nn.Linear(embed_dim, config.num_classes, bias=config.bias)
@@ -108,9 +114,9 @@ class AMSoftmaxHead(CosineMarginHead):
         # Logit scale s: cosines lie in [-1, 1], too flat for softmax without it; 32 is the
         # usual speaker setting (WeSpeaker, Hyperion).
         scale: float = 32.0
-        # Final margin m, reached by the trainer's margin schedule; each call passes the
+        # Margin m over training (a number for a constant one); each call passes the
         # current value.
-        margin: float = 0.2
+        margin: Ramp = field(default_factory=default_margin)
 
     def target_logit(self, cos: torch.Tensor, margin: float) -> torch.Tensor:
         return cos - margin
@@ -127,9 +133,9 @@ class AAMSoftmaxHead(CosineMarginHead):
         # Logit scale s: cosines lie in [-1, 1], too flat for softmax without it; 32 is the
         # usual speaker setting (WeSpeaker, Hyperion).
         scale: float = 32.0
-        # Final angular margin m in radians, reached by the trainer's margin schedule; each
-        # call passes the current value.
-        margin: float = 0.2
+        # Angular margin m in radians over training (a number for a constant one); each call
+        # passes the current value.
+        margin: Ramp = field(default_factory=default_margin)
 
     def target_logit(self, cos: torch.Tensor, margin: float) -> torch.Tensor:
         # cos(theta + m) = cos*cos(m) - sin*sin(m), with sin(theta) = sqrt(1 - cos^2) >= 0

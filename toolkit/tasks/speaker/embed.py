@@ -1,0 +1,239 @@
+"""Speaker embeddings after training: the exported extractor (fbank frames -> embedding,
+any length), a Python API that embeds WAVs with any exported format or a checkpoint, and
+the extraction of a whole data list into Kaldi archives (resumable per split).
+
+    embedder = Embedder.from_path("exp/resnet34/export/model.onnx")
+    score = embedder.score("a.wav", "b.wav")        # cosine, higher = same speaker
+"""
+import dataclasses
+import json
+import logging
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from toolkit import export as writers
+from toolkit.data.features import compute_fbank, fbank_metadata, fbank_options, options_from_config
+from toolkit.errors import DataError, MissingInputError
+from toolkit.export import compare, onnx_runner, parity_inputs, read_metadata, torch_runner
+from toolkit.tasks.speaker.models import SPEAKER_MODELS, build_speaker_model
+from toolkit.trainer.checkpoint import load_payload, module_states_from_file
+
+logger = logging.getLogger(__name__)
+# Utterances longer than this are embedded in chunks whose embeddings are averaged
+# (weighted by length): memory stays bounded and very long recordings stay usable.
+MAX_CHUNK_FRAMES = 3000
+
+
+def model_from_checkpoint(path: str) -> Tuple[nn.Module, dict]:
+    """The embedding network (eval mode) and its config dict from a training or averaged
+    checkpoint."""
+    payload = load_payload(path)
+    raw = dict(payload["config"]["model"])
+    model = build_speaker_model(SPEAKER_MODELS.get(raw["type"]).Config(**raw))
+    model.load_state_dict(module_states_from_file(path)["model"])
+    return model.eval(), payload["config"]
+
+
+def build_metadata(model: nn.Module, fbank: dict, threshold: Optional[float] = None,
+                   num_speakers: int = 0) -> dict:
+    return {"format_version": 1, "task": "speaker", "model_type": model.config.type,
+            "model_config": dataclasses.asdict(model.config), "feature": fbank,
+            "input_norm": model.config.input_norm, "embed_dim": int(model.config.embed_dim),
+            "min_frames": int(getattr(model, "min_frames", 1)),
+            "training_speakers": int(num_speakers), "threshold": threshold,
+            "output": "embedding (batch, embed_dim); cosine scoring after length norm"}
+
+
+def export_embedder(task, checkpoint: str, out_dir: str, test_data: str, num_check: int = 20,
+                    tolerance: float = 1e-4, threshold: Optional[float] = None) -> Dict[str, float]:
+    """model.onnx (dynamic batch and time axes), model.zip (TorchScript), model.safetensors
+    + config.json; each checked against PyTorch on real test utterances of their own
+    lengths. The classification head is not exported."""
+    from toolkit.data.pipeline import FeaturePipeline
+    model, _ = model_from_checkpoint(checkpoint)
+    d = task.cfg.dataset
+    metadata = build_metadata(model, fbank_metadata(options_from_config(d.feature, d.sample_rate)),
+                              threshold, task.cfg.head.num_classes)
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"torchscript": os.path.join(out_dir, "model.zip"),
+             "onnx": os.path.join(out_dir, "model.onnx")}
+    writers.export_torchscript(model, paths["torchscript"], metadata)
+    example = (torch.zeros(1, 120, model.config.input_dim),)
+    writers.export_onnx(model, example, paths["onnx"], ["feats"], ["embedding"],
+                        {"feats": {0: "batch", 1: "frames"}, "embedding": {0: "batch"}}, metadata)
+    writers.export_safetensors(model, os.path.join(out_dir, "model.safetensors"), metadata,
+                               metadata["model_config"])
+    pipeline = FeaturePipeline(d, seed=0, train=False)
+    cases = parity_inputs(test_data, lambda e: (pipeline.features(e, 0)[None],), num_check)
+    return compare(torch_runner(model), {
+        "torchscript": torch_runner(torch.jit.load(paths["torchscript"]).eval()),
+        "onnx": onnx_runner(paths["onnx"])}, cases, tolerance, "exported embedding extractor")
+
+
+class Embedder:
+    """Embeds waveforms or fbank features with an exported extractor (.onnx, .zip,
+    .safetensors + config.json) or a checkpoint (.pt, with its exp dir's config)."""
+
+    def __init__(self, run, metadata: dict, max_chunk_frames: int = MAX_CHUNK_FRAMES):
+        self._run = run
+        self.metadata = metadata
+        f = metadata["feature"]
+        self.sample_rate = int(f["sample_rate"])
+        self.opts = fbank_options(int(f["num_mel_bins"]), float(f["frame_length_ms"]),
+                                  float(f["frame_shift_ms"]), 0.0, self.sample_rate)
+        self.max_chunk_frames = max_chunk_frames
+        self.min_frames = int(metadata.get("min_frames", 1))
+
+    @classmethod
+    def from_path(cls, path: str, threads: int = 1) -> "Embedder":
+        if not os.path.exists(path):
+            raise MissingInputError(f"speaker model {path} not found (run the export stage)")
+        torch.set_num_threads(threads)
+        if path.endswith(".onnx"):
+            return cls(onnx_runner(path, threads), read_metadata(path))
+        if path.endswith(".zip"):
+            return cls(torch_runner(torch.jit.load(path).eval()), read_metadata(path))
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+            meta = read_metadata(path)
+            raw = dict(meta["model_config"])
+            model = build_speaker_model(SPEAKER_MODELS.get(raw["type"]).Config(**raw))
+            model.load_state_dict(load_file(path))
+            return cls(torch_runner(model.eval()), meta)
+        model, cfg = model_from_checkpoint(path)
+        d = cfg["dataset"]
+        fbank = fbank_metadata(fbank_options(d["feature"]["num_mel_bins"],
+                                             d["feature"]["frame_length_ms"],
+                                             d["feature"]["frame_shift_ms"], 0.0,
+                                             d["sample_rate"]))
+        return cls(torch_runner(model), build_metadata(model, fbank))
+
+    def features(self, wave: np.ndarray) -> np.ndarray:
+        return compute_fbank(np.asarray(wave, dtype=np.float32), self.opts)
+
+    def embed_features(self, feats: np.ndarray) -> np.ndarray:
+        """(T, D) fbank -> (E,) embedding; long inputs in chunks, length-weighted mean."""
+        feats = np.asarray(feats, dtype=np.float32)
+        if len(feats) < self.min_frames:
+            raise DataError(f"{len(feats)} frames is shorter than the model's minimum "
+                            f"{self.min_frames}")
+        n = self.max_chunk_frames
+        pieces = [feats[s:s + n] for s in range(0, len(feats), n)] if n else [feats]
+        if len(pieces) > 1 and len(pieces[-1]) < max(self.min_frames, n // 4):
+            pieces[-2] = np.concatenate([pieces[-2], pieces.pop()])   # no tiny last chunk
+        out = np.zeros(int(self.metadata["embed_dim"]), np.float64)
+        for piece in pieces:
+            out += self._run(piece[None])[0][0].astype(np.float64) * len(piece)
+        return (out / len(feats)).astype(np.float32)
+
+    def embed(self, audio) -> np.ndarray:
+        """A WAV path or mono float samples at the model's rate -> embedding."""
+        if isinstance(audio, str):
+            from toolkit.data.augment import load_mono
+            audio = load_mono(audio, self.sample_rate)
+        return self.embed_features(self.features(audio))
+
+    @staticmethod
+    def cosine(a: np.ndarray, b: np.ndarray) -> float:
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
+
+    def score(self, a, b) -> float:
+        return self.cosine(self.embed(a), self.embed(b))
+
+
+# --------------------------------------------------------------------------- extraction
+
+def _extract_part(args) -> Tuple[int, int, List[str]]:
+    model_path, list_path, out_dir, part, parts, threads = args
+    import kaldiio
+    from toolkit.data.audio import BadEntry
+    from toolkit.data.datalist import BadCounter, DataList, split_range
+    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.config import DatasetConfig
+    embedder = Embedder.from_path(model_path, threads)
+    f = embedder.metadata["feature"]
+    dcfg = DatasetConfig(sample_rate=embedder.sample_rate, max_duration=1e9, min_duration=0.0)
+    dcfg.feature.num_mel_bins = int(f["num_mel_bins"])
+    dcfg.feature.frame_length_ms = float(f["frame_length_ms"])
+    dcfg.feature.frame_shift_ms = float(f["frame_shift_ms"])
+    pipeline = FeaturePipeline(dcfg, seed=0, train=False)
+    datalist = DataList.load(list_path, require_label=False)
+    start, end = split_range(len(datalist), parts, part)
+    ark = os.path.join(out_dir, f"embeddings.{part + 1}.ark")
+    scp = os.path.join(out_dir, f"embeddings.{part + 1}.scp")
+    bad = BadCounter()
+    written = 0
+    with kaldiio.WriteHelper(f"ark,scp:{ark}.tmp,{scp}.tmp") as writer:
+        for i in range(start, end):
+            entry = datalist.entry(i)
+            try:
+                writer(entry["key"], embedder.embed_features(pipeline.features(entry, 0)))
+                written += 1
+            except (BadEntry, DataError) as err:
+                bad.add(getattr(err, "reason", "other"), entry["key"], str(err))
+    # kaldiio wrote the .tmp ark's path into the scp: point it at the final name.
+    with open(scp + ".tmp", encoding="utf-8") as f_in:
+        lines = [line.replace(f"{ark}.tmp:", f"{ark}:") for line in f_in]
+    os.replace(ark + ".tmp", ark)
+    with open(scp, "w", encoding="utf-8") as f_out:
+        f_out.writelines(lines)
+    os.remove(scp + ".tmp")
+    with open(os.path.join(out_dir, f"embeddings.{part + 1}.done"), "w") as f_done:
+        json.dump({"utterances": written, "skipped": bad.total()}, f_done)
+    return part, written, [f"{r}={n}" for r, n in bad.counts.items()]
+
+
+def extract_embeddings(model_path: str, list_path: str, out_dir: str, nj: int = 1,
+                       threads: int = 1) -> Dict[str, int]:
+    """Embeds every utterance of a data list into out_dir/embeddings.scp (Kaldi vectors,
+    in nj parts that a rerun skips once done), and writes the per-speaker means
+    (speaker_embeddings.{ark,scp}, from each entry's `spk`)."""
+    import multiprocessing as mp
+
+    import kaldiio
+    from toolkit.data.datalist import DataList
+    from toolkit.progress import Progress
+    os.makedirs(out_dir, exist_ok=True)
+    todo = [p for p in range(nj)
+            if not os.path.exists(os.path.join(out_dir, f"embeddings.{p + 1}.done"))]
+    if len(todo) < nj:
+        logger.info("%s: %d of %d parts already extracted; extracting the other %d", out_dir,
+                    nj - len(todo), nj, len(todo))
+    jobs = [(model_path, list_path, out_dir, p, nj, threads) for p in todo]
+    progress = Progress(len(jobs), "embedding parts", "parts")
+    if len(jobs) > 1:
+        with mp.get_context("fork").Pool(min(len(jobs), nj)) as pool:
+            for part, n, bad in pool.imap_unordered(_extract_part, jobs):
+                progress.update()
+                logger.info("part %d: %d embeddings%s", part + 1, n,
+                            f", skipped {', '.join(bad)}" if bad else "")
+    else:
+        for job in jobs:
+            part, n, bad = _extract_part(job)
+            progress.update()
+            logger.info("part %d: %d embeddings%s", part + 1, n,
+                        f", skipped {', '.join(bad)}" if bad else "")
+    progress.close()
+    lines = []
+    for p in range(nj):
+        with open(os.path.join(out_dir, f"embeddings.{p + 1}.scp"), encoding="utf-8") as f:
+            lines += f.readlines()
+    from toolkit.fileio import atomic_write_text
+    atomic_write_text(os.path.join(out_dir, "embeddings.scp"), "".join(sorted(lines)))
+    vectors = kaldiio.load_scp(os.path.join(out_dir, "embeddings.scp"))
+    datalist = DataList.load(list_path, require_label=False)
+    by_spk: Dict[str, List[np.ndarray]] = {}
+    for i in range(len(datalist)):
+        e = datalist.entry(i)
+        if e["key"] in vectors and e.get("spk"):
+            by_spk.setdefault(e["spk"], []).append(np.asarray(vectors[e["key"]], np.float64))
+    spk_ark = os.path.join(out_dir, "speaker_embeddings.ark")
+    with kaldiio.WriteHelper(f"ark,scp:{spk_ark},{spk_ark[:-4]}.scp") as writer:
+        for spk in sorted(by_spk):
+            writer(spk, np.mean(by_spk[spk], axis=0).astype(np.float32))
+    return {"utterances": len(lines), "speakers": len(by_spk)}

@@ -1,0 +1,166 @@
+"""Speaker embeddings as a task of the generic trainer: an embedding network (x-vector,
+ResNet, ECAPA-TDNN) trained through a separate margin-softmax head over the speaker
+inventory; validation by EER on trials among dev utterances (unseen speakers welcome);
+export of the embedding network alone."""
+import logging
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from toolkit.config import ConfigError, Section, TaskConfigBase
+from toolkit.data.pipeline import FeaturePipeline
+from toolkit.task import TASKS, Batch, DataRequirements, Task
+from toolkit.tasks.speaker import scoring
+from toolkit.tasks.speaker.data import ChunkBuilder, make_trials
+from toolkit.tasks.speaker.heads import SPEAKER_HEADS, build_speaker_head
+from toolkit.tasks.speaker.models import SPEAKER_MODELS, build_speaker_model
+
+logger = logging.getLogger(__name__)
+
+
+@TASKS.register("speaker")
+class SpeakerTask(Task):
+    name = "speaker"
+
+    @dataclass
+    class Config(TaskConfigBase):
+        chunk_frames: int = 200       # training chunk per utterance (2 s); shorter ones are looped
+        # Dev utterances are embedded whole up to this many frames (centre crop); 0: all.
+        eval_max_frames: int = 600
+        # Dev trials: every same-speaker pair up to this many, and as many others.
+        dev_max_targets: int = 20000
+
+    sections = {"model": Section(registry=SPEAKER_MODELS),
+                "head": Section(registry=SPEAKER_HEADS, default_type="aam_softmax")}
+    optimizers = ("model",)
+    selection_metric = "eer"
+    export_module = "model"
+
+    # ---------------------------------------------------------------- config
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.task.chunk_frames < 2:
+            raise ConfigError("task.chunk_frames must be >= 2")
+
+    @classmethod
+    def resolve(cls, cfg, inventory, extras) -> None:
+        bins = cfg.dataset.feature.num_mel_bins
+        if cfg.model.input_dim != bins:
+            if cfg.model.input_dim != type(cfg.model)().input_dim:
+                raise ConfigError(f"model.input_dim={cfg.model.input_dim} but "
+                                  f"dataset.feature.num_mel_bins={bins}")
+            cfg.model.input_dim = bins
+        if cfg.head.num_classes <= 0:
+            cfg.head.num_classes = len(inventory)
+        if cfg.head.num_classes != len(inventory):
+            raise ConfigError(f"head.num_classes={cfg.head.num_classes} but the speaker inventory "
+                              f"{extras.get('inventory_path')} has {len(inventory)} entries")
+
+    # ---------------------------------------------------------------- modules
+    def build_modules(self) -> Dict[str, nn.Module]:
+        model = build_speaker_model(self.cfg.model)
+        return {"model": model, "head": build_speaker_head(self.cfg.head, self.cfg.model.embed_dim)}
+
+    def optimizer_modules(self):
+        return {"model": ["model", "head"]}
+
+    def init_modules(self, task_state: Optional[dict] = None) -> List[str]:
+        """The embedding network always; the head only for the same speaker inventory
+        (e.g. large-margin fine-tuning). Another speaker set gets a fresh head."""
+        theirs = (task_state or {}).get("inventory")
+        if theirs is not None and list(theirs) == list(self.inventory or []):
+            return ["model", "head"]
+        logger.info("init: the head is re-initialised for this inventory (%d speakers%s)",
+                    len(self.inventory or []),
+                    f"; the checkpoint's had {len(theirs)}" if theirs is not None else "")
+        return ["model"]
+
+    def state_dict(self) -> dict:
+        return {"inventory": list(self.inventory or [])}
+
+    def describe(self, modules) -> str:
+        embed = sum(p.numel() for p in modules["model"].parameters())
+        head = sum(p.numel() for p in modules["head"].parameters())
+        return (f"task speaker: {self.cfg.model.type} {embed:,} parameters (embedding "
+                f"{self.cfg.model.embed_dim}), {self.cfg.head.type} head {head:,} over "
+                f"{self.cfg.head.num_classes} speakers")
+
+    # ---------------------------------------------------------------- data
+    def data_requirements(self, split: str = "train") -> DataRequirements:
+        if split == "train":
+            return DataRequirements(require_label=True, num_classes=self.cfg.head.num_classes,
+                                    allow_negative_label=False)
+        return DataRequirements(require_label=False)     # dev speakers may be unseen
+
+    def example_builder(self, train, seed, noise=None, rirs=None, steps_per_epoch=0,
+                        total_steps=0):
+        pipeline = FeaturePipeline(self.cfg.dataset, seed, train, noise, rirs, steps_per_epoch,
+                                   total_steps)
+        return ChunkBuilder(pipeline, self.cfg.task.chunk_frames, self.cfg.task.eval_max_frames)
+
+    def example_frames(self, durations: np.ndarray) -> np.ndarray:
+        return np.full(len(durations), self.cfg.task.chunk_frames, dtype=np.int64)
+
+    def dummy_batch(self) -> Batch:
+        n, d = self.cfg.task.chunk_frames, self.cfg.model.input_dim
+        # Two chunks: BatchNorm after pooling needs more than one value per channel.
+        return Batch(["<empty>"] * 2, {"feats": torch.zeros(2, n, d),
+                                       "labels": torch.zeros(2, dtype=torch.int64)})
+
+    # ---------------------------------------------------------------- steps
+    def train_step(self, batch, ctx) -> Dict[str, float]:
+        feats = batch.feats.to(ctx.device, non_blocking=True)
+        labels = batch.labels.to(ctx.device)
+        margin = ctx.value(self.cfg.head.margin)
+        with ctx.autocast():
+            embeddings = ctx.module("model")(feats)
+        logits = ctx.module("head")(embeddings, labels, margin)      # fp32 inside the head
+        loss = F.cross_entropy(logits.float(), labels)
+        ctx.backward(loss, "model")
+        ctx.step("model")
+        acc = (logits.detach().argmax(dim=1) == labels).float().mean()
+        return {"loss": float(loss.detach()), "acc": float(acc), "margin": margin}
+
+    def train_metric_names(self) -> Tuple[str, ...]:
+        return ("loss", "acc", "margin")
+
+    def eval_metric_names(self) -> Tuple[str, ...]:
+        return ("eer", "min_dcf_0.01")      # EER in %
+
+    def eval_begin(self) -> Any:
+        return {"keys": [], "speakers": [], "embeddings": []}
+
+    def eval_batch(self, batch, ctx, state) -> None:
+        model = ctx.module("model")
+        for i in range(len(batch)):     # whole utterances, one at a time (their lengths differ)
+            feats = batch.feats[i:i + 1, :int(batch.lengths[i])].to(ctx.device)
+            with ctx.autocast():
+                emb = model(feats).float()
+            state["embeddings"].append(emb[0].cpu().numpy())
+        state["keys"] += list(batch.keys)
+        state["speakers"] += list(batch.speakers)
+
+    def eval_end(self, states: List[Any]) -> Dict[str, float]:
+        keys = [k for s in states for k in s["keys"]]
+        speakers = [k for s in states for k in s["speakers"]]
+        vectors = {k: v for s in states for k, v in zip(s["keys"], s["embeddings"])}
+        if len({s for s in speakers if s}) < 2:
+            raise ConfigError("the dev list needs utterances of at least two speakers (`spk`) "
+                              "for the dev EER")
+        enroll, test, labels = make_trials(keys, speakers, 0, self.cfg.task.dev_max_targets)
+        trials = scoring.Trials(enroll, test, labels)
+        scores = scoring.score_trials(trials, vectors, length_norm=True)
+        summary = scoring.summarize(scores, labels, (0.01,))
+        return {"eer": summary["eer_percent"], "min_dcf_0.01": summary["min_dcf_0.01"],
+                "count": float(len(keys))}
+
+    # ---------------------------------------------------------------- export
+    def export(self, checkpoint: str, out_dir: str, test_data: str, num_check: int = 20,
+               tolerance: float = 1e-4, threshold: Optional[float] = None) -> Dict[str, float]:
+        from toolkit.tasks.speaker.embed import export_embedder
+        return export_embedder(self, checkpoint, out_dir, test_data, num_check, tolerance,
+                               threshold)
