@@ -203,9 +203,10 @@ def build_mobvoi_hotwords(root: str, sizes: Optional[Dict[str, tuple]] = None,
             wave = noise_signal(seconds, rng, ("white", "brown", "hum")[i % 3], 0.03)
             wave += class_signal(4 + i % 6, seconds, rng, level=0.2)
             _write(os.path.join(wav_dir, utt + ".wav"), wave)
-            # Negative speakers are mostly not the keyword speakers, as in the corpus.
-            neg.append({"utt_id": utt, "speaker_id": _hex_id("mobvoi-neg-spk", split, i % 4, n=32),
-                        "keyword_id": -1})
+            # Negative speakers are mostly not the keyword speakers, as in the corpus, and
+            # some negatives have no speaker id at all (null), as many in the corpus do.
+            speaker = None if i % 4 == 3 else _hex_id("mobvoi-neg-spk", split, i % 4, n=32)
+            neg.append({"utt_id": utt, "speaker_id": speaker, "keyword_id": -1})
         for prefix, entries in (("p", pos), ("n", neg)):
             with open(os.path.join(res_dir, f"{prefix}_{split}.json"), "w") as f:
                 json.dump(entries, f, indent=1)

@@ -398,6 +398,11 @@ def test_hi_xiaowen_all_stages(hi_xiaowen):
             kw = e["keyword_id"]
             assert texts[utt] == (keywords[kw] if kw >= 0 else "<filler>")
             assert labels[utt] == kw
+        # An utterance without a speaker id is its own speaker, never pooled under one id.
+        spk = read_table(data / split / "utt2spk")
+        nameless = [by_id[e["utt_id"]] for e in meta[split] if e["speaker_id"] is None]
+        assert nameless and len({spk[u] for u in nameless}) == len(nameless)
+        assert all(spk[u] == f"nospk_{u.split('-', 1)[1]}" for u in nameless)
     score = exp / "score"
     lines = (score / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in lines] == ["hi_xiaowen", "nihao_wenwen"]
@@ -421,6 +426,29 @@ def test_hi_xiaowen_absent_corpus_is_explained(tmp_path):
     assert "Mobvoi hotword corpus is not in" in err
     assert "https://www.openslr.org/resources/87/mobvoi_hotword_dataset.tgz" in err
     assert "mobvoi_hotword_dataset_resources.tgz" in err and "--corpus-dir" in err
+
+
+def test_hi_xiaowen_prints_every_archive_checksum(tmp_path):
+    """With no recorded checksums, stage -1 names the sha256 of both archives before it
+    stops, not just the first one."""
+    import hashlib
+    import tarfile
+    corpus = tmp_path / "dl"
+    corpus.mkdir()
+    digests = {}
+    for part in ("mobvoi_hotword_dataset", "mobvoi_hotword_dataset_resources"):
+        member = tmp_path / part
+        member.mkdir()
+        (member / "readme.txt").write_text(part)
+        archive = corpus / f"{part}.tgz"
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(member, arcname=part)
+        digests[part] = hashlib.sha256(archive.read_bytes()).hexdigest()
+    result = run_recipe("hi_xiaowen", "--corpus-dir", corpus, "--data", tmp_path / "data",
+                        "--stage", -1, "--stop-stage", -1, "--download-url", "http://127.0.0.1:9")
+    assert result.returncode != 0
+    for part, digest in digests.items():
+        assert f"no known sha256 for {part}.tgz" in result.stderr and digest in result.stderr
 
 
 def test_hi_xiaowen_bad_keyword_id_is_reported(tmp_path):

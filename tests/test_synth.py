@@ -1,13 +1,21 @@
-"""Tests of the synthetic wake-word data generator (toolkit.data.synth)."""
+"""Tests of the TTS layer (toolkit.tts) and the synthetic wake-word corpus on top of it
+(toolkit.tasks.kws.corpus)."""
 import collections
 import hashlib
+import json
 import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import soundfile as sf
 
+from toolkit.data.audio import resample
 from toolkit.tasks.kws import corpus as S
+from toolkit.tts import Voice, espeak as E, flite as F, signal as sig
+from toolkit.tts.engines import ENGINES, engine_class
 
 pytest.importorskip("espeakng_loader")
 
@@ -17,9 +25,9 @@ FILES = ("wav.scp", "text", "utt2dur", "utt2spk", "spk2utt", "utt2kind")
 
 
 def _generate(path, seed=777, nj=2, keywords=(KW,), sizes=SIZES):
-    # espeak-ng only, whether or not Debian's flite is installed here: flite voices change
-    # the voice split and their positives carry no word timings.
-    S.generate_corpus(list(keywords), str(path), seed=seed, sizes=sizes, nj=nj, use_flite=False)
+    # espeak-ng only (the default, spelled out): an installed flite is never looked at.
+    S.generate_corpus(list(keywords), str(path), seed=seed, sizes=sizes, nj=nj,
+                      engines=("espeak",))
     return str(path)
 
 
@@ -57,6 +65,10 @@ def _digest(out_dir):
 
 def test_data_dirs_well_formed(corpus):
     assert open(os.path.join(corpus, "dict", "keywords.txt")).read() == KW + "\n"
+    assert open(os.path.join(corpus, "dict", "tts_engines")).read() == "espeak 1\n"
+    with open(os.path.join(corpus, S.STAMP_NAME), encoding="utf-8") as f:
+        stamp = json.load(f)
+    assert stamp["engines"] == ["espeak"] and stamp["engine_voices"] == {}
     for split in S.SPLITS:
         d = os.path.join(corpus, split)
         tables = {n: _table(os.path.join(d, n)) for n in FILES}
@@ -114,12 +126,12 @@ def test_voices_disjoint(corpus):
     spk = {s: set(_dict(os.path.join(corpus, s, "utt2spk")).values()) for s in S.SPLITS}
     assert not spk["test"] & (spk["train"] | spk["dev"])
     assert not spk["dev"] & spk["train"]
-    voices = S.split_voices(S.espeak_voices(), 777)
+    voices = S.split_voices(E.espeak_voices(), 777)
     names = {s: {v.spk for v in vs} for s, vs in voices.items()}
     assert not names["test"] & (names["train"] | names["dev"]) and not names["dev"] & names["train"]
-    assert sum(len(v) for v in names.values()) == len(S.ACCENTS) * len(S.VARIANTS)
+    assert sum(len(v) for v in names.values()) == len(E.ACCENTS) * len(E.VARIANTS)
     for split in S.SPLITS:   # every split hears every accent
-        assert {n.split("_")[0] for n in names[split]} == set(S.ACCENTS)
+        assert {n.split("_")[0] for n in names[split]} == set(E.ACCENTS)
 
 
 def test_texts(corpus):
@@ -173,7 +185,7 @@ def test_sound_filter_rejects_homophones():
 
 
 def test_plan_is_deterministic_and_in_range():
-    voices = S.split_voices(S.espeak_voices(), 5)["train"]
+    voices = S.split_voices(E.espeak_voices(), 5)["train"]
     filt = S.TextFilter([KW], {})
     cats = {KW: S.confusable_categories(KW)}
 
@@ -193,7 +205,7 @@ def test_plan_is_deterministic_and_in_range():
 
 
 def test_train_mix_shifts_confusables_to_whole_keyword_homophones():
-    voices = S.split_voices(S.espeak_voices(), 5)
+    voices = S.split_voices(E.espeak_voices(), 5)
     filt = S.TextFilter([KW, "alexa"], {})
     cats = {k: S.confusable_categories(k) for k in (KW, "alexa")}
 
@@ -224,7 +236,8 @@ def test_train_mix_shifts_confusables_to_whole_keyword_homophones():
 
 def test_determinism_across_nj_and_seed(corpus, corpus_nj1, tmp_path):
     a, b = _digest(corpus), _digest(corpus_nj1)
-    assert a == b and len(a) == sum(sum(SIZES.of(s)) for s in S.SPLITS) + 7 * 3 + 2
+    # WAVs, 7 tables per split, dict/keywords.txt, dict/tts_engines and the stamp
+    assert a == b and len(a) == sum(sum(SIZES.of(s)) for s in S.SPLITS) + 7 * 3 + 3
     other = _digest(_generate(tmp_path / "c", seed=778, sizes=S.Sizes(3, 3, 2, 2, 2, 2)))
     small = _digest(_generate(tmp_path / "d", seed=777, sizes=S.Sizes(3, 3, 2, 2, 2, 2)))
     assert other["train/text"] != small["train/text"]
@@ -266,17 +279,17 @@ def test_mix_at_snr():
     speech = np.concatenate([np.zeros(sr // 2), speech, np.zeros(sr // 2)]).astype(np.float32)
     for color in ("white", "pink", "brown"):
         for snr in (5.0, 17.5, 30.0):
-            noise = S.colored_noise(len(speech), color, rng, sr)
-            mixed, scaled = S.mix_at_snr(speech, noise, snr)
-            measured = 10 * np.log10(S.active_power(speech) / np.mean(scaled.astype(np.float64) ** 2))
+            noise = sig.colored_noise(len(speech), color, rng, sr)
+            mixed, scaled = sig.mix_at_snr(speech, noise, snr)
+            measured = 10 * np.log10(sig.active_power(speech) / np.mean(scaled.astype(np.float64) ** 2))
             assert abs(measured - snr) < 0.05
             np.testing.assert_allclose(mixed, speech + scaled, atol=1e-6)
     pool = [speech, speech[::-1].copy(), np.roll(speech, 1234)]
-    babble = S.babble_noise(len(speech), pool, rng)
+    babble = sig.babble_noise(len(speech), pool, rng)
     assert abs(np.sqrt(np.mean(babble.astype(np.float64) ** 2)) - 1) < 1e-3
     # noise colours: pink falls ~3 dB/octave, brown ~6 dB/octave
     for color, slope in (("white", 0), ("pink", -3), ("brown", -6)):
-        x = S.colored_noise(sr * 4, color, rng, sr)
+        x = sig.colored_noise(sr * 4, color, rng, sr)
         f = np.fft.rfftfreq(len(x), 1 / sr)
         p = np.abs(np.fft.rfft(x)) ** 2
         band = [10 * np.log10(p[(f >= lo) & (f < 2 * lo)].mean()) for lo in (250, 500, 1000, 2000)]
@@ -287,13 +300,13 @@ def test_resample():
     sr1, sr2 = 22050, 16000
     t = np.arange(sr1) / sr1
     for f in (200, 3000, 6500):
-        y = S.resample(np.sin(2 * np.pi * f * t), sr1, sr2)
+        y = resample(np.sin(2 * np.pi * f * t), sr1, sr2)
         assert len(y) == sr2
         ref = np.sin(2 * np.pi * f * np.arange(len(y)) / sr2)
         assert np.max(np.abs(y - ref)[300:-300]) < 2e-3
-    y = S.resample(np.sin(2 * np.pi * 9500 * t), sr1, sr2)     # above 8 kHz: removed
+    y = resample(np.sin(2 * np.pi * 9500 * t), sr1, sr2)     # above 8 kHz: removed
     assert np.sqrt(np.mean(y[300:-300] ** 2)) < 1e-3
-    y = S.resample(np.sin(2 * np.pi * 1000 * t[:8000] * sr1 / 8000), 8000, 16000)  # upsampling
+    y = resample(np.sin(2 * np.pi * 1000 * t[:8000] * sr1 / 8000), 8000, 16000)  # upsampling
     assert np.max(np.abs(y[300:-300] - np.sin(2 * np.pi * 1000 * np.arange(16000) / 16000)[300:-300])) < 2e-3
 
 
@@ -306,9 +319,14 @@ def test_errors(tmp_path, monkeypatch, capsys):
         S.generate_corpus(["hey snips"], str(tmp_path / "x"), train_conf_share=0.95)
     with pytest.raises(S.SynthError, match="hard-confusable share -0.1"):
         S.generate_corpus(["hey snips"], str(tmp_path / "x"), train_hard_share=-0.1)
+    with pytest.raises(S.SynthError, match="unknown TTS engine 'nope'; known: espeak, festival"):
+        S.generate_corpus(["hey snips"], str(tmp_path / "x"), engines=("espeak", "nope"))
+    with pytest.raises(S.SynthError, match="named twice"):
+        S.generate_corpus(["hey snips"], str(tmp_path / "x"), engines=("espeak", "espeak"))
     from toolkit.bin import synth_kws_data as cli
-    assert cli.main(["--keyword", "", "--out-dir", str(tmp_path / "x")]) == 1
+    assert cli.main(["--keyword", "", "--out-dir", str(tmp_path / "x")]) == 2   # UserError
     assert "empty keyword" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "x")
     import espeakng_loader
     empty = tmp_path / "no_data"
     empty.mkdir()
@@ -325,6 +343,7 @@ def test_cli_args():
     from toolkit.bin import synth_kws_data as cli
     a = cli.get_args(["--keyword", "hey snips", "--keyword", "ok computer", "--out-dir", "d"])
     assert a.keyword == ["hey snips", "ok computer"] and a.nj == 2 and a.seed == 777
+    assert a.engines == "espeak"
     assert (a.train_pos, a.train_neg, a.test_neg) == (2000, 6000, 1800)
 
 
@@ -344,9 +363,13 @@ def test_multiple_keywords(tmp_path):
 
 
 FAKE_FLITE = '''#!{python}
-# Stand-in for Debian flite: lists voices, writes a voiced buzz for the text.
-import sys, numpy as np, soundfile as sf
+# Stand-in for Debian flite: lists voices, writes a voiced buzz for the text, prints no
+# phone segments (so it times no words); logs every call to $FAKE_FLITE_LOG.
+import os, sys, numpy as np, soundfile as sf
 a = sys.argv[1:]
+if os.environ.get("FAKE_FLITE_LOG"):
+    with open(os.environ["FAKE_FLITE_LOG"], "a") as log:
+        log.write(" ".join(a) + "\\n")
 if "-lv" in a:
     print("Voices available: kal awb_time kal16 awb rms slt")
     sys.exit(0)
@@ -355,32 +378,203 @@ stretch = float([x for x in a if x.startswith("duration_stretch=")][0].split("="
 t = np.arange(int(16000 * 0.25 * len(text.split()) * stretch)) / 16000
 sf.write(out, 0.3 * np.sign(np.sin(2 * np.pi * 120 * t)) * np.sin(np.pi * 4 * t) ** 2, 16000)
 '''
+FLITE_SIZES = S.Sizes(train_pos=24, train_neg=6, dev_pos=8, dev_neg=4, test_pos=8, test_neg=4)
 
 
-def test_flite_voices_when_present(tmp_path, monkeypatch):
-    import sys
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
+@pytest.fixture(scope="module")
+def fake_flite_dir(tmp_path_factory):
+    bindir = tmp_path_factory.mktemp("fake_flite")
     exe = bindir / "flite"
     exe.write_text(FAKE_FLITE.format(python=sys.executable))
     exe.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    assert S.flite_voices() == list(S.FLITE_VOICES)
-    out = str(tmp_path / "f")
-    S.generate_corpus([KW], out, seed=777, sizes=S.Sizes(12, 12, 8, 8, 8, 8), nj=2)
-    spk = {s: set(_dict(os.path.join(out, s, "utt2spk")).values()) for s in S.SPLITS}
+    return str(bindir)
+
+
+@pytest.fixture
+def flite_on_path(fake_flite_dir, monkeypatch):
+    monkeypatch.setenv("PATH", f"{fake_flite_dir}{os.pathsep}{os.environ['PATH']}")
+    return fake_flite_dir
+
+
+@pytest.fixture(scope="module")
+def flite_corpus(fake_flite_dir, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{fake_flite_dir}{os.pathsep}{os.environ['PATH']}")
+        out = str(tmp_path_factory.mktemp("flite") / "data")
+        S.generate_corpus([KW], out, seed=777, sizes=FLITE_SIZES, nj=2,
+                          engines=("espeak", "flite"))
+    return out
+
+
+def test_flite_voices_when_asked_for(flite_corpus, flite_on_path, tmp_path):
+    assert F.flite_voices() == list(F.FLITE_VOICES)
+    assert [v.spk for v in engine_class("flite").voices()] == \
+        [f"flite_{v}" for v in F.FLITE_VOICES]
+    spk = {s: set(_dict(os.path.join(flite_corpus, s, "utt2spk")).values()) for s in S.SPLITS}
     flite = {s: {v for v in spk[s] if v.startswith("flite_")} for s in S.SPLITS}
     assert flite["train"] and not flite["test"] & (flite["train"] | flite["dev"])
-    assert S.generate_corpus([KW], out, sizes=S.Sizes(12, 12, 8, 8, 8, 8), use_flite=False)
+    assert open(os.path.join(flite_corpus, "dict", "tts_engines")).read() == \
+        "espeak 0.8\nflite 0.2\n"
+    with open(os.path.join(flite_corpus, S.STAMP_NAME), encoding="utf-8") as f:
+        stamp = json.load(f)
+    assert stamp["engines"] == ["espeak", "flite"]
+    assert stamp["engine_shares"] == {"espeak": 0.8, "flite": 0.2}
+    assert stamp["engine_voices"] == {"flite": list(F.FLITE_VOICES)}
+    out = str(tmp_path / "again")
+    shutil.copytree(flite_corpus, out)
+    S.generate_corpus([KW], out, sizes=FLITE_SIZES, engines=("espeak",))
     spk2 = set(_dict(os.path.join(out, "train", "utt2spk")).values())
     assert not any(v.startswith("flite_") for v in spk2)      # args changed: regenerated
 
 
+def test_flite_keyword_alone_positives_span_their_speech(flite_corpus, flite_on_path, tmp_path):
+    """An engine that times no words (this flite prints no phone segments): a positive that
+    is the keyword alone spans its whole trimmed speech, one in a carrier gets no span."""
+    plan_dir = tmp_path / "plan"
+    plan_dir.mkdir()
+    groups, _ = S.plan_corpus([KW], 777, FLITE_SIZES, (5.0, 30.0),
+                              engine_class("flite").voices(), str(plan_dir))
+    tts = S.Renderer(16000, str(tmp_path))
+    alone = 0
+    for g in groups:
+        times = _dict(os.path.join(flite_corpus, g.split, "kw_times"))
+        for spec in g.specs:
+            if spec.kind != "pos" or spec.voice.engine != "flite":
+                continue
+            if spec.text != KW:
+                assert spec.utt not in times, spec.text
+                continue
+            speech, span = tts.speak(spec, seed=0)
+            assert span == (0.0, len(speech) / 16000)
+            lead = round(spec.lead_s * 16000) / 16000
+            assert times[spec.utt] == f"{lead:.3f} {lead + len(speech) / 16000:.3f}"
+            alone += 1
+    assert alone >= 3
+
+
+def test_engines_without_espeak(flite_on_path, tmp_path):
+    """espeak-ng still filters the texts, but only flite speaks."""
+    out = str(tmp_path / "only_flite")
+    S.generate_corpus([KW], out, sizes=S.Sizes(2, 2, 1, 1, 1, 1), engines=("flite",))
+    for split in S.SPLITS:
+        assert all(spk.startswith(("flite_", "noise_"))
+                   for spk in _dict(os.path.join(out, split, "utt2spk")).values())
+    assert open(os.path.join(out, "dict", "tts_engines")).read() == "flite 1\n"
+    with pytest.raises(S.SynthError, match="add espeak to --engines"):
+        S.generate_corpus([KW], out, engines=("flite",), train_random_voices=2)
+
+
+def test_flite_word_onsets_from_phone_segments(monkeypatch):
+    said = {}
+
+    def fake_run(cmd, **kwargs):        # flite -ps on the words between commas
+        said["text"] = cmd[cmd.index("-t") + 1]
+        return subprocess.CompletedProcess(cmd, 0, said["stdout"], "")
+
+    monkeypatch.setattr(F.subprocess, "run", fake_run)
+    said["stdout"] = "pau ow k ey pau hh ey pau s n ih p s pau \n"
+    segments = [("pau", 0.2), ("ow", 0.3), ("k", 0.35), ("ey", 0.5), ("hh", 0.55),
+                ("ey", 0.7), ("pau", 0.8), ("s", 0.9), ("n", 0.95), ("ih", 1.0), ("p", 1.05),
+                ("s", 1.2), ("pau", 1.4)]
+    # each word starts where its first phone starts, a pause before it left out
+    assert F.flite_word_onsets("okay hey  snips", "kal16", segments, 16000) == \
+        [(1, 3200), (6, 8000), (11, 12800)]
+    assert said["text"] == "okay, hey, snips"
+    assert F.flite_word_onsets("okay hey snips", "kal16", [], 16000) is None
+    said["stdout"] = "pau ow k ey pau hh ey pau s n ih p pau \n"   # one phone fewer
+    assert F.flite_word_onsets("okay hey snips", "kal16", segments, 16000) is None
+    said["stdout"] = "pau ow k ey hh ey pau s n ih p s pau \n"     # two words in one
+    assert F.flite_word_onsets("okay hey snips", "kal16", segments, 16000) is None
+
+
+def _run_synth(out, path_env, *extra, **env_extra):
+    """The real binary on a tiny corpus, with PATH set to `path_env`."""
+    env = dict(os.environ, PATH=path_env, OMP_NUM_THREADS="1", **env_extra)
+    cmd = [sys.executable, "-m", "toolkit.bin.synth_kws_data", "--keyword", KW, "--out-dir",
+           str(out), "--seed", "777", "--num-train-pos", "3", "--num-train-neg", "3",
+           "--num-dev-pos", "2", "--num-dev-neg", "2", "--num-test-pos", "2",
+           "--num-test-neg", "2", "--nj", "2", *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_engines_espeak_ignores_an_installed_flite(fake_flite_dir, tmp_path):
+    log = tmp_path / "flite_calls"
+    without = _run_synth(tmp_path / "without", os.environ["PATH"])
+    with_flite = _run_synth(tmp_path / "with", f"{fake_flite_dir}{os.pathsep}{os.environ['PATH']}",
+                            "--engines", "espeak", FAKE_FLITE_LOG=str(log))
+    assert without.returncode == 0, without.stderr
+    assert with_flite.returncode == 0, with_flite.stderr
+    a, b = _digest(str(tmp_path / "without")), _digest(str(tmp_path / "with"))
+    assert len(a) == 14 + 7 * 3 + 3 and a == b       # every file, the stamp included
+    assert not log.exists()                           # flite was never run
+
+    env_log = dict(os.environ, FAKE_FLITE_LOG=str(log))
+    assert subprocess.run([os.path.join(fake_flite_dir, "flite"), "-lv"], env=env_log,
+                          capture_output=True).returncode == 0
+    assert log.exists()                               # the log does record calls
+
+
+def test_engine_asked_for_but_missing_is_one_error_line(tmp_path):
+    empty = tmp_path / "empty_path"
+    empty.mkdir()
+    res = _run_synth(tmp_path / "out", str(empty), "--engines", "espeak,flite")
+    assert res.returncode == 2
+    assert "error: flite was asked for (--engines) but no `flite` binary is on PATH: " \
+           "apt-get install flite" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_engine_registry(monkeypatch, tmp_path):
+    assert {"espeak", "flite", "festival"} <= set(ENGINES.names())
+    assert engine_class("espeak").available()
+    voices = engine_class("espeak").voices()
+    assert len(voices) == len(E.ACCENTS) * len(E.VARIANTS)
+    assert all(isinstance(v, Voice) and v.engine == "espeak" for v in voices)
+    with pytest.raises(S.SynthError, match="unknown TTS engine 'nope'"):
+        engine_class("nope")
+    monkeypatch.setenv("PATH", str(tmp_path))         # neither flite nor festival here
+    for name, hint in (("flite", "apt-get install flite"),
+                       ("festival", "apt-get install festival festvox-kallpc16k")):
+        cls = engine_class(name)
+        assert not cls.available() and cls.voices() == [] and hint in cls.unavailable_reason()
+    # generic layer: importing it loads no task code
+    code = ("import sys, toolkit.tts.engines, toolkit.tts.pool, toolkit.tts.signal; "
+            "sys.exit(any(m.startswith('toolkit.tasks') for m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_espeak_engine_speaks_with_word_onsets(tmp_path):
+    from toolkit.tts.pool import run_forked
+    voice = engine_class("espeak").voices()[0]
+
+    def speak(_):
+        a = engine_class("espeak")(str(tmp_path)).synth("hey snips", voice, rate=150, seed=3)
+        return a.audio, a.sample_rate, a.word_onsets
+
+    (audio, sr, onsets), again = run_forked(speak, [None, None], 1, str(tmp_path))
+    assert audio.dtype == np.float32 and sr == 22050 and len(audio) > sr // 4
+    assert [c for c, _ in onsets] == [1, 5] and onsets[0][1] < onsets[1][1]
+    assert np.array_equal(audio, again[0])           # a fresh child: the same samples
+
+
+@pytest.mark.skipif(not engine_class("festival").available(),
+                    reason="festival is not installed (apt-get install festival festvox-kallpc16k)")
+def test_festival_engine_is_deterministic(tmp_path):
+    cls = engine_class("festival")
+    for voice in cls.voices():        # diphone and HTS voices set the rate differently
+        slow, again = (cls(str(tmp_path)).synth("hey snips", voice, rate=120) for _ in range(2))
+        fast = cls(str(tmp_path)).synth("hey snips", voice, rate=220)
+        assert slow.word_onsets is None and slow.audio.dtype == np.float32
+        assert np.array_equal(slow.audio, again.audio) and slow.sample_rate == again.sample_rate
+        assert len(fast.audio) < 0.8 * len(slow.audio), voice    # the rate is applied
+
+
 def test_random_variant_files_are_well_formed_and_seeded():
-    a = S.random_voices(30, S.ACCENTS, seed=5)
-    assert [v.variant for v in a] == [v.variant for v in S.random_voices(30, S.ACCENTS, 5)]
-    assert [v.variant for v in a] != [v.variant for v in S.random_voices(30, S.ACCENTS, 6)]
-    assert {v.name.split("+")[0] for v in a} == set(S.ACCENTS)       # accents in turn
+    a = E.random_voices(30, E.ACCENTS, seed=5)
+    assert [v.variant for v in a] == [v.variant for v in E.random_voices(30, E.ACCENTS, 5)]
+    assert [v.variant for v in a] != [v.variant for v in E.random_voices(30, E.ACCENTS, 6)]
+    assert {v.name.split("+")[0] for v in a} == set(E.ACCENTS)       # accents in turn
     assert len({v.spk for v in a}) == 30 and all("_rv" in v.spk for v in a)
     for v in a:
         lines = [line.split() for line in v.variant.splitlines()]
@@ -397,7 +591,7 @@ def test_random_variant_files_are_well_formed_and_seeded():
 def test_procedural_voices_join_training_only(tmp_path):
     sizes = S.Sizes(train_pos=16, train_neg=16, dev_pos=4, dev_neg=4, test_pos=4, test_neg=4)
     plain = _generate(tmp_path / "plain", sizes=sizes)
-    kwargs = dict(seed=777, sizes=sizes, train_random_voices=40, use_flite=False)
+    kwargs = dict(seed=777, sizes=sizes, train_random_voices=40, engines=("espeak",))
     S.generate_corpus([KW], str(tmp_path / "rv2"), nj=2, **kwargs)
     S.generate_corpus([KW], str(tmp_path / "rv1"), nj=1, **kwargs)
     rv = str(tmp_path / "rv2")
@@ -482,7 +676,7 @@ def test_carrier_share_says_near_homophones_inside_the_positives_carriers():
 
 
 def test_pair_share_remakes_near_homophones_as_minimal_pairs_of_positives():
-    voices = S.split_voices(S.espeak_voices(), 5)["train"]
+    voices = S.split_voices(E.espeak_voices(), 5)["train"]
     filt = S.TextFilter([KW, "alexa"], {})
     cats = {k: S.confusable_categories(k) for k in (KW, "alexa")}
 

@@ -151,11 +151,11 @@ class VoicePerturbConfig:
 
 @dataclass
 class SamplerConfig:
-    # bucket: shuffled, length-sorted inside windows; speaker_balanced: each batch draws
-    # `speakers_per_batch` labels, then `utts_per_speaker` utterances of each.
+    # bucket: shuffled, length-sorted inside windows; class_balanced: each batch draws
+    # `classes_per_batch` labels (e.g. speakers), then `utts_per_class` utterances of each.
     type: str = "bucket"
-    speakers_per_batch: int = 0   # speaker_balanced: labels per batch (0: batch_size / utts_per_speaker)
-    utts_per_speaker: int = 2     # speaker_balanced: utterances drawn per label
+    classes_per_batch: int = 0    # class_balanced: labels per batch (0: batch_size / utts_per_class)
+    utts_per_class: int = 2       # class_balanced: utterances drawn per label
 
 
 @dataclass
@@ -424,9 +424,26 @@ def _build_section(raw, section: Section, path: str):
     return build_dataclass(section.schema, raw, path)
 
 
-def _build_optim(raw, names: Tuple[str, ...]) -> "OptimizerConfigs":
+def _with_defaults(default: Dict[str, Any], raw):
+    """An optimizer's raw section over the task's defaults for it. Key by key: a changed
+    `type` keeps the other defaults (adam and adamw share one schema); nested sections
+    (scheduler) merge, a scheduler of another type replacing the default one whole."""
+    if not default or not (raw is None or isinstance(raw, dict)):
+        return raw
+    out = copy.deepcopy(default)
+    for key, value in (raw or {}).items():
+        old = out.get(key)
+        out[key] = merge(old, value) if isinstance(old, dict) and isinstance(value, dict) \
+            else copy.deepcopy(value)
+    return out
+
+
+def _build_optim(raw, names: Tuple[str, ...],
+                 defaults: Optional[Dict[str, Dict[str, Any]]] = None) -> "OptimizerConfigs":
     """`optim` is one OptimConfig when the task has one optimizer, or a mapping from each
-    of the task's optimizer names to an OptimConfig."""
+    of the task's optimizer names to an OptimConfig. `defaults` (the task's
+    `optim_defaults`) replace generic defaults per optimizer name."""
+    defaults = defaults or {}
     raw = raw or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"optim: expected a mapping, got {raw!r}")
@@ -436,14 +453,17 @@ def _build_optim(raw, names: Tuple[str, ...]) -> "OptimizerConfigs":
         if missing:
             raise ConfigError(f"optim: no settings for optimizer(s) {', '.join(missing)} "
                               f"(this task steps {', '.join(names)})")
-        return OptimizerConfigs({n: build_dataclass(OptimConfig, raw[n], f"optim.{n}")
+        return OptimizerConfigs({n: build_dataclass(OptimConfig,
+                                                    _with_defaults(defaults.get(n, {}), raw[n]),
+                                                    f"optim.{n}")
                                  for n in names})
     if len(names) > 1:
         unknown = sorted(set(raw) - set(names))
         raise ConfigError(f"optim: this task steps optimizers {', '.join(names)}; give each its "
                           f"own section (optim.{names[0]}.lr=...)"
                           + (f", not {', '.join(unknown)}" if unknown else ""))
-    return OptimizerConfigs({names[0]: build_dataclass(OptimConfig, raw, "optim")})
+    return OptimizerConfigs({names[0]: build_dataclass(
+        OptimConfig, _with_defaults(defaults.get(names[0], {}), raw), "optim")})
 
 
 def validate(raw: Dict[str, Any]) -> Config:
@@ -474,7 +494,8 @@ def validate(raw: Dict[str, Any]) -> Config:
             sections[name] = None
             continue
         sections[name] = _build_section(raw.get(name), section, name)
-    sections["optim"] = _build_optim(raw.get("optim"), tuple(task_cls.optimizers))
+    sections["optim"] = _build_optim(raw.get("optim"), tuple(task_cls.optimizers),
+                                     getattr(task_cls, "optim_defaults", None))
     sections["training"] = build_dataclass(TrainingConfig, raw.get("training"), "training")
     cfg = Config(sections)
     _check_values(cfg)
@@ -510,11 +531,11 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError(f"dataset.data_type: expected auto, raw or shard, got {d.data_type!r}")
     if d.batch_size < 1 and d.max_frames_in_batch < 1:
         raise ConfigError("dataset.batch_size or dataset.max_frames_in_batch must be positive")
-    if d.sampler.type not in ("bucket", "speaker_balanced"):
-        raise ConfigError(f"dataset.sampler.type: expected bucket or speaker_balanced, got "
+    if d.sampler.type not in ("bucket", "class_balanced"):
+        raise ConfigError(f"dataset.sampler.type: expected bucket or class_balanced, got "
                           f"{d.sampler.type!r}")
-    if d.sampler.type == "speaker_balanced" and d.sampler.utts_per_speaker < 1:
-        raise ConfigError("dataset.sampler.utts_per_speaker must be >= 1")
+    if d.sampler.type == "class_balanced" and d.sampler.utts_per_class < 1:
+        raise ConfigError("dataset.sampler.utts_per_class must be >= 1")
     if d.speed_perturb and any(s <= 0 for s in d.speed_perturb):
         raise ConfigError("dataset.speed_perturb: factors must be positive")
     if d.feature.dither < 0:
@@ -831,6 +852,16 @@ def reference_rows(cls, path: str) -> List[Tuple[str, str, str, str]]:
     return rows
 
 
+def _flat_defaults(node: Dict[str, Any], path: str) -> List[Tuple[str, Any]]:
+    out: List[Tuple[str, Any]] = []
+    for key, value in node.items():
+        if isinstance(value, dict):
+            out.extend(_flat_defaults(value, f"{path}.{key}"))
+        else:
+            out.append((f"{path}.{key}", value))
+    return out
+
+
 def config_reference(tasks: Iterable[type]) -> str:
     """Markdown listing every key of every section of every task (docs/config_reference.md)."""
     out = ["# Configuration reference", "",
@@ -853,6 +884,10 @@ def config_reference(tasks: Iterable[type]) -> str:
     for task in sorted(tasks, key=lambda t: t.name):
         out.extend([f"## Task `{task.name}`", "",
                     f"Optimizers: {', '.join(f'`{n}`' for n in task.optimizers)}.", ""])
+        overrides = _flat_defaults(getattr(task, "optim_defaults", None) or {}, "optim")
+        if overrides:
+            out.extend(["Defaults this task sets over the optim table: "
+                        + ", ".join(f"`{k}={v}`" for k, v in overrides) + ".", ""])
         table("task", reference_rows(task.Config, "task"))
         for name, section in task.sections.items():
             if section.registry is not None:

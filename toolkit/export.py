@@ -16,8 +16,16 @@ METADATA_KEY = "toolkit_metadata"
 SIDE_CONFIG = "config.json"
 
 
-def export_torchscript(module: nn.Module, path: str, metadata: dict) -> None:
-    scripted = torch.jit.script(module.eval())
+def export_torchscript(module: nn.Module, path: str, metadata: dict,
+                       trace_example: Optional[Tuple[torch.Tensor, ...]] = None) -> None:
+    """Scripted, or traced on `trace_example` for modules TorchScript cannot compile (the
+    parity check on inputs of other shapes then shows the trace generalises)."""
+    module = module.eval()
+    if trace_example is not None:
+        with torch.no_grad():
+            scripted = torch.jit.trace(module, trace_example, check_trace=False)
+    else:
+        scripted = torch.jit.script(module)
     scripted.save(path, _extra_files={"metadata.json": json.dumps(metadata)})
 
 

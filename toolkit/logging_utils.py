@@ -35,6 +35,13 @@ class RedactSecrets(logging.Filter):
         return True
 
 
+class NotOnConsole(logging.Filter):
+    """Drops records logged with extra={"console": False} (already printed plainly)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(record, "console", True)
+
+
 def setup_logging(log_file: str = "", console: bool = True, rank: int = 0) -> None:
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
                             "%Y-%m-%d %H:%M:%S")
@@ -56,4 +63,5 @@ def setup_logging(log_file: str = "", console: bool = True, rank: int = 0) -> No
         sh.setLevel(logging.ERROR)
     sh.setFormatter(fmt)
     sh.addFilter(redactor)
+    sh.addFilter(NotOnConsole())
     root.addHandler(sh)

@@ -126,6 +126,10 @@ class Task:
     selection_metric: str = "loss"
     # Module a safetensors export holds, and the modules an init checkpoint loads into.
     export_module: str = "model"
+    # Per-optimizer raw defaults that replace the generic OptimConfig defaults (the YAML
+    # still overrides them key by key), e.g. {"discriminator": {"start_fraction": 0.1}}
+    # for a phase that belongs to the family, not to every config file.
+    optim_defaults: Dict[str, Dict[str, Any]] = {}
 
     def __init__(self, cfg: Config, inventory: Optional[List[str]] = None):
         self.cfg = cfg
@@ -164,6 +168,13 @@ class Task:
         """Modules an init checkpoint loads into (the rest keep their fresh init);
         `task_state` is the checkpoint's task state (None for a one-module export)."""
         return [self.export_module]
+
+    def adapt_init_state(self, name: str, module: nn.Module,
+                         state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """`state`, the init checkpoint's or export's weights for module `name`, in the
+        layout of the freshly built `module` (e.g. an export whose weight norm was folded
+        into plain weights, re-parametrized); the strict key check runs afterwards."""
+        return state
 
     def describe(self, modules: Dict[str, nn.Module]) -> str:
         counts = ", ".join(f"{n} {sum(p.numel() for p in m.parameters()):,}"

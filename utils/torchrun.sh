@@ -24,6 +24,22 @@ if [ -z "$gpus" ] || [ "$gpus" = "-1" ]; then
   num_gpus=0
   nproc=$num_procs
 else
+  if ! [[ "$gpus" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+    echo "error: gpus=$gpus: expected GPU indices like 0 or 0,1 (or -1 for CPU)" >&2
+    exit 2
+  fi
+  # The devices must exist before torchrun starts workers that would each fail.
+  visible=$(python -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
+  for g in ${gpus//,/ }; do
+    if [ "$g" -ge "$visible" ]; then
+      if [ "$visible" -eq 0 ]; then
+        echo "error: gpus=$gpus but this machine has no usable CUDA device; set gpus=-1 in run.sh (or pass --gpus -1) to train on CPU" >&2
+      else
+        echo "error: gpus=$gpus but only $visible CUDA device(s) are visible (indices 0-$((visible - 1)))" >&2
+      fi
+      exit 2
+    fi
+  done
   export CUDA_VISIBLE_DEVICES=$gpus
   num_gpus=$(echo "$gpus" | awk -F, '{print NF}')
   nproc=$num_gpus

@@ -51,6 +51,7 @@ def main(argv=None):
         from toolkit.config import TASKS, config_reference
         sys.stdout.write(config_reference(TASKS.get(n) for n in TASKS.names()))
         return 0
+    import toolkit.tasks  # noqa: F401  (registers every task)
     from toolkit.trainer.run import run_training
     return run_training(args)
 

@@ -85,18 +85,18 @@ def plan_batches(frames: np.ndarray, keep: np.ndarray, dataset_cfg, seed: int, e
     return batches
 
 
-@PLANNERS.register("speaker_balanced")
-def plan_speaker_balanced(frames: np.ndarray, keep: np.ndarray, dataset_cfg, seed: int,
-                          epoch: int, train: bool,
-                          labels: Optional[np.ndarray] = None) -> List[np.ndarray]:
-    """Each batch draws speakers (labels), then utterances of each: as many batches as
-    the bucket plan would have, every speaker drawn about equally often. Evaluation lists
-    keep the plain plan (every utterance once)."""
+@PLANNERS.register("class_balanced")
+def plan_class_balanced(frames: np.ndarray, keep: np.ndarray, dataset_cfg, seed: int,
+                        epoch: int, train: bool,
+                        labels: Optional[np.ndarray] = None) -> List[np.ndarray]:
+    """Each batch draws classes (labels, e.g. speakers), then utterances of each: as many
+    batches as the bucket plan would have, every class drawn about equally often.
+    Evaluation lists keep the plain plan (every utterance once)."""
     if not train or labels is None:
         return plan_batches(frames, keep, dataset_cfg, seed, epoch, train)
     s = dataset_cfg.sampler
-    per = max(1, s.utts_per_speaker)
-    speakers = s.speakers_per_batch or max(1, dataset_cfg.batch_size // per)
+    per = max(1, s.utts_per_class)
+    classes = s.classes_per_batch or max(1, dataset_cfg.batch_size // per)
     rng = np.random.default_rng([seed & 0xFFFFFFFF, epoch, 0x5BA1])
     kept_labels = labels[keep]
     names = np.unique(kept_labels)
@@ -104,13 +104,13 @@ def plan_speaker_balanced(frames: np.ndarray, keep: np.ndarray, dataset_cfg, see
         return []
     pools = {int(c): rng.permutation(keep[kept_labels == c]) for c in names}
     cursor = {c: 0 for c in pools}
-    num_batches = max(1, math.ceil(len(keep) / (speakers * per)))
-    speaker_stream: List[int] = []
+    num_batches = max(1, math.ceil(len(keep) / (classes * per)))
+    class_stream: List[int] = []
     batches = []
     for _ in range(num_batches):
-        while len(speaker_stream) < speakers:
-            speaker_stream.extend(int(c) for c in rng.permutation(names))
-        chosen, speaker_stream = speaker_stream[:speakers], speaker_stream[speakers:]
+        while len(class_stream) < classes:
+            class_stream.extend(int(c) for c in rng.permutation(names))
+        chosen, class_stream = class_stream[:classes], class_stream[classes:]
         rows = []
         for c in chosen:
             pool = pools[c]

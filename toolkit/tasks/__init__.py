@@ -8,7 +8,7 @@ environment variable TOOLKIT_PLUGINS (comma-separated) and every binary imports 
 import importlib
 import os
 
-from toolkit.tasks import kws, speaker  # noqa: F401
+from toolkit.tasks import codec, kws, speaker  # noqa: F401
 from toolkit.errors import UserError
 
 

@@ -256,7 +256,8 @@ def load_init_weights(modules: Dict[str, torch.nn.Module], task, path: str,
         if name not in states:
             raise ConfigError(f"training.init_checkpoint {path} has no weights for module "
                               f"'{name}' (it has {', '.join(sorted(states))})")
-        _load_module(modules[name], states[name], f"{path} [{name}]", allow_missing)
+        state = task.adapt_init_state(name, modules[name], states[name])
+        _load_module(modules[name], state, f"{path} [{name}]", allow_missing)
         loaded.append(name)
     fresh = [n for n in modules if n not in loaded]
     logger.info("initialised %s from %s%s", ", ".join(loaded), path,

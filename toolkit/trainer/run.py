@@ -2,6 +2,7 @@
 resume or init, and failure reporting that names the failed rank and its log."""
 import logging
 import os
+import sys
 import traceback
 
 from toolkit.config import (TASKS, ConfigError, apply_overrides, config_secrets, load_yaml,
@@ -19,8 +20,8 @@ logger = logging.getLogger("toolkit.train")
 
 def resolve_config(args):
     """File config (with its defaults list) + CLI paths + overrides -> (validated Config,
-    task class, inventory), with the sizes derived from the data filled in."""
-    import toolkit.tasks  # noqa: F401  (registers every task)
+    task class, inventory), with the sizes derived from the data filled in. The task
+    must be registered (the binary imports toolkit.tasks)."""
     raw = load_yaml(args.config)
     cli = []
     if args.train_data:
@@ -120,8 +121,12 @@ def run_training(args) -> int:
         dist_util.barrier(info)
         return 0
     except (UserError, FileNotFoundError) as err:
-        # The user's input is wrong: say what, without a traceback.
-        logger.error("error: %s", err)
+        # The user's input is wrong: say what, in one line, without a traceback (the log
+        # file keeps it too). Rank 0 speaks for all: every rank meets the same input.
+        logger.error("error: %s", err, extra={"console": rank != 0})
+        if rank == 0:
+            from toolkit.config import scrub_text
+            print(f"error: {scrub_text(str(err))}", file=sys.stderr, flush=True)
         return 2
     except Exception as err:
         logger.error("rank %d failed: %s\n%s(full log: %s)", rank, err,

@@ -634,11 +634,17 @@ class Trainer:
         # Every rank logs it: ranks that drifted apart (a sync bug) are visible at a glance.
         logger.info("rank %d final parameter checksum %s", self.info.rank, self.checksum())
         if self.info.is_main:
+            import resource
             wall = time.time() - run_start
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            workers = resource.getrusage(resource.RUSAGE_CHILDREN)
             logger.info("training finished: %d steps, %s this run (%.2f steps/s); "
-                        "checkpointing %.2f s = %.2f%% of wall time", self.step,
+                        "checkpointing %.2f s = %.2f%% of wall time; peak RSS %.2f GB (loader "
+                        "workers %.2f GB); CPU user %.0f s, system %.0f s", self.step,
                         format_duration(wall), (self.step - start_step) / max(wall, 1e-9),
-                        self.save_seconds, 100.0 * self.save_seconds / max(wall, 1e-9))
+                        self.save_seconds, 100.0 * self.save_seconds / max(wall, 1e-9),
+                        usage.ru_maxrss / 2 ** 20, workers.ru_maxrss / 2 ** 20,
+                        usage.ru_utime + workers.ru_utime, usage.ru_stime + workers.ru_stime)
 
     def checksum(self) -> str:
         import hashlib

@@ -1,14 +1,16 @@
-"""TTS engines by name, so that recipes name the engines they speak with:
+"""TTS engines by name, so that recipes name the engines they speak with instead of
+branching on them:
 
-    engine_cls = ENGINES.get("flite")
-    if not engine_cls.available(): raise SynthError(engine_cls.unavailable_reason())
-    voices = engine_cls.voices()
-    speech = engine_cls(work_dir).synth("hey snips", voices[0], rate=175)
+    cls = engine_class("flite")                 # SynthError for an unknown name
+    if not cls.available(): raise SynthError(cls.unavailable_reason())
+    voices = cls.voices()
+    speech = cls(work_dir).synth("hey snips", voices[0], rate=175)   # a Speech
 
-Class methods (available, unavailable_reason, voices) are cheap and load nothing, so a
-parent process may call them. An instance speaks and may hold engine state (espeak-ng
-does): make it in the process that renders, e.g. a toolkit.tts.pool child. Every engine
-here is deterministic given (text, voice, rate, pitch, range, seed).
+The class methods (available, unavailable_reason, voices) load nothing into the calling
+process (flite and festival are asked in a subprocess), so a parent may call them. An
+instance speaks and may hold engine state (espeak-ng does): make it in the process that
+renders, e.g. a toolkit.tts.pool child. Given text, voice, rate, pitch, range and seed,
+each engine's output is the same every time (espeak-ng: in a fresh process).
 
 Registered: espeak (libespeak-ng, 8 English accents x 28 variants, word onsets), flite
 (Debian `flite`, 4 voices, word onsets from its phone segments when they add up),
@@ -46,10 +48,11 @@ class Engine:
         raise NotImplementedError
 
     def synth(self, text: str, voice: Voice, rate: int = 175, pitch: int = 50,
-              prange: int = 50, seed: int = 0) -> Speech:
+              prange: int = 50, seed: int = 0, time_words: bool = True) -> Speech:
         """`rate` in words per minute (175: each engine's default); `pitch` and `prange`
         on espeak's 0-100 scale (50: the voice's own), ignored by engines that cannot set
-        them; `seed` fixes an engine's own noise sources."""
+        them; `seed` fixes an engine's own noise sources. `time_words=False` skips the
+        word onsets where they cost extra work (flite)."""
         raise NotImplementedError
 
 
@@ -77,7 +80,7 @@ class EspeakEngine(Engine):
         return espeak.espeak_voices() if cls.available() else []
 
     def synth(self, text: str, voice: Voice, rate: int = 175, pitch: int = 50,
-              prange: int = 50, seed: int = 0) -> Speech:
+              prange: int = 50, seed: int = 0, time_words: bool = True) -> Speech:
         if self._espeak is None:
             self._espeak = espeak.Espeak(self.data_path)
         self._espeak.seed(seed)
@@ -104,9 +107,10 @@ class FliteEngine(Engine):
         return [Voice(f"flite_{v}", "flite", v) for v in flite.flite_voices()]
 
     def synth(self, text: str, voice: Voice, rate: int = 175, pitch: int = 50,
-              prange: int = 50, seed: int = 0) -> Speech:
+              prange: int = 50, seed: int = 0, time_words: bool = True) -> Speech:
         audio, sr, segments = flite.flite_synth(text, voice.name, rate, self.work_dir)
-        return Speech(audio, sr, flite.flite_word_onsets(text, voice.name, segments, sr))
+        onsets = flite.flite_word_onsets(text, voice.name, segments, sr) if time_words else None
+        return Speech(audio, sr, onsets)
 
 
 @ENGINES.register("festival")
@@ -129,7 +133,7 @@ class FestivalEngine(Engine):
         return [Voice(f"festival_{v}", "festival", v) for v in festival.festival_voices()]
 
     def synth(self, text: str, voice: Voice, rate: int = 175, pitch: int = 50,
-              prange: int = 50, seed: int = 0) -> Speech:
+              prange: int = 50, seed: int = 0, time_words: bool = True) -> Speech:
         audio, sr = festival.festival_synth(text, voice.name, rate, self.work_dir)
         return Speech(audio, sr, None)
 

@@ -53,7 +53,8 @@ def _rate_setting(voice: str, rate: int) -> str:
 def festival_synth(text: str, voice: str, rate: int, tmp_dir: str) -> Tuple[np.ndarray, int]:
     """One clip at the voice's own sample rate (16 kHz diphones, 32 kHz HTS)."""
     import soundfile as sf
-    text_path, wav_path = os.path.join(tmp_dir, "festival.txt"), os.path.join(tmp_dir, "festival.wav")
+    text_path = os.path.join(tmp_dir, "festival.txt")
+    wav_path = os.path.join(tmp_dir, "festival.wav")
     with open(text_path, "w", encoding="utf-8") as f:
         f.write(text + "\n")
     cmd = ["text2wave", "-eval", f"(voice_{voice})", "-eval", _rate_setting(voice, rate),

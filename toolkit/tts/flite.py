@@ -1,10 +1,10 @@
 """flite, the Debian binary (`apt-get install flite`), one fresh process per clip.
 
 The CLI reports no word onsets, but `-psdur` prints every phone segment with its end
-time; `flite_word_onsets` assigns the segments to words by each word's phone count (flite
-run on the word alone) and gives up, returning None, when the counts do not add up.
+time; `flite_word_onsets` assigns the segments to words by each word's phone count (from
+a second run on the words separated by commas, where flite pauses between words) and
+gives up, returning None, when the counts do not add up.
 """
-import functools
 import os
 import re
 import shutil
@@ -52,14 +52,21 @@ def flite_synth(text: str, voice: str, rate: int, tmp_dir: str
     return audio[:, 0], int(sr), segments
 
 
-@functools.lru_cache(maxsize=4096)
-def _phone_count(word: str, voice: str) -> Optional[int]:
-    """Phones flite says for `word` alone (its lexicon or letter-to-sound rules)."""
-    res = subprocess.run(["flite", "-voice", voice, "-ps", "-t", word, "-o", "none"],
+def _phone_counts(text: str, voice: str) -> Optional[List[int]]:
+    """Phones per word of `text` as flite says them; None when that cannot be told."""
+    words = text.split()
+    res = subprocess.run(["flite", "-voice", voice, "-ps", "-t", ", ".join(words), "-o", "none"],
                          capture_output=True, text=True)
     if res.returncode != 0:
         return None
-    return sum(1 for p in res.stdout.split() if p != _SILENCE)
+    counts, current = [], 0
+    for phone in res.stdout.split() + [_SILENCE]:
+        if phone != _SILENCE:
+            current += 1
+        elif current:
+            counts.append(current)
+            current = 0
+    return counts if len(counts) == len(words) else None
 
 
 def flite_word_onsets(text: str, voice: str, segments: List[Tuple[str, float]],
@@ -74,13 +81,11 @@ def flite_word_onsets(text: str, voice: str, segments: List[Tuple[str, float]],
         if name != _SILENCE:
             phone_starts.append(previous_end)
         previous_end = end
-    words = text.split()
-    counts = [_phone_count(w, voice) for w in words]
-    if None in counts or sum(counts) != len(phone_starts):
+    counts = _phone_counts(text, voice)
+    if counts is None or sum(counts) != len(phone_starts):
         return None
     onsets, at = [], 0
     for char, count in zip(word_char_starts(text), counts):
-        if count:
-            onsets.append((char, int(round(phone_starts[at] * sample_rate))))
+        onsets.append((char, int(round(phone_starts[at] * sample_rate))))
         at += count
     return onsets

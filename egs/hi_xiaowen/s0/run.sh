@@ -53,11 +53,13 @@ task_type=detection
 
 if [ "$stage" -le -1 ] && [ "$stop_stage" -ge -1 ]; then
   echo "stage -1: corpus in $corpus_dir"
+  # Every archive is looked at (and its sha256 printed) even when an earlier one failed;
+  # a failure falls through to the message below.
+  _fetch_failed=0
   for part in mobvoi_hotword_dataset mobvoi_hotword_dataset_resources; do
-    # Present, or downloaded/verified/extracted; a failure falls through to the message below.
     python -m toolkit.bin.fetch_corpus --url "$download_url/$part.tgz" \
       --archive "$corpus_dir/$part.tgz" --corpus-dir "$corpus_dir" --marker "$part" \
-      --checksums "$checksum_file" --verify "$verify_checksum" || break
+      --checksums "$checksum_file" --verify "$verify_checksum" || _fetch_failed=1
   done
   if [ ! -f "$corpus_dir/mobvoi_hotword_dataset_resources/p_train.json" ] \
      || [ ! -d "$corpus_dir/mobvoi_hotword_dataset" ]; then

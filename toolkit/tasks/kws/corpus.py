@@ -1,18 +1,23 @@
-"""Synthetic wake-word corpus: TTS speech (espeak-ng, plus the engines asked for) in noise.
+"""Synthetic wake-word corpus: TTS speech mixed with noise.
 
 Produces Kaldi data dirs ``{train,dev,test}`` (wav.scp, text, utt2dur, utt2spk, spk2utt,
 utt2kind, kw_times), the WAVs under ``wavs/<split>/``, ``dict/keywords.txt`` (line i =
-class i) and ``dict/tts_engines``: one ``<engine> <share>`` line per engine that speaks,
-share being its planned fraction of the speech (a split holding none of an engine's voices
-gets none). The engines are an explicit choice (``engines``, the binary's ``--engines``;
-names from toolkit.tts.engines.ENGINES), recorded with their voices in the stamp: espeak-ng
-alone by default, and an engine that is not asked for is never looked at, so what happens
-to be installed does not change the corpus. espeak-ng is needed in any case: its phonemes
-keep keyword sound-alikes out of the negatives. Engines other than espeak-ng speak
-OTHER_ENGINES_SHARE of the utterances. Keyword timings (kw_times) come from the engine's
-word onsets (espeak-ng; flite when its phone segments add up, see toolkit.tts.flite); a
-positive that is the keyword alone, from an engine that times no words (festival), spans
-its whole speech; other positives of such engines have no kw_times line.
+class i) and ``dict/tts_engines``.
+
+Engines: the TTS engines that speak are an explicit choice (``engines``, the binary's
+``--engines``; names of toolkit.tts.engines.ENGINES), espeak-ng alone by default. An
+engine that is not asked for is never looked at, so what happens to be installed does not
+change the corpus; one that is asked for but missing is an error before any work. The
+engines besides espeak-ng speak OTHER_ENGINES_SHARE of the utterances, shared alike.
+espeak-ng is needed whatever speaks: its phonemes keep keyword sound-alikes out of the
+negatives. ``dict/tts_engines`` holds one ``<engine> <share>`` line per engine (its planned
+share of the utterances; a split without voices of an engine gets none of it), and the
+stamp records the engines, shares and voices.
+
+Keyword timings (kw_times, positives only) come from the engine's word onsets (espeak-ng;
+flite, from its phone segments, when they add up: toolkit.tts.flite). From an engine that
+times no words (festival, or flite when they do not add up), a positive that is the
+keyword alone spans its whole speech and one in a carrier phrase gets no kw_times line.
 
 Determinism: libespeak-ng keeps internal waveform state from one utterance to the next
 and nothing resets it, so the corpus is planned in the parent (all text/voice/parameter
@@ -35,8 +40,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.data.audio import resample
 from toolkit.data import kaldi
+from toolkit.data.audio import resample
 from toolkit.fileio import atomic_write_text
 from toolkit.tts import SynthError, Voice, word_char_starts
 from toolkit.tts.engines import ENGINES, Engine, engine_class
@@ -47,7 +52,6 @@ from toolkit.tts.pool import run_forked, single_thread_blas
 from toolkit.tts.signal import (active_power, babble_noise, colored_noise, mix_at_snr,
                                 speech_bounds, to_int16)
 
-
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3           # bump when the outputs change, so old stamps are stale
@@ -57,8 +61,8 @@ SPLITS = ("train", "dev", "test")
 GROUP_SIZE = 64              # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_kws_data.json"
 NOISE_TEXT = "<noise>"
-# Fraction of the utterances spoken by the engines other than espeak-ng (--engines), shared
-# alike among them; with espeak-ng alone nothing else is looked at.
+# Fraction of the utterances spoken by the engines asked for besides espeak-ng, shared alike
+# (measured with flite: README).
 OTHER_ENGINES_SHARE = 0.2
 VOICE_SPLIT = {"dev": 0.1, "test": 0.2}   # per accent (espeak) or engine; the rest is train
 
@@ -592,7 +596,7 @@ class Renderer:
         and the engine times no words; None when neither applies."""
         v = spec.voice
         speech = self._engine(v.engine).synth(spec.text, v, spec.rate, spec.pitch, spec.prange,
-                                              seed)
+                                              seed, time_words=spec.kw_words is not None)
         audio = resample(speech.audio, speech.sample_rate, self.sr)
         bounds = speech_bounds(audio)
         span = None
@@ -882,7 +886,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     atomic_write_text(os.path.join(out_dir, "dict", "keywords.txt"),
                       "".join(k + "\n" for k in keywords))
     kaldi.write_table(os.path.join(out_dir, "dict", ENGINES_FILE),
-                {e: f"{share:g}" for e, share in engine_shares(engines).items()})
+                      {e: f"{share:g}" for e, share in engine_shares(engines).items()})
     with open(os.path.join(out_dir, STAMP_NAME), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=1, sort_keys=True)   # written last: marks completion
     logger.info("wrote %s in %.1f s", out_dir, time.time() - t0)

@@ -18,7 +18,7 @@ LOSSES: Registry = Registry("loss")
 
 @dataclass
 class LossConfigBase:
-    type: str = ""
+    type: str = ""                # the registered criterion this section builds
 
 
 def valid_frame_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
@@ -112,7 +112,7 @@ class CrossEntropyLoss(nn.Module):
 
     @dataclass
     class Config(LossConfigBase):
-        label_smoothing: float = 0.0
+        label_smoothing: float = 0.0  # target mass spread over the other classes; 0: none
 
     def __init__(self, config: "CrossEntropyLoss.Config"):
         super().__init__()

@@ -61,8 +61,8 @@ def export_embedder(task, checkpoint: str, out_dir: str, test_data: str, num_che
     os.makedirs(out_dir, exist_ok=True)
     paths = {"torchscript": os.path.join(out_dir, "model.zip"),
              "onnx": os.path.join(out_dir, "model.onnx")}
-    writers.export_torchscript(model, paths["torchscript"], metadata)
-    example = (torch.zeros(1, 120, model.config.input_dim),)
+    example = (torch.randn(1, 120, model.config.input_dim),)
+    writers.export_torchscript(model, paths["torchscript"], metadata, trace_example=example)
     writers.export_onnx(model, example, paths["onnx"], ["feats"], ["embedding"],
                         {"feats": {0: "batch", 1: "frames"}, "embedding": {0: "batch"}}, metadata)
     writers.export_safetensors(model, os.path.join(out_dir, "model.safetensors"), metadata,

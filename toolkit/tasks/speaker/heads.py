@@ -38,7 +38,7 @@ class SoftmaxHead(nn.Module):
 
     @dataclass
     class Config:
-        type: str = ""
+        type: str = ""            # the registered head this section builds
         num_classes: int = 0      # training speakers; 0: taken from the speaker inventory
         # Must stay 0 (a linear layer has no margin); present so that every head's margin
         # is read the same way.
@@ -109,7 +109,7 @@ class AMSoftmaxHead(CosineMarginHead):
 
     @dataclass
     class Config:
-        type: str = ""
+        type: str = ""            # the registered head this section builds
         num_classes: int = 0      # training speakers; 0: taken from the speaker inventory
         # Logit scale s: cosines lie in [-1, 1], too flat for softmax without it; 32 is the
         # usual speaker setting (WeSpeaker, Hyperion).
@@ -128,7 +128,7 @@ class AAMSoftmaxHead(CosineMarginHead):
 
     @dataclass
     class Config:
-        type: str = ""
+        type: str = ""            # the registered head this section builds
         num_classes: int = 0      # training speakers; 0: taken from the speaker inventory
         # Logit scale s: cosines lie in [-1, 1], too flat for softmax without it; 32 is the
         # usual speaker setting (WeSpeaker, Hyperion).

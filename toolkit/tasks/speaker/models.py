@@ -21,7 +21,7 @@ INPUT_NORMS = ("none", "utterance_mean")
 
 # Variance floor of the pooled standard deviation: a one-frame (or constant) utterance
 # has zero variance, and the gradient of sqrt at 0 is infinite.
-VARIANCE_FLOOR = 1e-6
+# Standard deviations are floored at sqrt(1e-6) (written inline: TorchScript reads no globals).
 
 
 def count_parameters(module: nn.Module) -> int:
@@ -53,7 +53,7 @@ def mean_and_std(x: torch.Tensor) -> torch.Tensor:
     """(B, C, T) -> (B, 2C): mean and (biased) standard deviation over time."""
     mean = x.mean(dim=-1)
     var = (x - mean.unsqueeze(-1)).pow(2).mean(dim=-1)
-    return torch.cat([mean, var.clamp(min=VARIANCE_FLOOR).sqrt()], dim=1)
+    return torch.cat([mean, var.clamp(min=1e-6).sqrt()], dim=1)
 
 
 class StatisticsPooling(nn.Module):
@@ -88,7 +88,7 @@ class AttentiveStatisticsPooling(nn.Module):
         mean = (weights * x).sum(dim=-1)
         # centred form: E_w[x^2] - mean^2 loses precision when |mean| >> std
         var = (weights * (x - mean.unsqueeze(-1)).pow(2)).sum(dim=-1)
-        return torch.cat([mean, var.clamp(min=VARIANCE_FLOOR).sqrt()], dim=1)
+        return torch.cat([mean, var.clamp(min=1e-6).sqrt()], dim=1)
 
 
 # ----------------------------------------------------------------------------- x-vector
@@ -104,7 +104,7 @@ class XVectorTDNN(nn.Module):
 
     @dataclass
     class Config:
-        type: str = ""
+        type: str = ""                    # the registered model this section builds
         input_dim: int = 80               # fbank bins of the input features
         embed_dim: int = 512              # embedding size, the segment-6 layer of the paper
         # none | utterance_mean: subtract each utterance's mean over time in forward
@@ -182,7 +182,7 @@ class SpeakerResNet(nn.Module):
 
     @dataclass
     class Config:
-        type: str = ""
+        type: str = ""                    # the registered model this section builds
         input_dim: int = 80               # fbank bins; sets the frequency size of the flattened map
         embed_dim: int = 256              # embedding size (WeSpeaker's ResNet34 uses 256)
         # none | utterance_mean: subtract each utterance's mean over time in forward
@@ -303,7 +303,7 @@ class ECAPATDNN(nn.Module):
 
     @dataclass
     class Config:
-        type: str = ""
+        type: str = ""                    # the registered model this section builds
         input_dim: int = 80               # fbank bins of the input features
         embed_dim: int = 192              # embedding size, 192 as in the paper
         # none | utterance_mean: subtract each utterance's mean over time in forward

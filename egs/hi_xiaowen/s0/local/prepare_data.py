@@ -70,7 +70,11 @@ def load_split(root: str, split: str):
             if not os.path.isfile(wav):
                 skipped["audio file missing"].append(f"{WAV_DIR}/{e['utt_id']}.wav")
                 continue
-            spk = clean_id("unknown" if e.get("speaker_id") is None else e["speaker_id"])
+            # No speaker id: the utterance is its own speaker (as Kaldi's and lhotse's
+            # Mobvoi preparations do); pooling them under one id would make per-speaker
+            # statistics (stage 6's bootstrap over voices) look far more certain than they are.
+            spk = (clean_id(e["speaker_id"]) if e.get("speaker_id") is not None
+                   else f"nospk_{clean_id(e['utt_id'])}")
             utt = f"{spk}-{clean_id(e['utt_id'])}"
             if utt in seen:
                 raise SystemExit(f"error: {e['utt_id']} is listed twice in the {split} metadata")

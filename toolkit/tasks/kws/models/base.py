@@ -13,7 +13,7 @@ MODELS: Registry = Registry("model")
 
 @dataclass
 class ModelConfigBase:
-    type: str = ""
+    type: str = ""          # the registered model this section builds
     input_dim: int = 0      # 0: taken from dataset.feature.num_mel_bins
     num_outputs: int = 0    # 0: taken from the class/keyword inventory
     cmvn_file: str = ""     # global CMVN JSON; its statistics become model buffers

@@ -94,7 +94,7 @@ class BCResNet(StreamingModel):
     class Config(ModelConfigBase):
         scale: float = 1.0        # width multiplier (BC-ResNet-1, -1.5, -2, -3, -6, -8)
         sub_bands: int = 5        # sub-spectral norm groups (1: plain BatchNorm)
-        dropout: float = 0.1
+        dropout: float = 0.1      # before the classifier
 
     def __init__(self, config: "BCResNet.Config"):
         super().__init__(config)

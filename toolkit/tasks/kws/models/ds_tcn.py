@@ -62,24 +62,22 @@ class DSConvBlock(nn.Module):
 class DSTCN(StreamingModel):
     @dataclass
     class Config(ModelConfigBase):
-        hidden_dim: int = 64
+        hidden_dim: int = 64          # channels of each TCN block (per ensemble member)
         # 5 layers, kernel 8, dilations up to 16: a 218-frame (2.2 s) receptive field, so the
-        # end of a two-word keyword still sees its start (4 layers, 106 frames, could not
-        # tell "hai snips" from "hey snips": 50.75 % vs 30.00 % FRR at 1 FA/h).
+        # end of a two-word keyword still sees its start.
         num_layers: int = 5
-        kernel_size: int = 8
-        dilations: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-        dropout: float = 0.1
+        kernel_size: int = 8          # depthwise causal kernel, in frames
+        dilations: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # one per layer
+        dropout: float = 0.1          # after each block's activation
         # Channels of a convolutional front end over (frequency, time) that replaces the
         # dense projection of the mel bins; 0: the dense projection.
         frontend_channels: int = 0
         # A deep ensemble in one model: `members` independent networks (grouped
-        # convolutions, so one pass runs them all), each trained by the loss as if alone.
-        # Deployment scores the mean of their posteriors, each maximised over its last
-        # `member_window` frames (see MemberCombiner). Their chance false alarms rarely
-        # coincide: on the 35 h test two separately trained models, averaged so, missed
-        # 11 % of the keywords at 1 FA/h, where one alone missed 18 %.
+        # convolutions, so one pass runs them all), each trained by the loss as if alone;
+        # their chance false alarms rarely coincide.
         members: int = 1
+        # Deployment scores the mean of the members' posteriors, each maximised over its
+        # last `member_window` frames (their spikes need not fall on the same frame).
         member_window: int = 10
 
     def __init__(self, config: "DSTCN.Config"):

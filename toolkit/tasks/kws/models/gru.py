@@ -18,9 +18,9 @@ class GRU(StreamingModel):
 
     @dataclass
     class Config(ModelConfigBase):
-        hidden_dim: int = 48
-        num_layers: int = 2
-        dropout: float = 0.1
+        hidden_dim: int = 48          # GRU units per layer
+        num_layers: int = 2           # stacked unidirectional GRU layers
+        dropout: float = 0.1          # between layers
 
     def __init__(self, config: "GRU.Config"):
         super().__init__(config)

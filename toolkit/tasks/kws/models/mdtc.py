@@ -40,11 +40,11 @@ class MDTC(StreamingModel):
 
     @dataclass
     class Config(ModelConfigBase):
-        num_stacks: int = 3
-        num_layers_per_stack: int = 4
-        hidden_dim: int = 48
-        kernel_size: int = 5
-        dropout: float = 0.1
+        num_stacks: int = 3           # stacks whose outputs are summed (multi-scale context)
+        num_layers_per_stack: int = 4  # dilated blocks per stack, dilation doubling
+        hidden_dim: int = 48          # channels of every block
+        kernel_size: int = 5          # depthwise causal kernel, in frames
+        dropout: float = 0.1          # after each block's activation
 
     def __init__(self, config: "MDTC.Config"):
         super().__init__(config)

@@ -33,11 +33,11 @@ class TCN(StreamingModel):
 
     @dataclass
     class Config(ModelConfigBase):
-        hidden_dim: int = 32
-        num_layers: int = 6
-        kernel_size: int = 3
-        dilations: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
-        dropout: float = 0.1
+        hidden_dim: int = 32          # channels of every causal convolution
+        num_layers: int = 6           # dilated causal convolution layers
+        kernel_size: int = 3          # kernel of each layer, in frames
+        dilations: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # one per layer
+        dropout: float = 0.1          # after each layer's activation
 
     def __init__(self, config: "TCN.Config"):
         super().__init__(config)

@@ -1,0 +1,68 @@
+"""Encode audio to discrete codes, and decode codes back to audio, with an exported codec
+(the export dir that toolkit.bin.export_model writes for a codec experiment).
+
+  python -m toolkit.bin.codec encode --model exp/codec/export in.wav out.codes
+  python -m toolkit.bin.codec decode --model exp/codec/export out.codes decoded.wav
+
+The codes file is an .npz: codes int16 (n_codebooks, frames), the sample rate, hop and
+length of the audio, and the fingerprint of the model's weights; decode refuses codes of
+another model. The decoded WAV (16-bit, the model's rate) has the encoded length.
+Causal models run chunk by chunk (--chunk-seconds), so memory stays constant however long
+the file; non-causal models process whole files. Audio at another rate than the model's
+is resampled first (whole file); several channels are averaged.
+"""
+import argparse
+import logging
+import sys
+
+from toolkit.errors import cli
+from toolkit.logging_utils import setup_logging
+
+logger = logging.getLogger("codec")
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", required=True,
+                        help="codec export dir (encoder/decoder .onnx and .zip)")
+    common.add_argument("--backend", choices=("onnx", "torch"), default="onnx",
+                        help="onnx: onnxruntime on the .onnx graphs; torch: the TorchScript "
+                        ".zip graphs (default: %(default)s)")
+    common.add_argument("--chunk-seconds", type=float, default=1.0,
+                        help="causal models: audio per processing step (rounded to whole "
+                        "code frames; default: %(default)s)")
+    common.add_argument("--threads", type=int, default=1, help="CPU threads (default: 1)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{encode,decode}")
+    enc = sub.add_parser("encode", parents=[common], help="audio file -> codes file",
+                         description="Audio file -> codes file (.npz).")
+    enc.add_argument("input", help="audio file (WAV, FLAC, ...)")
+    enc.add_argument("output", help="codes file to write")
+    dec = sub.add_parser("decode", parents=[common], help="codes file -> 16-bit WAV",
+                         description="Codes file -> 16-bit WAV at the model's rate.")
+    dec.add_argument("input", help="codes file written by `encode`")
+    dec.add_argument("output", help="WAV file to write")
+    return p.parse_args(argv)
+
+
+@cli
+def main(argv=None):
+    args = get_args(argv)
+    setup_logging()
+    from toolkit.tasks.codec.task import ExportedCodec, decode_file, encode_file
+    codec = ExportedCodec(args.model, args.backend, args.threads)
+    if args.command == "encode":
+        info = encode_file(codec, args.input, args.output, args.chunk_seconds)
+        logger.info("%s: %.2f s -> %d frames x %d codebooks (%g kbit/s) -> %s", args.input,
+                    info["seconds"], info["frames"], codec.n_codebooks, codec.bitrate / 1000,
+                    args.output)
+    else:
+        info = decode_file(codec, args.input, args.output, args.chunk_seconds)
+        logger.info("%s: %d frames -> %.2f s -> %s", args.input, info["frames"],
+                    info["seconds"], args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
