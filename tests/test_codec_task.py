@@ -282,7 +282,7 @@ def test_config_checks_name_the_keys():
 
 RESUME = {
     "codec-1proc-bf16": (0, ["training.use_amp=true", "training.amp_dtype=bfloat16"], 3),
-    "codec-2ranks-fp16": (2, ["training.use_amp=true", "training.amp_dtype=float16"], 2),
+    "codec-2ranks-fp16": (2, ["training.use_amp=true", "training.amp_dtype=float16"], 1),
 }
 
 
@@ -328,7 +328,7 @@ def exported(corpus, phase_run, tmp_path_factory):
 
 def test_export_parity_and_metadata(corpus, phase_run, exported):
     from toolkit.export import onnx_runner, read_metadata
-    from toolkit.tasks.codec.task import load_safetensors_model
+    from toolkit.tasks.codec.export import load_safetensors_model
     out, log = exported
     assert sorted(os.listdir(out)) == ["config.json", "decoder.onnx", "decoder.zip",
                                        "encoder.onnx", "encoder.zip", "model.safetensors"]
@@ -413,7 +413,8 @@ def codec_cli(*args):
 def test_codec_cli_round_trip_and_wrong_model(corpus, phase_run, exported, tmp_path, capsys):
     import toolkit.tasks  # noqa: F401
     from toolkit.trainer.experiment import load_exp_config
-    from toolkit.tasks.codec.task import CodecTask, ExportedCodec, read_codes
+    from toolkit.tasks.codec.runtime import ExportedCodec, read_codes
+    from toolkit.tasks.codec.task import CodecTask
     out, _ = exported
     wav = json.loads(open(corpus.dev).readline())["wav"]
     original, rate = sf.read(wav, dtype="float32")

@@ -104,12 +104,15 @@ class Ramp:
 
 @dataclass
 class FeatureConfig:
+    type: str = "fbank"           # fbank | speech_embedding (openWakeWord's ONNX front end, opt-in)
     num_mel_bins: int = 40        # fbank bins; 40 for wake words, 80 for speakers
     frame_length_ms: float = 25.0  # Kaldi's default window
     frame_shift_ms: float = 10.0  # 100 frames per second
     # Gaussian noise added to the samples (int16 scale) before framing; drawn from the
     # utterance's own random stream (seed, epoch, key), so resume stays exact.
     dither: float = 0.0
+    mel_model: str = ""           # speech_embedding: melspectrogram.onnx; empty: the installed openwakeword's
+    embedding_model: str = ""     # speech_embedding: embedding_model.onnx; empty: the installed openwakeword's
 
 
 @dataclass
@@ -540,6 +543,13 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError("dataset.speed_perturb: factors must be positive")
     if d.feature.dither < 0:
         raise ConfigError("dataset.feature.dither must be >= 0")
+    from toolkit.data.features import FEATURES   # here: the feature types import numpy
+    if d.feature.type not in FEATURES:
+        raise ConfigError(f"dataset.feature.type: unknown {d.feature.type!r} (one of: "
+                          f"{', '.join(FEATURES.names())})")
+    feature_problem = FEATURES.get(d.feature.type).check_config(d)
+    if feature_problem:
+        raise ConfigError(feature_problem)
     for name in ("volume_range", "vtlp_range"):
         _check_range_pair(getattr(d, name), f"dataset.{name}")
     if d.vtlp_range and not 0.5 <= d.vtlp_range[0] <= d.vtlp_range[1] <= 2.0:

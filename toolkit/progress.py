@@ -78,3 +78,44 @@ def track(items: Iterable[T], total: Optional[int], desc: str, unit: str = "it",
         for item in items:
             yield item
             p.update()
+
+
+# --------------------------------------------------------------------------- parallel jobs
+
+_SHARED = None      # a counter forked workers add to (set by parallel_map in the parent)
+_LOCAL = None       # the Progress of an in-process run
+
+
+def tick(n: int = 1) -> None:
+    """Called by a job for each unit of work done (an utterance)."""
+    if _LOCAL is not None:
+        _LOCAL.update(n)
+    elif _SHARED is not None:
+        with _SHARED.get_lock():
+            _SHARED.value += n
+
+
+def parallel_map(fn, jobs, nj: int, total: Optional[int], desc: str, unit: str = "utt",
+                 interval_s: float = 30.0) -> list:
+    """`[fn(job) for job in jobs]` in up to `nj` forked processes, with one progress bar
+    (or periodic log line) over the `tick`s the jobs report."""
+    import multiprocessing as mp
+    global _SHARED, _LOCAL
+    bar = Progress(total, desc, unit, interval_s)
+    try:
+        if nj <= 1 or len(jobs) <= 1:
+            _LOCAL = bar
+            return [fn(job) for job in jobs]
+        context = mp.get_context("fork")
+        _SHARED = context.Value("l", 0)
+        with context.Pool(min(nj, len(jobs))) as pool:
+            pending = pool.map_async(fn, jobs)
+            while not pending.ready():
+                pending.wait(1.0)
+                bar.update(_SHARED.value - bar.done)
+            results = pending.get()
+        bar.update(_SHARED.value - bar.done)
+        return results
+    finally:
+        _SHARED = _LOCAL = None
+        bar.close()

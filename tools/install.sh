@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Creates tools/venv (once) with the toolkit installed in editable mode, plus the
 # test and TTS extras. Safe to rerun: it does nothing when the install is current.
+# TOOLKIT_EXTRAS=oww also installs openWakeWord's front end (tools/install_oww.sh; opt-in,
+# its models are CC BY-NC-SA 4.0); nothing by default needs it.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TOOLKIT_VENV:-$root/tools/venv}
@@ -8,8 +10,14 @@ python=${PYTHON:-python3}
 stamp=$venv/.toolkit-installed
 # Reinstall when setup.py changes, so new requirements arrive on a plain rerun.
 want=$(cksum < "$root/setup.py")
+extras() {
+  case ",${TOOLKIT_EXTRAS:-}," in
+    *,oww,*) TOOLKIT_VENV=$venv bash "$root/tools/install_oww.sh" ;;
+  esac
+}
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && (cd / && "$venv/bin/python" -c "import toolkit.bin" 2>/dev/null); then
+  extras
   exit 0
 fi
 if [ ! -x "$venv/bin/python" ]; then
@@ -22,3 +30,4 @@ fi
 "$venv/bin/python" -m pip install -q -e "$root[test,tts]"
 echo "$want" > "$stamp"
 echo "[install] toolkit installed in $venv" >&2
+extras

@@ -16,7 +16,10 @@
 #                      stage 6 = DET curves (FRR vs false alarms per hour) + threshold.
 #                      classification: the transcript IS the class name (one line of
 #                      $dict); stage 6 = accuracy and confusion matrix.
-#   precompute_feats   true (default): fbank once into $data/*/fbank/ and train from it
+#   precompute_feats   true (default): features once into $data/*/$feat_dir/ and train from it
+#   feat_dir           where stage 1 puts them (fbank by default); one per feature type, so
+#                      front ends sharing a data dir do not overwrite each other
+#   cmvn_name          $data/train/$cmvn_name.{json,ark} (global_cmvn by default), likewise
 #   target_fa_per_hour detection only: FA/h at which the deployment threshold is chosen (1.0)
 #   score_bootstrap_unit detection only: what the FRR intervals resample, speaker (default:
 #                      whole voices, as errors cluster by voice) or utterance
@@ -28,8 +31,8 @@
 #                      ctc component (phone: espeak-ng pronunciations). Empty: none.
 #
 # Stages (each rerunnable):
-#   1 data lists $data/*/data.list (+ fbank features $data/*/fbank/ when precompute_feats)
-#   2 global CMVN $data/train/global_cmvn.{json,ark}
+#   1 data lists $data/*/data.list (+ features $data/*/$feat_dir/ when precompute_feats)
+#   2 global CMVN $data/train/$cmvn_name.{json,ark}
 #   3 training through torchrun into $exp (resumes when rerun)
 #   4 average the best $average_num checkpoints by dev loss -> $exp/avg_${average_num}.pt
 #   5 export TorchScript/ONNX/safetensors -> $exp/export/ (parity-checked)
@@ -50,6 +53,8 @@ target_fa_per_hour=${target_fa_per_hour:-1.0}
 score_bootstrap_unit=${score_bootstrap_unit:-speaker}
 ctc_unit=${ctc_unit:-}
 train_speed_copies=${train_speed_copies:-}
+feat_dir=${feat_dir:-fbank}
+cmvn_name=${cmvn_name:-global_cmvn}
 case "$task_type" in
   detection) _label_mode=keyword ;;
   classification) _label_mode=class ;;
@@ -57,7 +62,7 @@ case "$task_type" in
 esac
 
 list_name=data.list
-[ "$precompute_feats" = true ] && list_name=fbank/data.list
+[ "$precompute_feats" = true ] && list_name=$feat_dir/data.list
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   echo "stage 1: data lists (label mode $_label_mode)"
@@ -74,7 +79,7 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
     if [ "$precompute_feats" = true ]; then
       _speed_args=()
       [ "$x" = train ] && [ -n "$train_speed_copies" ] && _speed_args=(--speed-copies "$train_speed_copies")
-      python -m toolkit.bin.compute_feats "$data/$x/data.list" "$data/$x/fbank" --config "$config" \
+      python -m toolkit.bin.compute_feats "$data/$x/data.list" "$data/$x/$feat_dir" --config "$config" \
         --nj "$nj" "${_speed_args[@]}"
     fi
   done
@@ -82,8 +87,8 @@ fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   echo "stage 2: global CMVN"
-  python -m toolkit.bin.compute_cmvn "$data/train/$list_name" "$data/train/global_cmvn.json" \
-    --kaldi-out "$data/train/global_cmvn.ark" --config "$config" --nj "$nj"
+  python -m toolkit.bin.compute_cmvn "$data/train/$list_name" "$data/train/$cmvn_name.json" \
+    --kaldi-out "$data/train/$cmvn_name.ark" --config "$config" --nj "$nj"
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
@@ -94,7 +99,7 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
     "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
     -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
     --train-data "$data/train/$list_name" --dev-data "$data/dev/$list_name" \
-    --inventory "$dict" --cmvn "$data/train/global_cmvn.json" \
+    --inventory "$dict" --cmvn "$data/train/$cmvn_name.json" \
     ${ctc_unit:+--units "$data/dict/units.txt"} $train_overrides
 fi
 
@@ -120,8 +125,12 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     fi
     python -m toolkit.bin.compute_posteriors --model "$exp/export/model.onnx" \
       --data-list "$data/test/$list_name" --output "$exp/score/test_probs.ark"
+    # The decision rule counts in the model's frames (10 ms fbank, 80 ms embeddings).
+    _shift_ms=$(python -c 'import sys; from toolkit.export import read_metadata
+print(read_metadata(sys.argv[1])["feature"]["frame_shift_ms"])' "$exp/export/model.onnx")
     python -m toolkit.bin.score_kws --data-list "$data/test/$list_name" \
       --posteriors "$exp/score/test_probs.ark" --inventory "$dict" --out-dir "$exp/score" \
+      --frame-shift-ms "$_shift_ms" \
       --target-fa-per-hour "$target_fa_per_hour" --fa-targets 0.5,1,2,5 \
       --bootstrap-unit "$_bootstrap_unit"
     python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score"

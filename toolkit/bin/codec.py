@@ -50,7 +50,7 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
-    from toolkit.tasks.codec.task import ExportedCodec, decode_file, encode_file
+    from toolkit.tasks.codec.runtime import ExportedCodec, decode_file, encode_file
     codec = ExportedCodec(args.model, args.backend, args.threads)
     if args.command == "encode":
         info = encode_file(codec, args.input, args.output, args.chunk_seconds)

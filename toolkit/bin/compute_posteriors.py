@@ -32,7 +32,7 @@ def main(argv=None):
     # Small streaming calls: extra threads only add contention.
     torch.set_num_threads(1)
     import kaldiio
-    from toolkit.config import DatasetConfig
+    from toolkit.data.features import dataset_config_from_metadata
     from toolkit.data.audio import BadEntry
     from toolkit.data.datalist import BadCounter, DataList
     from toolkit.data.pipeline import FeaturePipeline
@@ -40,11 +40,7 @@ def main(argv=None):
 
     backend = load_backend(args.model)
     feature = backend.metadata["feature"]
-    cfg = DatasetConfig(sample_rate=int(feature["sample_rate"]))
-    cfg.feature.num_mel_bins = int(feature["num_mel_bins"])
-    cfg.feature.frame_length_ms = float(feature["frame_length_ms"])
-    cfg.feature.frame_shift_ms = float(feature["frame_shift_ms"])
-    cfg.feature.dither = float(feature.get("dither", 0.0))
+    cfg = dataset_config_from_metadata(feature)    # the model's feature type and options
     datalist = DataList.load(args.data_list, require_label=False)
     processor = FeaturePipeline(cfg, seed=0, train=False)
     bad = BadCounter()

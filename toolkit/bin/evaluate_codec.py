@@ -25,7 +25,7 @@ logger = logging.getLogger("evaluate_codec")
 
 def _baseline(text: str):
     from toolkit.config import ConfigError
-    from toolkit.tasks.codec.task import parse_baseline
+    from toolkit.tasks.codec.evaluate import parse_baseline
     try:
         return parse_baseline(text)
     except ConfigError as err:
@@ -55,8 +55,8 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
-    from toolkit.tasks.codec.task import (ExportedCodec, evaluate_list, markdown_table,
-                                          write_report)
+    from toolkit.tasks.codec.evaluate import evaluate_list, markdown_table, write_report
+    from toolkit.tasks.codec.runtime import ExportedCodec
     codec = ExportedCodec(args.model, args.backend, args.threads)
     result = evaluate_list(codec, args.test_data, args.baseline, args.max_utts, args.plot_key)
     paths = write_report(result, args.out_dir)

@@ -3,22 +3,27 @@
 1. The corpus is already extracted there (--marker, a file or directory relative to
    --corpus-dir, exists): nothing to do.
 2. Otherwise the archive --archive is used when present, else downloaded from --url.
-3. Its sha256 is checked against --checksums (`sha256sum` format: `<hex>  <file name>`).
-   A file name without a known checksum there is reported together with the computed
-   value; with --verify true that stops the recipe until the value is filled in (after
-   comparing it with a source you trust), --verify false goes on unverified.
-4. The archive is extracted into --corpus-dir.
+3. Its digest is checked against --checksums (`sha256sum`/`md5sum` format: `<hex>  <file
+   name>`; 64 hex digits are a sha256, 32 an md5, as corpus sites publish one or the
+   other). A file name without a known checksum there is reported together with its
+   computed sha256; with --verify true that stops the recipe until the value is filled in
+   (after comparing it with a source you trust), --verify false goes on unverified.
+4. The archive (.tar, .tar.gz, .tgz, .tar.bz2 or .zip) is extracted into --corpus-dir.
 """
 import argparse
+import hashlib
 import os
 import re
 import sys
 import tarfile
 import urllib.error
 import urllib.request
+import zipfile
 
-from toolkit.fileio import sha256_file
 from toolkit.errors import cli
+
+# Digest length in hex digits -> hashlib algorithm.
+ALGORITHMS = {64: "sha256", 32: "md5"}
 
 
 def get_args(argv=None):
@@ -29,7 +34,8 @@ def get_args(argv=None):
     p.add_argument("--corpus-dir", required=True, help="directory to extract into")
     p.add_argument("--marker", required=True,
                    help="file or directory (relative to --corpus-dir) that the extracted corpus has")
-    p.add_argument("--checksums", required=True, help="sha256sum-format file")
+    p.add_argument("--checksums", required=True,
+                   help="sha256sum/md5sum-format file (`<hex>  <file name>` lines)")
     p.add_argument("--verify", choices=["true", "false"], default="true")
     p.add_argument("--timeout", type=float, default=30.0, help="network timeout in seconds")
     return p.parse_args(argv)
@@ -40,7 +46,8 @@ def say(message: str) -> None:
 
 
 def known_checksum(checksums: str, name: str):
-    """The recorded sha256 of `name`, or None when the file records none (or UNKNOWN)."""
+    """(algorithm, hex digest) recorded for `name`: sha256 for 64 hex digits, md5 for 32;
+    None when the file records none (or UNKNOWN)."""
     if not os.path.isfile(checksums):
         return None
     with open(checksums, encoding="utf-8") as f:
@@ -48,8 +55,19 @@ def known_checksum(checksums: str, name: str):
             parts = line.split("#", 1)[0].split()
             if len(parts) == 2 and parts[1].lstrip("*") == name:
                 value = parts[0].lower()
-                return value if re.fullmatch(r"[0-9a-f]{64}", value) else None
+                if re.fullmatch(r"[0-9a-f]+", value) and len(value) in ALGORITHMS:
+                    return ALGORITHMS[len(value)], value
+                return None
     return None
+
+
+def file_digest(path: str, algorithm: str) -> str:
+    """Hex digest of a file, read in 1 MiB blocks (archives are many GB)."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def download(url: str, dest: str, timeout: float) -> None:
@@ -68,9 +86,23 @@ def download(url: str, dest: str, timeout: float) -> None:
     os.replace(part, dest)
 
 
+def extract_zip(archive: str, corpus_dir: str) -> None:
+    with zipfile.ZipFile(archive) as zf:
+        root = os.path.realpath(corpus_dir)
+        for member in zf.infolist():
+            target = os.path.realpath(os.path.join(corpus_dir, member.filename))
+            if os.path.isabs(member.filename) or ".." in member.filename.replace("\\", "/").split("/") \
+                    or not (target == root or target.startswith(root + os.sep)):
+                raise RuntimeError(f"unsafe path in archive: {member.filename}")
+        zf.extractall(corpus_dir)
+
+
 def extract(archive: str, corpus_dir: str) -> None:
     say(f"extracting {archive} into {corpus_dir}")
     os.makedirs(corpus_dir, exist_ok=True)
+    if zipfile.is_zipfile(archive):
+        extract_zip(archive, corpus_dir)
+        return
     with tarfile.open(archive) as tar:
         if hasattr(tarfile, "data_filter"):       # refuses absolute paths, .., devices
             tar.extractall(corpus_dir, filter="data")
@@ -100,10 +132,11 @@ def main(argv=None):
                 f"extracts it); or extract it yourself and pass --corpus-dir DIR (the directory "
                 f"holding {marker}) with --stage 0")
             return 1
-    expected = known_checksum(args.checksums, name)
-    if args.verify == "true" or expected:
-        say(f"computing sha256 of {args.archive}")
-        actual = sha256_file(args.archive)
+    known = known_checksum(args.checksums, name)
+    if args.verify == "true" or known:
+        algorithm, expected = known or ("sha256", None)
+        say(f"computing {algorithm} of {args.archive}")
+        actual = file_digest(args.archive, algorithm)
         if expected is None:
             say(f"no known sha256 for {name} in {args.checksums}; this archive's is {actual}")
             if args.verify == "true":
@@ -113,17 +146,17 @@ def main(argv=None):
                 return 1
             say("warning: continuing with an unverified archive (--verify-checksum false)")
         elif actual != expected:
-            say(f"error: sha256 mismatch for {args.archive}: expected {expected} "
+            say(f"error: {algorithm} mismatch for {args.archive}: expected {expected} "
                 f"({args.checksums}), got {actual}. The file is corrupt or a different "
                 f"release: delete it and rerun")
             return 1
         else:
-            say(f"sha256 verified: {actual}")
+            say(f"{algorithm} verified: {actual}")
     else:
         say(f"warning: using {name} unverified (--verify-checksum false, no known checksum)")
     try:
         extract(args.archive, args.corpus_dir)
-    except (tarfile.TarError, OSError, RuntimeError) as err:
+    except (tarfile.TarError, zipfile.BadZipFile, OSError, RuntimeError) as err:
         say(f"error: cannot extract {args.archive}: {err}")
         return 1
     if not os.path.exists(os.path.join(args.corpus_dir, marker)):

@@ -4,7 +4,8 @@ a cohort); EER and minDCF (p_target 0.01 and 0.05), a DET curve PNG, summary.txt
 result.json.
 
 Trial lists: VoxCeleb (`1 id1/utt.wav id2/utt.wav`) or Kaldi (`enroll test target`);
-keys are looked up in the embeddings as given, then without the `.wav` extension.
+keys are looked up in the embeddings as given, then without the `.wav` extension, then
+with `/` as `-` (Kaldi-style utterance ids such as id10270-x6uYqmx31kE-00001).
 
   python -m toolkit.bin.score_sv --trials data/trials/vox1_O.txt \\
       --embeddings exp/resnet/embeddings/test/embeddings.scp \\
@@ -41,7 +42,10 @@ def get_args(argv=None):
 
 
 def _lookup(embeddings, key):
-    for candidate in (key, key[:-4] if key.endswith(".wav") else key, key.replace("/", "-")):
+    # VoxCeleb trials name `id10270/x6uYqmx31kE/00001.wav`, Kaldi-style dirs the utterance
+    # `id10270-x6uYqmx31kE-00001`: the extension goes and the slashes become dashes.
+    stem = key[:-4] if key.endswith(".wav") else key
+    for candidate in (key, stem, key.replace("/", "-"), stem.replace("/", "-")):
         if candidate in embeddings:
             return np.asarray(embeddings[candidate], np.float64)
     return None

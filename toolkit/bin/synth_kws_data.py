@@ -8,9 +8,10 @@ import logging
 import sys
 
 from toolkit.errors import cli
-from toolkit.tasks.kws.corpus import (OTHER_ENGINES_SHARE, TRAIN_CARRIER_SHARE,
-                                      TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, TRAIN_PAIR_SHARE,
-                                      TRAIN_SWAP_SHARE, Sizes, generate_corpus)
+from toolkit.tasks.kws.corpus import (OTHER_ENGINES_SHARE, TEST_ONLY_ENGINES,
+                                      TRAIN_CARRIER_SHARE, TRAIN_CONF_SHARE, TRAIN_HARD_SHARE,
+                                      TRAIN_PAIR_SHARE, TRAIN_SWAP_SHARE, Sizes,
+                                      generate_corpus)
 from toolkit.tts.engines import ENGINES
 
 _DEFAULTS = Sizes()
@@ -75,7 +76,14 @@ def get_args(argv=None):
     p.add_argument("--engines", default="espeak", metavar="LIST",
                    help=f"comma-separated TTS engines that speak, of {','.join(ENGINES.names())}; "
                         f"those besides espeak share {OTHER_ENGINES_SHARE:g} of the utterances. "
-                        "One asked for but not installed is an error (default %(default)s)")
+                        "One asked for but not installed is an error; "
+                        f"{','.join(TEST_ONLY_ENGINES)} only with --test-only (default %(default)s)")
+    p.add_argument("--test-only", action="store_true",
+                   help="write <out-dir>/test alone (and dict/): an evaluation set from "
+                        "--engines, on the test voices the full corpus of this --seed holds "
+                        f"out, plus every voice of {','.join(TEST_ONLY_ENGINES)} (reserved for "
+                        "the unseen-engine test, refused without this); sized by "
+                        "--num-test-pos/--num-test-neg. Use its own --out-dir")
     return p.parse_args(argv)
 
 
@@ -96,7 +104,8 @@ def main(argv=None):
                               train_swap_share=args.train_swap_share,
                               train_carrier_share=args.train_carrier_share,
                               train_pair_share=args.train_pair_share,
-                              train_random_voices=args.train_random_voices)
+                              train_random_voices=args.train_random_voices,
+                              test_only=args.test_only)
     for split, info in summary.items():
         kinds = ", ".join(f"{k} {h:.2f} h" for k, h in info["hours_by_kind"].items())
         logging.info("%s: %d utterances, %.2f h (%s)", split, info["utts"], info["hours"], kinds)

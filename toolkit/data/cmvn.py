@@ -3,13 +3,13 @@ Kaldi-format stats (2 x (D+1) matrix: sums and count, sums of squares), and read
 from either (a Kaldi `cmvn.ark` made by `compute-cmvn-stats` works too)."""
 import json
 import logging
-import multiprocessing as mp
 from typing import Optional, Tuple
 
 import numpy as np
 
 from toolkit.data.audio import BadEntry
 from toolkit.data.datalist import BadCounter, DataList, split_range
+from toolkit.progress import tick
 
 logger = logging.getLogger(__name__)
 
@@ -35,17 +35,16 @@ def _accumulate(args) -> Tuple[np.ndarray, np.ndarray, int, BadCounter]:
         total += feats.sum(axis=0)
         total_sq += (feats ** 2).sum(axis=0)
         frames += len(feats)
+        tick()
     return total, total_sq, frames, bad
 
 
 def compute_global_cmvn(list_path: str, dataset_cfg, num_workers: int = 2) -> dict:
     parts = max(1, num_workers)
     jobs = [(list_path, dataset_cfg, p, parts) for p in range(parts)]
-    if parts == 1:
-        results = [_accumulate(jobs[0])]
-    else:
-        with mp.get_context("fork").Pool(parts) as pool:
-            results = pool.map(_accumulate, jobs)
+    from toolkit.progress import parallel_map
+    results = parallel_map(_accumulate, jobs, parts,
+                           len(DataList.load(list_path, require_label=False)), "CMVN statistics")
     total = sum(r[0] for r in results)
     total_sq = sum(r[1] for r in results)
     frames = sum(r[2] for r in results)

@@ -1,7 +1,6 @@
 """Feature extraction into Kaldi archives, in parallel, one archive per job."""
 import json
 import logging
-import multiprocessing as mp
 import os
 
 import numpy as np
@@ -9,6 +8,7 @@ import numpy as np
 from toolkit.data.audio import BadEntry
 from toolkit.data.datalist import BadCounter, DataList, split_range
 from toolkit.fileio import atomic_write_text
+from toolkit.progress import parallel_map, tick
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ def _job(args):
                 continue
             writer(entry["key"], feats.astype(np.float32))
             lines.append(entry)
+            tick()
             for factor in speeds:
                 try:
                     copy, feats = _speed_copy(processor, entry, factor)
@@ -73,11 +74,8 @@ def compute_features_for_list(list_path: str, out_dir: str, dataset_cfg, nj: int
         raise ValueError(f"speed copies must be distinct positive factors other than 1: {speeds}")
     os.makedirs(out_dir, exist_ok=True)
     jobs = [(list_path, out_dir, dataset_cfg, p, max(1, nj), speeds) for p in range(max(1, nj))]
-    if len(jobs) == 1:
-        results = [_job(jobs[0])]
-    else:
-        with mp.get_context("fork").Pool(len(jobs)) as pool:
-            results = pool.map(_job, jobs)
+    total = len(DataList.load(list_path, require_label=False))
+    results = parallel_map(_job, jobs, nj, total, f"features of {list_path}")
     feat_of = {}
     scp_lines = []
     bad = BadCounter()

@@ -1,5 +1,5 @@
 """Per-utterance processing shared by every task: decode -> waveform augmentation ->
-fbank -> feature augmentation. A task's ExampleBuilder calls these pieces and adds what
+features (the `dataset.feature.type` extractor; fbank by default) -> feature augmentation. A task's ExampleBuilder calls these pieces and adds what
 its examples need (labels, a random chunk, keyword end frames, a waveform segment).
 
 All randomness of an utterance comes from (seed, epoch, key): the result never depends
@@ -11,7 +11,7 @@ import numpy as np
 from toolkit.data import augment
 from toolkit.data.audio import BadEntry, resample
 from toolkit.data.datalist import DataList
-from toolkit.data.features import compute_fbank, options_from_config
+from toolkit.data.features import build_extractor
 
 DITHER_STREAM = "\0dither"   # dither draws from its own stream: other draws stay put
 
@@ -31,20 +31,35 @@ class FeaturePipeline:
         # Ramped augmentation probabilities are read at each epoch's first step.
         self.steps_per_epoch = steps_per_epoch
         self.total_steps = total_steps
-        self.opts = options_from_config(dataset_cfg.feature, dataset_cfg.sample_rate)
-        # kaldi-native-fbank's own dither draws from a process-global generator that no
-        # checkpoint can restore; the pipeline dithers from the utterance stream instead.
-        self.opts.frame_opts.dither = 0.0
+        self.extractor = build_extractor(dataset_cfg.feature, dataset_cfg.sample_rate)
+        # fbank's kaldi-native-fbank options (None for other feature types).
+        self.opts = getattr(self.extractor, "opts", None)
         self.dither = float(dataset_cfg.feature.dither)
         self.min_frames = 1
-        mel = self.opts.mel_opts
-        nyquist = dataset_cfg.sample_rate / 2
-        self.mel_centers = augment.mel_bin_centers_hz(
-            mel.num_bins, mel.low_freq, mel.high_freq if mel.high_freq > 0 else nyquist + mel.high_freq)
+        # Duration of the audio the last features came from over that of the audio as
+        # loaded (speed perturbation changes it): frame times map back through it.
+        self.time_scale = 1.0
+        self.mel_centers = None
+        if self.opts is not None:
+            # kaldi-native-fbank's own dither draws from a process-global generator that no
+            # checkpoint can restore; the pipeline dithers from the utterance stream instead.
+            self.opts.frame_opts.dither = 0.0
+            mel = self.opts.mel_opts
+            nyquist = dataset_cfg.sample_rate / 2
+            self.mel_centers = augment.mel_bin_centers_hz(
+                mel.num_bins, mel.low_freq,
+                mel.high_freq if mel.high_freq > 0 else nyquist + mel.high_freq)
 
     @property
     def num_bins(self) -> int:
-        return int(self.opts.mel_opts.num_bins)
+        """The feature dimension (mel bins for fbank)."""
+        return int(self.extractor.dim)
+
+    def frame_end_times(self, num_frames: int) -> Optional[np.ndarray]:
+        """Where the input of each of the last utterance's frames ends, in seconds of the
+        audio as loaded; None when the feature type has no such timing (fbank)."""
+        ends = self.extractor.frame_end_times(num_frames)
+        return None if ends is None else ends / self.time_scale
 
     def rng(self, epoch: int, key: str) -> np.random.Generator:
         return augment.utterance_rng(self.seed, epoch, key)
@@ -92,12 +107,14 @@ class FeaturePipeline:
         return wave
 
     # ------------------------------------------------------------------ features
-    def fbank(self, wave: np.ndarray, epoch: int, key: str) -> np.ndarray:
+    def extract(self, wave: np.ndarray, epoch: int, key: str) -> np.ndarray:
         if self.dither > 0:
             drng = augment.utterance_rng(self.seed, epoch, key + DITHER_STREAM)
             wave = (wave + (self.dither / 32768.0)
                     * drng.standard_normal(len(wave))).astype(np.float32)
-        return compute_fbank(wave, self.opts)
+        return self.extractor.compute(wave)
+
+    fbank = extract     # the name callers knew when fbank was the only type
 
     def read_features(self, entry: dict) -> np.ndarray:
         import kaldiio
@@ -133,9 +150,12 @@ class FeaturePipeline:
         rng = rng if rng is not None else self.rng(epoch, entry["key"])
         if "feat" in entry and audio is None:
             feats = self.read_features(entry)
+            self.time_scale = 1.0
         else:
-            wave = self.augment_waveform(self.load(entry, audio), rng, epoch)
-            feats = self.fbank(wave, epoch, entry["key"])
+            loaded = self.load(entry, audio)
+            wave = self.augment_waveform(loaded, rng, epoch)
+            self.time_scale = len(wave) / len(loaded) if len(loaded) else 1.0
+            feats = self.extract(wave, epoch, entry["key"])
         return self.augment_features(feats, rng, spec_aug)
 
     __call__ = features
@@ -144,7 +164,8 @@ class FeaturePipeline:
         """Features of `entry` played `factor` times faster, nothing else applied
         (speed-perturbed copies of training data, computed once)."""
         wave = augment.speed_perturb(self.load(entry), self.cfg.sample_rate, factor)
-        return self.check_length(self.fbank(wave, 0, entry["key"]))
+        self.time_scale = 1.0     # the copy's entry carries its own (scaled) times
+        return self.check_length(self.extract(wave, 0, entry["key"]))
 
     def check_length(self, feats: np.ndarray) -> np.ndarray:
         if len(feats) < self.min_frames:

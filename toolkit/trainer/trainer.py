@@ -19,7 +19,7 @@ from toolkit.data.plan import rank_batches
 from toolkit.data.sources import DataSource, open_source
 from toolkit.config import ConfigError
 from toolkit.errors import DataError, MissingInputError, UserError
-from toolkit.progress import format_duration
+from toolkit.progress import Progress, format_duration
 from toolkit.task import Batch, Task
 from toolkit.trainer import checkpoint as ckpt
 from toolkit.trainer import distributed as dist_util
@@ -154,7 +154,8 @@ class _StepContext:
         scaled.backward()
 
     def step(self, optimizer: str) -> None:
-        if self.boundary and self.training:
+        # Before its phase an optimizer does nothing (its schedule starts with the phase).
+        if self.boundary and self.training and self.active(optimizer):
             self.results[optimizer] = self.t.optimizer_step(optimizer, self.factor)
 
 
@@ -249,7 +250,8 @@ class Trainer:
         return explicit or max(1, self.total_steps - start)
 
     def start_step(self, optimizer: str) -> int:
-        return int(math.ceil(self.cfg.optim[optimizer].start_fraction * self.total_steps))
+        # The same step at which a Ramp starting at that fraction switches on.
+        return int(math.ceil(self.cfg.optim[optimizer].start_fraction * self.total_steps - 1e-9))
 
     def optimizer_active(self, optimizer: str, step: int) -> bool:
         return step >= self.start_step(optimizer)
@@ -486,10 +488,17 @@ class Trainer:
         loader = self.dev_list.loader(mine, self.dev_builder, 0, 0, self.workers,
                                       self.cfg.dataset.prefetch_factor, self.cfg.training.seed)
         state = self.task.eval_begin()
+        # A long validation says how far it is (a bar on a terminal, log lines otherwise).
+        bar = Progress(len(mine), "validation", "batches", interval_s=30.0) \
+            if self.info.is_main else None
         for batch in loader:
+            if bar is not None:
+                bar.update()
             if len(batch) == 0:
                 continue
             self.task.eval_batch(batch, _StepContext(self, False), state)
+        if bar is not None and bar.bar is not None:
+            bar.bar.close()
         result = self.task.eval_end(dist_util.all_gather_object(state, self.info))
         for m in self.modules.values():
             m.train()

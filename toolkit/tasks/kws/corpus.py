@@ -65,6 +65,9 @@ NOISE_TEXT = "<noise>"
 # (measured with flite: README).
 OTHER_ENGINES_SHARE = 0.2
 VOICE_SPLIT = {"dev": 0.1, "test": 0.2}   # per accent (espeak) or engine; the rest is train
+# Engines reserved for the unseen-engine test: never in a training set, only in corpora
+# made with test_only (all their voices then go to test).
+TEST_ONLY_ENGINES = ("festival",)
 
 RATE_WPM = (120, 220)        # espeak default is 175
 PITCH = (20, 80)             # espeak 0-100, default 50
@@ -766,8 +769,8 @@ def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, engines: Seque
             "espeak": espeak_fingerprint()}
 
 
-def is_complete(out_dir: str, config: dict) -> bool:
-    """Stamp matches `config` and every data file and listed WAV exists."""
+def is_complete(out_dir: str, config: dict, splits: Sequence[str] = SPLITS) -> bool:
+    """Stamp matches `config` and every data file and listed WAV of `splits` exists."""
     try:
         with open(os.path.join(out_dir, STAMP_NAME), encoding="utf-8") as f:
             if json.load(f) != config:
@@ -775,7 +778,7 @@ def is_complete(out_dir: str, config: dict) -> bool:
         if not all(os.path.exists(os.path.join(out_dir, "dict", n))
                    for n in ("keywords.txt", ENGINES_FILE)):
             return False
-        for split in SPLITS:
+        for split in splits:
             d = os.path.join(out_dir, split)
             if not all(os.path.exists(os.path.join(d, n)) for n in DATA_FILES):
                 return False
@@ -806,13 +809,16 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     train_swap_share: float = TRAIN_SWAP_SHARE,
                     train_carrier_share: float = TRAIN_CARRIER_SHARE,
                     train_pair_share: float = TRAIN_PAIR_SHARE,
-                    train_random_voices: int = 0) -> dict:
+                    train_random_voices: int = 0, test_only: bool = False) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
     The `train_*_share` arguments shape the training negatives only (see TRAIN_CONF_SHARE
     and the shares after it); dev and test do not depend on them, nor on `train_random_voices`,
     the number of procedural espeak-ng voices added to the training voices. `engines`: the
-    TTS engines that speak (toolkit.tts.engines names; see OTHER_ENGINES_SHARE)."""
+    TTS engines that speak (toolkit.tts.engines names; see OTHER_ENGINES_SHARE); those of
+    TEST_ONLY_ENGINES only with `test_only`, which writes the test split alone (the same
+    held-out voices as the full corpus of this seed, plus every voice of a test-only
+    engine): an evaluation set from other engines."""
     keywords = [normalize_keyword(k) for k in keywords]
     if not keywords:
         raise SynthError("no keyword given: use --keyword 'hey snips'")
@@ -841,6 +847,13 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                          f"[0, {MAX_RANDOM_VOICES}] (espeak-ng lists at most 349 voice files)")
     espeak_paths()   # clear message before any work when the TTS is not installed
     engines = check_engines(engines)
+    reserved = [e for e in engines if e in TEST_ONLY_ENGINES]
+    if reserved and not test_only:
+        raise SynthError(
+            f"{', '.join(reserved)} is reserved for the unseen-engine test and never speaks in "
+            f"a training set: make its evaluation set alone with --test-only (e.g. "
+            f"synth_kws_data --test-only --engines {reserved[0]} --out-dir data_test_{reserved[0]})")
+    splits = ("test",) if test_only else SPLITS
     if train_random_voices and "espeak" not in engines:
         raise SynthError("train random voices are espeak-ng voices: add espeak to --engines")
     if loaded_in_this_process():
@@ -850,9 +863,11 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                          train_carrier_share, train_pair_share)
     config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, engines, other_voices,
                            train_mix, train_random_voices)
-    if is_complete(out_dir, config):
+    if test_only:
+        config["splits"] = list(splits)      # only then: full corpora keep their stamp
+    if is_complete(out_dir, config, splits):
         logger.info("%s is complete for these arguments; nothing to do", out_dir)
-        return summarize(out_dir)
+        return summarize(out_dir, splits)
 
     t0 = time.time()
     _clean_outputs(out_dir)
@@ -861,25 +876,26 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     try:
         groups, espeak_data = plan_corpus(keywords, seed, sizes, snr_db, other_voices, tmp_dir,
                                           train_mix, train_random_voices,
-                                          use_espeak="espeak" in engines)
+                                          use_espeak="espeak" in engines, splits=splits)
         logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
                     sum(len(g.specs) for g in groups), len(groups), time.time() - t0, nj)
-        step = max(1, len(groups) // 10)
+        from toolkit.progress import Progress
+        bar = Progress(len(groups), "rendering", "groups", interval_s=10.0, log=logger)
 
         def progress(done, total):
-            if done % step == 0 or done == total:
-                logger.info("rendered %d/%d groups (%.1f s)", done, total, time.time() - t0)
+            bar.update(done - bar.done)
 
         out_abs = os.path.abspath(out_dir)
-        for split in SPLITS:
+        for split in splits:
             os.makedirs(os.path.join(out_abs, "wavs", split))
         results = run_forked(lambda g: _render_group(g, out_abs, sample_rate, espeak_data),
                              groups, nj, tmp_dir, progress)
+        bar.close()
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     lengths = {utt: n for res in results for utt, n, _ in res}
     spans = {utt: span for res in results for utt, _, span in res if span is not None}
-    for split in SPLITS:
+    for split in splits:
         specs = [s for g in groups if g.split == split for s in g.specs]
         write_data_dir(os.path.join(out_dir, split), os.path.join(out_dir, "wavs", split),
                        specs, lengths, sample_rate, spans)
@@ -890,14 +906,15 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     with open(os.path.join(out_dir, STAMP_NAME), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=1, sort_keys=True)   # written last: marks completion
     logger.info("wrote %s in %.1f s", out_dir, time.time() - t0)
-    return summarize(out_dir)
+    return summarize(out_dir, splits)
 
 
 def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[float, float],
                 other_voices: Sequence[Voice], tmp_dir: str,
                 train_mix: TrainMix = TrainMix(),
                 train_random_voices: int = 0,
-                use_espeak: bool = True) -> Tuple[List[Group], Optional[str]]:
+                use_espeak: bool = True,
+                splits: Sequence[str] = SPLITS) -> Tuple[List[Group], Optional[str]]:
     """Every group of every split, and the private espeak-ng data dir that the procedural
     voices need (None without them). The speakers: espeak-ng's fixed voices when
     `use_espeak`, and `other_voices` (other engines). espeak is only asked (in a forked
@@ -914,26 +931,30 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
                                         procedural[:1] + procedural[-1:]), [None], 1, tmp_dir)[0]
     if not probe["phonemes"]:
         raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: {INSTALL_HINT}")
-    by_split = split_voices(probe["voices"], seed)
+    by_split = split_voices([v for v in probe["voices"] if v.engine not in TEST_ONLY_ENGINES],
+                            seed)
+    unseen = [v for v in probe["voices"] if v.engine in TEST_ONLY_ENGINES]
+    if unseen:
+        by_split["test"] = sorted(by_split["test"] + unseen, key=lambda v: v.spk)
     accents = set(probe["phonemes"])
     by_split["train"] += [v for v in procedural if v.name.split("+")[0] in accents]
-    for split, vs in by_split.items():
-        if not vs:
+    for split in splits:
+        if not by_split[split]:
             raise SynthError(f"no voices left for {split}")
     filt = TextFilter(keywords, probe["phonemes"])
     cats = {k: confusable_categories(k) for k in keywords}
     groups: List[Group] = []
-    for split in SPLITS:
+    for split in splits:
         mix = asdict(train_mix) if split == "train" else {}
         groups += plan_split(split, *sizes.of(split), keywords, by_split[split], filt, cats,
                              seed, snr_db, **mix)
     return groups, espeak_data
 
 
-def summarize(out_dir: str) -> dict:
+def summarize(out_dir: str, splits: Sequence[str] = SPLITS) -> dict:
     """Per split: utterance count, hours, and hours per kind (from utt2dur/utt2kind)."""
     out = {}
-    for split in SPLITS:
+    for split in splits:
         d = os.path.join(out_dir, split)
         dur = dict(line.split() for line in open(os.path.join(d, "utt2dur"), encoding="utf-8"))
         kind = dict(line.split() for line in open(os.path.join(d, "utt2kind"), encoding="utf-8"))

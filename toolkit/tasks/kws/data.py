@@ -1,4 +1,4 @@
-"""What an utterance becomes for keyword spotting: fbank features (with the dataset
+"""What an utterance becomes for keyword spotting: features (with the dataset
 section's augmentation), its label (keyword index, -1 for filler), the frame where its
 keyword ends, and CTC unit targets when the loss has a CTC component."""
 import os
@@ -17,13 +17,20 @@ from toolkit.task import Batch, ExampleBuilder, pad_sequences
 KW_TIMES = "kw_times"
 
 
-def keyword_end_frame(entry: dict, num_frames: int) -> int:
+def keyword_end_frame(entry: dict, num_frames: int,
+                      frame_end_s: Optional[np.ndarray] = None) -> int:
     """Frame where the entry's keyword ends (`kw_end` seconds), -1 when the entry has none.
-    Taken as a fraction of the duration, so it follows any speed perturbation."""
+    With `frame_end_s` (where each frame's input ends, in the entry's seconds; feature
+    types that know it) the first frame whose input holds the whole keyword. Otherwise
+    (fbank) a fraction of the duration, so it follows any speed perturbation."""
     end, duration = entry.get("kw_end"), entry.get("duration")
     if not isinstance(end, (int, float)) or not isinstance(duration, (int, float)) \
             or duration <= 0 or num_frames <= 0:
         return -1
+    if frame_end_s is not None:
+        # A nanosecond of slack: kw_times' millisecond values meet the 80 ms grid exactly.
+        first = int(np.searchsorted(np.asarray(frame_end_s[:num_frames]), end - 1e-9))
+        return min(first, num_frames - 1)
     return min(int(end / duration * num_frames), num_frames - 1)
 
 
@@ -101,7 +108,11 @@ class KwsExampleBuilder(ExampleBuilder):
         # confusable: `spec_aug_positives: false` masks fillers only.
         feats = self.pipeline.features(entry, epoch, audio,
                                        spec_aug=self.spec_aug_positives or label < 0)
-        end = keyword_end_frame(entry, len(feats)) if label >= 0 else -1
+        end = -1
+        if label >= 0:
+            timing = getattr(self.pipeline, "frame_end_times", None)
+            end = keyword_end_frame(entry, len(feats),
+                                    timing(len(feats)) if timing is not None else None)
         return feats, label, end, tokens
 
     def collate(self, examples, keys: List[str], audio_seconds: float, bad: BadCounter) -> Batch:

@@ -5,8 +5,9 @@
         for d in detector.accept_waveform(chunk):
             print(d.keyword_name, d.start_s, d.end_s, d.score)
 
-Features (kaldi-native-fbank, streaming), model caches and the decision state are
-carried across calls, so feeding audio in pieces gives what the whole file gives.
+Features (the streaming extractor of the model's feature type: kaldi-native-fbank, or
+openWakeWord's speech embeddings), model caches and the decision state are carried
+across calls, so feeding audio in pieces gives what the whole file gives.
 Backends: ONNX Runtime, TorchScript, or a training checkpoint, chosen by extension.
 """
 import json
@@ -16,8 +17,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.tasks.kws.decision import (DEFAULT_MAX_KEYWORD_FRAMES, DEFAULT_REFRACTORY_FRAMES,
-                              DEFAULT_SMOOTH_FRAMES, DecisionState)
+from toolkit.data.features import StreamingFbank, streaming_extractor  # noqa: F401
+from toolkit.tasks.kws.decision import (DEFAULT_FRAME_SHIFT_MS, DEFAULT_MAX_KEYWORD_FRAMES,
+                                        DEFAULT_REFRACTORY_FRAMES, DEFAULT_SMOOTH_FRAMES,
+                                        DecisionState)
 from toolkit.registry import Registry
 
 BACKENDS: Registry = Registry("model format")
@@ -91,7 +94,7 @@ class CheckpointBackend(_TorchBackend):
 
     def __init__(self, path: str, threads: int = 1, exp_dir: Optional[str] = None):
         import torch
-        from toolkit.data.features import fbank_metadata, options_from_config
+        from toolkit.data.features import build_extractor
         from toolkit.tasks.kws.export import StreamingScorer, build_metadata, model_from_checkpoint
         from toolkit.trainer.experiment import load_exp_config, read_exp_inventory
         torch.set_num_threads(threads)
@@ -99,8 +102,8 @@ class CheckpointBackend(_TorchBackend):
         cfg = load_exp_config(exp_dir)
         model = model_from_checkpoint(path)
         self.module = StreamingScorer(model).eval()
-        fbank = fbank_metadata(options_from_config(cfg.dataset.feature, cfg.dataset.sample_rate))
-        self.metadata = build_metadata(model, fbank, read_exp_inventory(exp_dir), None)
+        feature = build_extractor(cfg.dataset.feature, cfg.dataset.sample_rate).metadata()
+        self.metadata = build_metadata(model, feature, read_exp_inventory(exp_dir), None)
         self.reset()
 
 
@@ -140,41 +143,26 @@ class NamedDetection:
     score: float
 
 
-class StreamingFbank:
-    """kaldi-native-fbank online extractor built from exported feature metadata."""
-
-    def __init__(self, feature: dict):
-        from toolkit.data.features import fbank_options
-        self.feature = feature
-        self.opts = fbank_options(feature["num_mel_bins"], feature["frame_length_ms"],
-                                  feature["frame_shift_ms"], feature.get("dither", 0.0),
-                                  feature["sample_rate"])
-        self.scale = float(feature.get("input_scale", 32768.0))
-        self.reset()
-
-    def reset(self) -> None:
-        import kaldi_native_fbank as knf
-        self.extractor = knf.OnlineFbank(self.opts)
-        self.consumed = 0
-
-    def accept(self, samples: np.ndarray) -> np.ndarray:
-        self.extractor.accept_waveform(self.opts.frame_opts.samp_freq,
-                                       (samples * self.scale).astype(np.float32))
-        ready = self.extractor.num_frames_ready
-        frames = [self.extractor.get_frame(i) for i in range(self.consumed, ready)]
-        self.consumed = ready
-        if not frames:
-            return np.zeros((0, self.opts.mel_opts.num_bins), dtype=np.float32)
-        return np.asarray(frames, dtype=np.float32)
+def frames_for_seconds(default_frames: int, frame_shift_ms: float) -> int:
+    """A default given in frames at 10 ms, as frames of `frame_shift_ms` (the same time)."""
+    return int(round(default_frames * DEFAULT_FRAME_SHIFT_MS / frame_shift_ms))
 
 
 class Detector:
+    """`refractory_frames` / `max_keyword_frames` default to 1 s / 2 s in the model's
+    frames (100 / 200 at fbank's 10 ms, 12 / 25 at 80 ms embeddings)."""
+
     def __init__(self, backend: Backend, threshold: Optional[float] = None,
                  smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
-                 refractory_frames: int = DEFAULT_REFRACTORY_FRAMES,
-                 max_keyword_frames: int = DEFAULT_MAX_KEYWORD_FRAMES):
+                 refractory_frames: Optional[int] = None,
+                 max_keyword_frames: Optional[int] = None):
         self.backend = backend
         meta = backend.metadata
+        shift_ms = float(meta["feature"]["frame_shift_ms"])
+        if refractory_frames is None:
+            refractory_frames = frames_for_seconds(DEFAULT_REFRACTORY_FRAMES, shift_ms)
+        if max_keyword_frames is None:
+            max_keyword_frames = max(1, frames_for_seconds(DEFAULT_MAX_KEYWORD_FRAMES, shift_ms))
         self.keywords: List[str] = list(meta["keywords"])
         if threshold is None:
             threshold = meta.get("threshold")
@@ -183,11 +171,13 @@ class Detector:
                              "(pass --threshold)")
         self.threshold = float(threshold)
         self.sample_rate = int(meta["feature"]["sample_rate"])
-        self.fbank = StreamingFbank(meta["feature"])
+        # The model's feature type picks the streaming front end (metadata `feature.type`).
+        self.frontend = streaming_extractor(meta["feature"])
+        self.fbank = self.frontend        # the name from when fbank was the only front end
         self.decision = DecisionState(self.threshold, smooth_frames=smooth_frames,
                                       refractory_frames=refractory_frames,
                                       max_keyword_frames=max_keyword_frames,
-                                      frame_shift_ms=float(meta["feature"]["frame_shift_ms"]),
+                                      frame_shift_ms=shift_ms,
                                       num_keywords=len(self.keywords))
 
     @classmethod
@@ -197,7 +187,7 @@ class Detector:
 
     def reset(self) -> None:
         self.backend.reset()
-        self.fbank.reset()
+        self.frontend.reset()
         self.decision.reset()
 
     def accept_waveform(self, samples: Sequence) -> List[NamedDetection]:
@@ -205,6 +195,6 @@ class Detector:
         samples = np.asarray(samples)
         if samples.dtype == np.int16:
             samples = samples.astype(np.float32) / 32768.0
-        probs = self.backend.step(self.fbank.accept(samples.astype(np.float32, copy=False)))
+        probs = self.backend.step(self.frontend.accept(samples.astype(np.float32, copy=False)))
         return [NamedDetection(d.keyword, self.keywords[d.keyword], d.start_s, d.end_s, d.score)
                 for d in self.decision.step(probs)]

@@ -1,7 +1,9 @@
-"""Keyword models to deployable files: the streaming graph (fbank chunk + cache ->
+"""Keyword models to deployable files: the streaming graph (feature chunk + cache ->
 posteriors + cache) in TorchScript, ONNX and safetensors + config.json, parity-checked
-against PyTorch whole-utterance and chunk by chunk, with what a runtime needs (fbank
-options, cache size, keyword list, recommended threshold; CMVN is inside the weights)."""
+against PyTorch whole-utterance and chunk by chunk, with what a runtime needs (the
+feature type and its options, cache size, keyword list, recommended threshold; CMVN is
+inside the weights). A front end from another package (speech_embedding) is named,
+versioned and fingerprinted in the metadata, never included."""
 import dataclasses
 import logging
 import os
@@ -20,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 class StreamingScorer(nn.Module):
-    """Deployment graph: raw fbank chunk + cache -> keyword posteriors + new cache."""
+    """Deployment graph: raw feature chunk + cache -> keyword posteriors + new cache."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -54,14 +56,14 @@ def model_from_checkpoint(path: str) -> nn.Module:
     return model.eval()
 
 
-def build_metadata(model: nn.Module, fbank: dict, keywords: Sequence[str],
+def build_metadata(model: nn.Module, feature: dict, keywords: Sequence[str],
                    threshold: Optional[float]) -> dict:
     return {
         "format_version": 1,
         "task": "kws",
         "model_type": model.config.type,
         "model_config": dataclasses.asdict(model.config),
-        "feature": fbank,
+        "feature": feature,
         "cache_size": int(model.cache_size),
         "keywords": list(keywords),
         "threshold": threshold,
@@ -140,6 +142,42 @@ def check_parity(model: nn.Module, paths: Dict[str, str], features: List[np.ndar
     if failed:
         raise RuntimeError("exported model disagrees with PyTorch beyond tolerance "
                            f"{tolerance}: " + ", ".join(f"{k} {v:.3g}" for k, v in failed.items()))
+    return worst
+
+
+def stream_in_chunks(stream, wave: np.ndarray, sizes: Sequence[int] = (1, 37, 160, 999, 4000)
+                     ) -> np.ndarray:
+    """Frames of `wave` fed to a streaming extractor in chunks cycling through `sizes`."""
+    stream.reset()
+    outs, start, i = [], 0, 0
+    while start < len(wave):
+        n = sizes[i % len(sizes)]
+        outs.append(stream.accept(wave[start:start + n]))
+        start, i = start + n, i + 1
+    return np.concatenate(outs) if outs else stream.accept(wave[:0])
+
+
+def check_frontend_parity(feature_meta: dict, extractor, waves: Sequence[np.ndarray],
+                          tolerance: float = 1e-4) -> float:
+    """Max |diff| between the streaming front end a runtime builds from `feature_meta`
+    (chunks of odd sizes) and `extractor`'s whole-utterance features. Raises above
+    `tolerance`."""
+    from toolkit.data.features import streaming_extractor
+    stream = streaming_extractor(feature_meta)
+    worst = 0.0
+    for wave in waves:
+        offline = extractor.compute(wave)
+        streamed = stream_in_chunks(stream, wave)
+        if streamed.shape != offline.shape:
+            raise RuntimeError(f"streamed front end gave {streamed.shape} frames, whole-"
+                               f"utterance {offline.shape}")
+        if offline.size:
+            worst = max(worst, float(np.max(np.abs(streamed - offline))))
+    logger.info("parity streamed front end vs whole utterance: max abs diff %.3g over %d "
+                "utterances", worst, len(waves))
+    if worst > tolerance:
+        raise RuntimeError(f"streamed front end disagrees with whole-utterance features by "
+                           f"{worst:.3g} (> {tolerance})")
     return worst
 
 

@@ -9,12 +9,20 @@ from torch import nn
 
 from toolkit.config import ConfigError, Section, TaskConfigBase
 from toolkit.data.cmvn import read_cmvn
+from toolkit.data.features import FEATURES, build_extractor
 from toolkit.data.pipeline import FeaturePipeline
 from toolkit.task import TASKS, DataRequirements, Task
 from toolkit.tasks.kws.data import KwsExampleBuilder, collate
 from toolkit.tasks.kws.losses import LOSSES, WeightedSumLoss, build_loss, uses_ctc_head
 from toolkit.tasks.kws.models import MODELS, build_model
 from toolkit.tasks.kws.tokens import read_units
+
+
+def feature_dim(dataset_cfg) -> int:
+    f = dataset_cfg.feature
+    if f.type == "fbank":
+        return int(f.num_mel_bins)
+    return int(FEATURES.get(f.type).dim)
 
 
 class WithCTCHead(nn.Module):
@@ -59,7 +67,7 @@ class KwsTask(Task):
         if extras.get("cmvn"):
             m.cmvn_file = extras["cmvn"]
         if m.input_dim <= 0:
-            m.input_dim = cfg.dataset.feature.num_mel_bins
+            m.input_dim = feature_dim(cfg.dataset)
         if m.num_outputs <= 0:
             m.num_outputs = len(inventory)
         if m.num_outputs != len(inventory):
@@ -113,6 +121,13 @@ class KwsTask(Task):
         return KwsExampleBuilder(pipeline, self.cfg.task.spec_aug_positives,
                                  self.cfg.model.ctc_outputs if self.use_ctc else None)
 
+    def example_frames(self, durations: np.ndarray) -> np.ndarray:
+        d = self.cfg.dataset
+        if d.feature.type == "fbank":
+            return super().example_frames(durations)
+        samples = np.round(np.asarray(durations, dtype=np.float64) * d.sample_rate)
+        return build_extractor(d.feature, d.sample_rate).frames_for_samples(samples.astype(np.int64))
+
     def dummy_batch(self):
         from toolkit.data.datalist import BadCounter
         dim = self.cfg.model.input_dim
@@ -157,19 +172,25 @@ class KwsTask(Task):
     # ---------------------------------------------------------------- export
     def export(self, checkpoint: str, out_dir: str, test_data: str, num_check: int = 20,
                tolerance: float = 1e-4, threshold: Optional[float] = None) -> Dict[str, float]:
-        from toolkit.data.features import fbank_metadata, options_from_config
         from toolkit.export import parity_inputs
-        from toolkit.tasks.kws.export import (build_metadata, check_parity, export_model_files,
+        from toolkit.tasks.kws.export import (build_metadata, check_frontend_parity,
+                                              check_parity, export_model_files,
                                               model_from_checkpoint)
         model = model_from_checkpoint(checkpoint)
         d = self.cfg.dataset
-        metadata = build_metadata(model, fbank_metadata(options_from_config(d.feature,
-                                                                            d.sample_rate)),
-                                  self.inventory, threshold)
+        extractor = build_extractor(d.feature, d.sample_rate)
+        metadata = build_metadata(model, extractor.metadata(), self.inventory, threshold)
         paths = export_model_files(model, out_dir, metadata)
         pipeline = FeaturePipeline(d, seed=0, train=False)
         features = parity_inputs(test_data, lambda e: pipeline.features(e, 0), num_check)
-        return check_parity(model, paths, features, tolerance)
+        worst = check_parity(model, paths, features, tolerance)
+        if d.feature.type != "fbank":
+            # The deployed front end, rebuilt from the metadata and fed in odd-sized
+            # chunks, against the training features of the same audio.
+            waves = parity_inputs(test_data, pipeline.load, min(num_check, 3))
+            worst["frontend_stream"] = check_frontend_parity(metadata["feature"], extractor,
+                                                             waves, tolerance)
+        return worst
 
     def train_metric_names(self) -> Tuple[str, ...]:
         return ("loss", "acc", *self.part_names)

@@ -1,0 +1,244 @@
+"""Running an exported codec (toolkit.tasks.codec.export): `ExportedCodec` encodes and
+decodes with the ONNX or TorchScript graphs, whole signals or, for causal models, chunk by
+chunk with the left context that keeps chunked output equal to whole-signal output; codes
+files (.npz with the fingerprint of the model that decodes them); encoding and decoding of
+sound files in constant memory (toolkit.bin.codec).
+"""
+import os
+from typing import Any, Dict, Iterable, Iterator, List, Optional
+
+import numpy as np
+import torch
+
+from toolkit.config import ConfigError
+from toolkit.data.audio import BadEntry
+from toolkit.errors import DataError, MissingInputError, UserError
+from toolkit.tasks.codec.export import GRAPH_FILES, pad_to_hop
+
+CODES_FORMAT = "toolkit-codec-codes"
+CODES_VERSION = 1
+
+
+class ExportedCodec:
+    """Encodes and decodes with the graphs of an export dir (onnx: onnxruntime; torch:
+    the TorchScript files), whole signals or chunk by chunk (causal models)."""
+
+    def __init__(self, export_dir: str, backend: str = "onnx", threads: int = 1):
+        if backend not in GRAPH_FILES:
+            raise ConfigError(f"backend: expected onnx or torch, got {backend!r}")
+        enc, dec = (os.path.join(export_dir, name) for name in GRAPH_FILES[backend])
+        for path in (enc, dec):
+            if not os.path.exists(path):
+                raise MissingInputError(f"{path} not found: is {export_dir} a codec export "
+                                        "(toolkit.bin.export_model)?")
+        from toolkit.export import onnx_runner, read_metadata, torch_runner
+        self.metadata = read_metadata(enc)
+        if self.metadata.get("task") != "codec":
+            raise DataError(f"{enc} is a {self.metadata.get('task')} model, not a codec")
+        if backend == "onnx":
+            self._encode, self._decode = onnx_runner(enc, threads), onnx_runner(dec, threads)
+        else:
+            torch.set_num_threads(threads)
+            self._encode = torch_runner(torch.jit.load(enc).eval())
+            self._decode = torch_runner(torch.jit.load(dec).eval())
+        m = self.metadata
+        self.sample_rate, self.hop = int(m["sample_rate"]), int(m["hop"])
+        self.n_codebooks, self.codebook_size = int(m["n_codebooks"]), int(m["codebook_size"])
+        self.causal, self.fingerprint = bool(m["causal"]), str(m["fingerprint"])
+        self.bitrate = float(m["bitrate"])
+
+    def encode(self, wave: np.ndarray) -> np.ndarray:
+        """Mono samples at the model's rate -> codes (n_codebooks, ceil(T / hop))."""
+        wave = pad_to_hop(wave, self.hop)
+        if not len(wave):
+            return np.zeros((self.n_codebooks, 0), np.int64)
+        return self._encode(wave[None, None])[0][0]
+
+    def decode(self, codes: np.ndarray, length: Optional[int] = None) -> np.ndarray:
+        codes = np.ascontiguousarray(codes, dtype=np.int64)
+        if codes.shape[1] == 0:
+            return np.zeros(0, np.float32)
+        audio = self._decode(codes[None])[0][0, 0]
+        return audio if length is None else audio[:length]
+
+    def _need_causal(self) -> None:
+        if not self.causal:
+            raise ConfigError("chunked processing needs a causal model (model.causal: true); "
+                              "this export is not causal: process whole files")
+
+    def encode_chunks(self, blocks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """Blocks of samples in, codes of the frames completed so far out (the last, partial
+        frame zero padded at the end), equal to encoding the whole signal at once: each
+        window re-reads `encoder_context_samples` before its new frames."""
+        self._need_causal()
+        hop, context = self.hop, int(self.metadata["encoder_context_samples"])
+        buffer = np.zeros(0, np.float32)
+        buffer_start = total = done = 0
+        for block in blocks:
+            buffer = np.concatenate([buffer, np.asarray(block, np.float32)])
+            total += len(block)
+            complete = total // hop
+            if complete == done:
+                continue
+            start = max(0, done * hop - context)
+            window = buffer[start - buffer_start:complete * hop - buffer_start]
+            yield self._encode(window[None, None])[0][0][:, done - start // hop:]
+            done = complete
+            keep = max(0, complete * hop - context)
+            buffer, buffer_start = buffer[keep - buffer_start:], keep
+        if total % hop:
+            start = max(0, done * hop - context)
+            window = pad_to_hop(buffer[start - buffer_start:], hop)
+            yield self._encode(window[None, None])[0][0][:, done - start // hop:]
+
+    def decode_chunks(self, blocks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """Code blocks (n_codebooks, frames) in, frames * hop samples each out, equal (to
+        rounding) to decoding all codes at once: `decoder_context_frames` are re-read."""
+        self._need_causal()
+        context = int(self.metadata["decoder_context_frames"])
+        kept = np.zeros((self.n_codebooks, 0), np.int64)
+        for block in blocks:
+            block = np.asarray(block, np.int64)
+            new = block.shape[1]
+            if not new:
+                continue
+            window = np.concatenate([kept, block], axis=1)
+            yield self._decode(np.ascontiguousarray(window[None]))[0][0, 0, -new * self.hop:]
+            kept = window[:, max(0, window.shape[1] - context):]
+
+
+# --------------------------------------------------------------------------- codes files
+
+def write_codes(path: str, codes: np.ndarray, codec: ExportedCodec, length: int) -> None:
+    """An .npz: codes (n_q, frames) int16 (int32 for codebooks above 2^15 entries), the
+    sample rate, hop and length of the audio, and the fingerprint of the model that
+    decodes them. Written under a temporary name, then renamed."""
+    dtype = np.int16 if codec.codebook_size <= 2 ** 15 else np.int32
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, format=np.array(CODES_FORMAT), version=np.array(CODES_VERSION),
+                 codes=np.asarray(codes).astype(dtype), sample_rate=np.array(codec.sample_rate),
+                 hop=np.array(codec.hop), length=np.array(int(length), dtype=np.int64),
+                 codebook_size=np.array(codec.codebook_size),
+                 fingerprint=np.array(codec.fingerprint))
+    os.replace(tmp, path)
+
+
+def read_codes(path: str, codec: Optional[ExportedCodec] = None) -> Dict[str, Any]:
+    """A codes file's fields; with `codec`, checks that this model can decode them."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            fields = {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise MissingInputError(f"{path} not found") from None
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path} is not a codes file ({err})") from None
+    if str(fields.get("format", "")) != CODES_FORMAT:
+        raise DataError(f"{path} is not a codes file written by toolkit.bin.codec encode")
+    if int(fields["version"]) > CODES_VERSION:
+        raise DataError(f"{path}: codes format version {int(fields['version'])} is newer than "
+                        f"this toolkit's ({CODES_VERSION})")
+    out = {"codes": fields["codes"].astype(np.int64), "sample_rate": int(fields["sample_rate"]),
+           "hop": int(fields["hop"]), "length": int(fields["length"]),
+           "codebook_size": int(fields["codebook_size"]),
+           "fingerprint": str(fields["fingerprint"])}
+    if codec is not None:
+        if out["fingerprint"] != codec.fingerprint:
+            raise UserError(f"{path} was encoded by the codec model with fingerprint "
+                            f"{out['fingerprint']}, but --model is {codec.fingerprint}: decode "
+                            "with the model that encoded it")
+        codes = out["codes"]
+        if codes.ndim != 2 or codes.shape[0] != codec.n_codebooks:
+            raise DataError(f"{path}: codes of shape {codes.shape}, the model needs "
+                            f"({codec.n_codebooks}, frames)")
+        if codes.size and (codes.min() < 0 or codes.max() >= codec.codebook_size):
+            raise DataError(f"{path}: codes outside [0, {codec.codebook_size})")
+    return out
+
+
+# --------------------------------------------------------------------------- files
+
+def _read_blocks(path: str, block: int, counter: List[int]) -> Iterator[np.ndarray]:
+    """Mono float32 blocks of a sound file (channels averaged), `counter[0]` the samples
+    read so far: only one block is in memory at a time."""
+    import soundfile as sf
+    with sf.SoundFile(path) as f:
+        while True:
+            data = f.read(block, dtype="float32", always_2d=True)
+            if not len(data):
+                return
+            counter[0] += len(data)
+            yield data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+
+
+def _load_whole(path: str, rate: int) -> np.ndarray:
+    from toolkit.data.augment import load_mono
+    try:
+        return load_mono(path, rate)
+    except BadEntry as err:
+        raise DataError(f"{path}: {err}") from None
+
+
+def _chunk_samples(codec: ExportedCodec, chunk_seconds: float) -> int:
+    if chunk_seconds <= 0:
+        raise ConfigError(f"--chunk-seconds must be positive, got {chunk_seconds}")
+    frames = max(1, int(round(chunk_seconds * codec.sample_rate / codec.hop)))
+    return frames * codec.hop
+
+
+def encode_file(codec: ExportedCodec, wav_path: str, codes_path: str,
+                chunk_seconds: float = 1.0) -> Dict[str, Any]:
+    """WAV -> codes file. A causal model at the file's own rate reads and encodes block by
+    block (constant memory); otherwise the file is read (and resampled) whole."""
+    import soundfile as sf
+    if not os.path.exists(wav_path):
+        raise MissingInputError(f"{wav_path} not found")
+    try:
+        rate = sf.info(wav_path).samplerate
+    except RuntimeError as err:
+        raise DataError(f"{wav_path}: cannot read audio ({err})") from None
+    chunk = _chunk_samples(codec, chunk_seconds)
+    if codec.causal and rate == codec.sample_rate:
+        counter = [0]
+        parts = list(codec.encode_chunks(_read_blocks(wav_path, chunk, counter)))
+        length = counter[0]
+    else:
+        wave = _load_whole(wav_path, codec.sample_rate)
+        length = len(wave)
+        parts = (list(codec.encode_chunks(wave[i:i + chunk] for i in range(0, length, chunk)))
+                 if codec.causal else [codec.encode(wave)])
+    codes = (np.concatenate(parts, axis=1) if parts
+             else np.zeros((codec.n_codebooks, 0), np.int64))
+    write_codes(codes_path, codes, codec, length)
+    return {"samples": length, "frames": int(codes.shape[1]), "seconds": length / codec.sample_rate,
+            "resampled_from": rate if rate != codec.sample_rate else None}
+
+
+def decode_file(codec: ExportedCodec, codes_path: str, wav_path: str,
+                chunk_seconds: float = 1.0) -> Dict[str, Any]:
+    """Codes file -> 16-bit WAV at the model's rate with the encoded length; a causal model
+    decodes and writes block by block."""
+    import soundfile as sf
+    data = read_codes(codes_path, codec)
+    codes, length = data["codes"], data["length"]
+    frames = _chunk_samples(codec, chunk_seconds) // codec.hop
+    tmp = wav_path + ".tmp"
+    written = 0
+    try:
+        with sf.SoundFile(tmp, "w", samplerate=codec.sample_rate, channels=1,
+                          subtype="PCM_16", format="WAV") as out:
+            if codec.causal:
+                pieces = codec.decode_chunks(codes[:, i:i + frames]
+                                             for i in range(0, codes.shape[1], frames))
+            else:
+                pieces = iter([codec.decode(codes)])
+            for audio in pieces:
+                audio = audio[:max(0, length - written)]
+                out.write(np.clip(audio, -1.0, 1.0))
+                written += len(audio)
+        os.replace(tmp, wav_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return {"samples": written, "frames": int(codes.shape[1]),
+            "seconds": written / codec.sample_rate}

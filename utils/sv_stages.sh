@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# Stages 1-7 shared by every speaker-verification recipe once its own stages have written
+# Kaldi data dirs $data/{$train_set,$dev_set,$test_set} (wav.scp, utt2spk) and the trial
+# lists $trials. Sourced by a recipe's run.sh after `. utils/parse_options.sh`:
+#
+#   train_set=train dev_set=dev test_set=test trials="$data/test/trials"
+#   . utils/sv_stages.sh
+#
+# It reads the recipe's variables (the same names in every recipe):
+#   stage stop_stage data exp config nj average_num train_overrides
+#   gpus num_procs num_nodes node_rank rdzv_endpoint master_port
+# and optionally
+#   train_set dev_set test_set   data dir names under $data (train, dev, test). Dev
+#                      speakers may be unseen: training validates by their EER.
+#   trials             trial lists (VoxCeleb `1 a b` or Kaldi `a b target` form), spaces
+#                      between them; default $data/$test_set/trials
+#   precompute_feats   false (default): train from audio (waveform augmentation works);
+#                      true: fbank once into $data/{$train_set,$dev_set}/fbank/
+#   train_speed_copies e.g. 0.9,1.1 (needs precompute_feats): copies of every training
+#                      utterance at these speeds, each copy a new speaker sp0.9-<spk>
+#   use_shards         true: train from tar shards of $train_set ($utts_per_shard each)
+#   noise_list rir_list data lists for dataset.noise / dataset.reverb (MUSAN, RIRS_NOISES);
+#                      the config holds their probabilities and SNRs
+#   lm_config          large-margin fine-tuning overlay (e.g. conf/lm.yaml): a second
+#                      training from the averaged model into $lm_exp; empty: none
+#   lm_exp lm_average_num lm_train_overrides   its exp dir (${exp}_lm), averaging, overrides
+#   cohort_utts_per_spk  AS-Norm cohort = training speakers' mean embeddings over at most
+#                      this many utterances each (0, default: all)
+#   as_norm_top        cohort scores kept per side (300)
+#   embed_nj           parallel extraction jobs ($nj)
+#   num_check          utterances the export's parity check runs (20)
+#
+# Stages (each rerunnable):
+#   1 speaker inventory $data/dict/speakers.txt, data lists $data/*/data.list (labels from
+#     utt2spk; dev/test lists are labelled against their own speakers), optional fbank
+#     features + speed copies (inventory rewritten with the copies as speakers), shards
+#   2 training through torchrun into $exp (resumes when rerun)
+#   3 average the last $average_num checkpoints -> $exp/avg_${average_num}.pt
+#   4 large-margin fine-tuning from it into $lm_exp (when lm_config), averaged likewise
+#   5 export each system (ONNX, TorchScript, safetensors; parity-checked) -> <exp>/export/
+#   6 embeddings of $test_set and of the cohort -> <exp>/embeddings/{$test_set,cohort}/
+#   7 cosine scoring of each trial list with and without AS-Norm -> <exp>/score/<trials>/,
+#     summary lines printed and collected in <exp>/score/summary.txt
+
+_sv_stages_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+for _v in stage stop_stage data exp config nj average_num train_overrides \
+          gpus num_procs num_nodes node_rank rdzv_endpoint master_port; do
+  if [ -z "${!_v+x}" ]; then
+    echo "$0: utils/sv_stages.sh needs the recipe variable '$_v' (set it before sourcing)" >&2
+    exit 1
+  fi
+done
+train_set=${train_set:-train}
+dev_set=${dev_set:-dev}
+test_set=${test_set:-test}
+trials=${trials:-$data/$test_set/trials}
+precompute_feats=${precompute_feats:-false}
+train_speed_copies=${train_speed_copies:-}
+use_shards=${use_shards:-false}
+utts_per_shard=${utts_per_shard:-1000}
+noise_list=${noise_list:-}
+rir_list=${rir_list:-}
+lm_config=${lm_config:-}
+lm_exp=${lm_exp:-${exp}_lm}
+lm_average_num=${lm_average_num:-$average_num}
+lm_train_overrides=${lm_train_overrides:-}
+cohort_utts_per_spk=${cohort_utts_per_spk:-0}
+as_norm_top=${as_norm_top:-300}
+embed_nj=${embed_nj:-$nj}
+num_check=${num_check:-20}
+dict=$data/dict/speakers.txt
+
+if [ -n "$train_speed_copies" ] && [ "$precompute_feats" != true ]; then
+  echo "$0: train_speed_copies needs precompute_feats=true (the copies are computed once)" >&2
+  exit 1
+fi
+if [ "$use_shards" = true ] && [ "$precompute_feats" = true ]; then
+  echo "$0: use_shards and precompute_feats exclude each other (shards hold audio)" >&2
+  exit 1
+fi
+
+train_list=$data/$train_set/data.list
+dev_list=$data/$dev_set/data.list
+if [ "$precompute_feats" = true ]; then
+  train_list=$data/$train_set/fbank/data.list
+  dev_list=$data/$dev_set/fbank/data.list
+fi
+[ "$use_shards" = true ] && train_list=$data/$train_set/shards/shards.list
+_aug_overrides=()
+[ -n "$noise_list" ] && _aug_overrides+=("dataset.noise.noise_list=$noise_list")
+[ -n "$rir_list" ] && _aug_overrides+=("dataset.reverb.rir_list=$rir_list")
+
+# The systems later stages export, embed and score, with their averaged models.
+_systems=("$exp")
+_models=("$exp/avg_${average_num}.pt")
+if [ -n "$lm_config" ]; then
+  _systems+=("$lm_exp")
+  _models+=("$lm_exp/avg_${lm_average_num}.pt")
+fi
+
+_sv_train() {   # _sv_train EXP_DIR CONFIG [overrides...]
+  local exp_dir=$1 conf=$2
+  shift 2
+  "$_sv_stages_dir/torchrun.sh" ${master_port:+--master-port $master_port} \
+    "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
+    -m toolkit.bin.train --config "$conf" --exp-dir "$exp_dir" \
+    --train-data "$train_list" --dev-data "$dev_list" --inventory "$dict" \
+    "${_aug_overrides[@]}" "$@"
+}
+
+_sv_average() {   # _sv_average EXP_DIR NUM OUTPUT
+  python -m toolkit.bin.average_model --exp-dir "$1" --output "$3" --num "$2" --mode last
+  # The average keeps module weights only; the speaker inventory goes with it, so that a
+  # training initialised from it (stage 4) keeps the trained head instead of a fresh one.
+  python - "$1" "$3" <<'EOF'
+import io, sys
+import torch
+from toolkit.fileio import atomic_write_bytes
+from toolkit.trainer.checkpoint import latest_valid, load_payload
+exp_dir, path = sys.argv[1:]
+payload = load_payload(path)
+payload["task_state"] = load_payload(latest_valid(exp_dir).path).get("task_state")
+buf = io.BytesIO()
+torch.save(payload, buf)
+atomic_write_bytes(path, buf.getvalue())
+EOF
+}
+
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  echo "stage 1: speaker inventory and data lists"
+  python -m toolkit.bin.make_inventory "$dict" --utt2spk "$data/$train_set/utt2spk"
+  for x in $(printf '%s\n' "$train_set" "$dev_set" "$test_set" | awk '!seen[$0]++'); do
+    inventory=$dict
+    if [ "$x" != "$train_set" ]; then
+      # Speakers outside training: labelled against their own list, which nothing trains on.
+      inventory=$data/$x/speakers.txt
+      python -m toolkit.bin.make_inventory "$inventory" --utt2spk "$data/$x/utt2spk"
+    fi
+    python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" --inventory "$inventory" \
+      --label-mode speaker --nj "$nj"
+  done
+  if [ "$precompute_feats" = true ]; then
+    for x in "$train_set" "$dev_set"; do
+      _speed_args=()
+      [ "$x" = "$train_set" ] && [ -n "$train_speed_copies" ] && \
+        _speed_args=(--speed-copies "$train_speed_copies")
+      python -m toolkit.bin.compute_feats "$data/$x/data.list" "$data/$x/fbank" --config "$config" \
+        --nj "$nj" "${_speed_args[@]}"
+    done
+    if [ -n "$train_speed_copies" ]; then
+      python -m toolkit.bin.make_inventory "$dict" --data-list "$train_list" --relabel
+    fi
+  fi
+  if [ "$use_shards" = true ]; then
+    python -m toolkit.bin.make_shards "$data/$train_set/data.list" "$data/$train_set/shards" \
+      --utts-per-shard "$utts_per_shard" --nj "$nj" --prefix "$train_set"
+  fi
+fi
+
+if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
+  echo "stage 2: training in $exp"
+  # $train_overrides is split into separate key=value words on purpose.
+  # shellcheck disable=SC2086
+  _sv_train "$exp" "$config" $train_overrides
+fi
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  echo "stage 3: averaging the last $average_num checkpoints"
+  _sv_average "$exp" "$average_num" "$exp/avg_${average_num}.pt"
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ] && [ -n "$lm_config" ]; then
+  echo "stage 4: large-margin fine-tuning in $lm_exp from $exp/avg_${average_num}.pt"
+  mkdir -p "$lm_exp"
+  # The base run's resolved config (its overrides included) with the overlay on top: the
+  # architecture matches the averaged weights whatever the base config was.
+  _lm_source=$lm_exp/lm_source.yaml
+  printf '%s\n' "# utils/sv_stages.sh stage 4: the base training's config, then the overlay" \
+    "defaults: [\"$(cd "$exp" && pwd)/config.yaml\", \"$(cd "$(dirname "$lm_config")" && pwd)/$(basename "$lm_config")\"]" \
+    > "$_lm_source"
+  # shellcheck disable=SC2086
+  _sv_train "$lm_exp" "$_lm_source" "training.init_checkpoint=$exp/avg_${average_num}.pt" \
+    $lm_train_overrides
+  _sv_average "$lm_exp" "$lm_average_num" "$lm_exp/avg_${lm_average_num}.pt"
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  for i in "${!_systems[@]}"; do
+    echo "stage 5: export of ${_models[$i]}"
+    python -m toolkit.bin.export_model --checkpoint "${_models[$i]}" --exp-dir "${_systems[$i]}" \
+      --out-dir "${_systems[$i]}/export" --test-data "$data/$test_set/data.list" \
+      --num-check "$num_check"
+  done
+fi
+
+if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  _cohort_list=$data/$train_set/data.list
+  if [ "$cohort_utts_per_spk" -gt 0 ]; then
+    _cohort_list=$data/$train_set/cohort_${cohort_utts_per_spk}.list
+    # The first N entries of each speaker (data lists are sorted by utterance).
+    awk -v n="$cohort_utts_per_spk" 'match($0, /"spk": "[^"]*"/) {
+        s = substr($0, RSTART, RLENGTH); if (++count[s] <= n) print }' \
+      "$data/$train_set/data.list" > "$_cohort_list"
+  fi
+  for sys in "${_systems[@]}"; do
+    echo "stage 6: embeddings of $test_set and of the cohort with $sys/export/model.onnx"
+    for part in "$test_set:$data/$test_set/data.list" "cohort:$_cohort_list"; do
+      out=$sys/embeddings/${part%%:*}
+      # Parts done with an earlier export would be kept by the resumable extraction.
+      if [ -f "$out/embeddings.scp" ] && [ "$sys/export/model.onnx" -nt "$out/embeddings.scp" ]; then
+        rm -rf "$out"
+      fi
+      python -m toolkit.bin.extract_embeddings --model "$sys/export/model.onnx" \
+        --data-list "${part#*:}" --out-dir "$out" --nj "$embed_nj"
+    done
+  done
+fi
+
+if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
+  for sys in "${_systems[@]}"; do
+    echo "stage 7: scoring with $sys"
+    mkdir -p "$sys/score"
+    : > "$sys/score/summary.txt"
+    for t in $trials; do
+      name=$(basename "$t")
+      name=${name%.txt}
+      python -m toolkit.bin.score_sv --trials "$t" \
+        --embeddings "$sys/embeddings/$test_set/embeddings.scp" \
+        --cohort "$sys/embeddings/cohort/speaker_embeddings.scp" --as-norm-top "$as_norm_top" \
+        --out-dir "$sys/score/$name" --name "$(basename "$sys") $name" > /dev/null
+      cat "$sys/score/$name/summary.txt" >> "$sys/score/summary.txt"
+    done
+  done
+  for sys in "${_systems[@]}"; do
+    echo "summary ($sys/score/summary.txt):"
+    cat "$sys/score/summary.txt"
+  done
+fi
