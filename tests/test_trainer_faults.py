@@ -64,6 +64,38 @@ def test_world_size_change_trains_every_utterance_once(corpus, tmp_path, first, 
     assert latest_payload(exp)["epoch"] == 2
 
 
+def test_sigkilled_two_ranks_resume_on_one(corpus, tmp_path):
+    """SIGKILL of a 2-rank run mid-epoch, rerun as one process: what the checkpoint
+    recorded plus the rerun trains every utterance once per epoch."""
+    import random
+    import time
+
+    from test_trainer_resume import newest_step
+    from train_utils import kill_tree, launcher
+    exp = str(tmp_path / "exp")
+    args = corpus.train_args(exp, "training.max_epoch=2", "training.trace_keys=true",
+                             "training.save_interval_steps=1", "dataset.feature.dither=1.0")
+    proc = subprocess.Popen(launcher(2) + args, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
+    deadline = time.time() + 180
+    while proc.poll() is None and newest_step(exp) < 2 and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(random.Random(3).uniform(0.0, 0.3))
+    assert proc.poll() is None, "the run ended before the kill"
+    kill_tree(proc)
+    saved = latest_payload(exp)
+    committed = traced(exp, up_to_step=saved["step"])
+    for path in glob.glob(os.path.join(exp, "log", "keys.rank*.txt")):
+        os.remove(path)
+    again = run_train(args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "world size changed (2 -> 1)" in again.stderr
+    rows = committed + traced(exp)
+    expected = keys_of(corpus)
+    for epoch in (0, 1):
+        assert sorted(k for e, _, keys in rows if e == epoch for k in keys) == expected, epoch
+
+
 def test_allowed_optimizer_change_is_applied(corpus, tmp_path):
     exp = str(tmp_path / "exp")
     assert run_train(corpus.train_args(exp, *FAST)).returncode == 0

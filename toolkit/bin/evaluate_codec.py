@@ -12,6 +12,10 @@ Baselines: mulaw:TARGET_RATE:BITS resamples to TARGET_RATE, mu-law quantises, re
 back (TARGET_RATE x BITS bit/s; 8000:8 is G.711's 64 kbit/s); melgl:N_MELS:FRAME_RATE:BITS
 sends a log-mel spectrogram quantised to BITS per value and decodes it by Griffin-Lim
 (FRAME_RATE x N_MELS x BITS bit/s). Neither uses entropy coding.
+
+--n-q K adds a row for the codec with its first K codebooks (K x frame rate x log2(codebook
+size) bit/s): residual VQ's lower bitrates of the same codes, decoded through the export's
+model.safetensors (the graphs take every codebook).
 """
 import argparse
 import logging
@@ -43,6 +47,9 @@ def get_args(argv=None):
     p.add_argument("--baseline", action="append", default=[], type=_baseline,
                    metavar="SPEC", help="mulaw:TARGET_RATE:BITS or melgl:N_MELS:FRAME_RATE:BITS "
                    "(repeatable)")
+    p.add_argument("--n-q", action="append", default=[], type=int, metavar="K",
+                   help="also evaluate the codec with its first K codebooks only (a lower "
+                   "bitrate of the same model, trained by quantizer dropout; repeatable)")
     p.add_argument("--max-utts", type=int, default=0,
                    help="evaluate at most this many utterances (0: all)")
     p.add_argument("--plot-key", default="", help="utterance for the spectrogram figure "
@@ -58,7 +65,8 @@ def main(argv=None):
     from toolkit.tasks.codec.evaluate import evaluate_list, markdown_table, write_report
     from toolkit.tasks.codec.runtime import ExportedCodec
     codec = ExportedCodec(args.model, args.backend, args.threads)
-    result = evaluate_list(codec, args.test_data, args.baseline, args.max_utts, args.plot_key)
+    result = evaluate_list(codec, args.test_data, args.baseline, args.max_utts, args.plot_key,
+                           args.n_q)
     paths = write_report(result, args.out_dir)
     sys.stdout.write(markdown_table(result))
     logger.info("wrote %s", ", ".join(paths.values()))

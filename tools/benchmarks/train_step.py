@@ -109,12 +109,16 @@ def main(argv=None):
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
     median = statistics.median(times)
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     print(f"config {args.config} {' '.join(args.overrides)}")
     print(f"threads {torch.get_num_threads()}, batch {args.batch} x {args.frames} frames, "
           f"trim every {trim or 'never'}, compile {args.compile}")
     print(f"step: median {median * 1000:.1f} ms (min {min(times) * 1000:.1f}, max "
           f"{max(times) * 1000:.1f}) over {len(times)} steps; {1 / median:.2f} steps/s")
     print(f"FLOPs per step {flops / 1e9:.2f} G -> {flops / median / 1e9:.1f} GFLOP/s")
+    print(f"process: CPU user {usage.ru_utime:.1f} s, system {usage.ru_stime:.1f} s, minor page "
+          f"faults {usage.ru_minflt}, peak RSS {usage.ru_maxrss / 2 ** 20:.2f} GB")
     if args.peak:
         peak = gemm_peak()
         print(f"fp32 GEMM peak (2048x2048, {torch.get_num_threads()} threads): {peak:.1f} GFLOP/s;"

@@ -25,7 +25,7 @@ cd "$(dirname "$0")"
 . ./path.sh
 
 gpus=-1            # GPUs to use, e.g. "0,1" -> 2 processes; -1 or empty -> CPU
-num_procs=1        # CPU only: number of gloo ranks
+num_procs=2        # CPU only: gloo ranks (two of one thread each use two cores best)
 num_nodes=1        # multi-node: number of nodes, this node's rank, rendezvous host:port
 node_rank=0
 rdzv_endpoint=127.0.0.1:29400
@@ -58,6 +58,7 @@ average_num=3
 lm_config=""           # e.g. conf/lm.yaml: large-margin fine-tuning after averaging
 lm_train_overrides=""
 as_norm_top=100        # of the training speakers (300 by default)
+cohort_utts_per_spk=4  # cohort = training speakers' means over 4 utterances each
 
 help_message="Usage: $0 [--config conf/ecapa.yaml] [--stage N] [--stop-stage M] [--gpus 0] ..."
 . utils/parse_options.sh

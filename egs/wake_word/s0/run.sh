@@ -5,6 +5,7 @@
 #   bash run.sh --keyword "hey snips"                 # all stages
 #   bash run.sh --stage 3 --stop-stage 3              # only training (resumes if killed)
 #   bash run.sh --gpus 0,1                            # two GPUs (or edit gpus= below)
+#   bash run.sh --frontend speech_embedding           # openWakeWord's front end (FRONTENDS.md)
 #
 # Stages (each rerunnable; outputs under data/ and $exp):
 #   0 synthesize data/{train,dev,test} Kaldi dirs + data/dict/keywords.txt
@@ -55,10 +56,14 @@ train_random_voices=0
 engines=espeak
 nj=2
 
-config=conf/ds_tcn.yaml
+# Front end: fbank (kaldi-native-fbank) or speech_embedding (openWakeWord 0.5.1's frozen
+# ONNX front end, installed on demand; its models are CC BY-NC-SA 4.0, non-commercial:
+# FRONTENDS.md). It picks the default config and exp dir and where features go.
+frontend=fbank
+config=""              # default: conf/ds_tcn.yaml (fbank), conf/oww_ds_tcn.yaml (speech_embedding)
 data=data
-exp=exp/ds_tcn
-precompute_feats=true  # compute fbank once (no waveform augmentation then)
+exp=""                 # default: exp/ds_tcn (fbank), exp/oww_ds_tcn (speech_embedding)
+precompute_feats=true  # compute features once (no waveform augmentation then)
 train_overrides=""     # extra config overrides, e.g. "training.max_epoch=2 dataset.batch_size=64"
 average_num=5
 target_fa_per_hour=1.0
@@ -69,6 +74,22 @@ help_message="Usage: $0 [--keyword \"hey snips\"] [--stage N] [--stop-stage M] [
 
 dict=$data/dict/keywords.txt
 task_type=detection
+case "$frontend" in
+  fbank)
+    config=${config:-conf/ds_tcn.yaml}; exp=${exp:-exp/ds_tcn}
+    feat_dir=fbank; cmvn_name=global_cmvn ;;
+  speech_embedding)
+    config=${config:-conf/oww_ds_tcn.yaml}; exp=${exp:-exp/oww_ds_tcn}
+    feat_dir=speech_embedding; cmvn_name=global_cmvn_speech_embedding
+    bash "$TOOLKIT_ROOT/tools/install_oww.sh" ;;
+  *) echo "$0: --frontend must be fbank or speech_embedding, got '$frontend'" >&2; exit 1 ;;
+esac
+_config_type=$(python -c 'import sys, toolkit.tasks; from toolkit.config import load_config
+print(load_config(sys.argv[1]).dataset.feature.type)' "$config")
+if [ "$_config_type" != "$frontend" ]; then
+  echo "$0: $config computes dataset.feature.type $_config_type, not --frontend $frontend" >&2
+  exit 1
+fi
 
 # --- stage 0: data preparation (a copy of this recipe for a new corpus replaces this block) ---
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then

@@ -4,7 +4,7 @@ the utterances, a Markdown table, results.json and a spectrogram figure of one u
 """
 import json
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -44,18 +44,23 @@ METRIC_COLUMNS = (("mel_distance", "mel distance (lower better)", "{:.3f}"),
 
 
 def evaluate_list(codec: ExportedCodec, test_data: str, baselines: List[Tuple[str, Any]],
-                  max_utts: int = 0, plot_key: str = "") -> Dict[str, Any]:
+                  max_utts: int = 0, plot_key: str = "",
+                  n_qs: Sequence[int] = ()) -> Dict[str, Any]:
     """Metrics (toolkit.tasks.codec.metrics.evaluate_pair) of the codec and each baseline,
     averaged over the usable utterances of `test_data`; the waveforms of one utterance
-    (`plot_key`, else the first) are kept for the spectrogram figure."""
+    (`plot_key`, else the first) are kept for the spectrogram figure. `n_qs`: the codec
+    also at these numbers of codebooks (rows `codec n_q=K`, lower bitrates of the same
+    codes: residual VQ's first K stages)."""
     from toolkit.config import DatasetConfig
     from toolkit.data.datalist import BadCounter, DataList
     from toolkit.tasks.codec.metrics import evaluate_pair
     test = DataList.load(test_data, require_label=False)
     pipeline = FeaturePipeline(DatasetConfig(sample_rate=codec.sample_rate), 0, False)
-    names = ["codec"] + [name for name, _ in baselines]
+    reduced = {f"codec n_q={k}": k for k in sorted(set(n_qs), reverse=True)
+               if codec.check_n_q(k) < codec.n_codebooks}
+    names = ["codec"] + list(reduced) + [name for name, _ in baselines]
     sums: Dict[str, Dict[str, float]] = {n: {} for n in names}
-    rates = {"codec": codec.bitrate}
+    rates = {"codec": codec.bitrate, **{n: codec.bitrate_at(k) for n, k in reduced.items()}}
     bad, used, plot = BadCounter(), 0, None
     for i in range(len(test)):
         if max_utts and used >= max_utts:
@@ -66,7 +71,10 @@ def evaluate_list(codec: ExportedCodec, test_data: str, baselines: List[Tuple[st
         except BadEntry as err:
             bad.add(err.reason, entry["key"], err.detail)
             continue
-        decoded = {"codec": codec.decode(codec.encode(wave), len(wave))}
+        codes = codec.encode(wave)
+        decoded = {"codec": codec.decode(codes, len(wave))}
+        for name, k in reduced.items():
+            decoded[name] = codec.decode(codes[:k], len(wave))
         for name, fn in baselines:
             decoded[name], rates[name] = fn(wave, codec.sample_rate)
         for name in names:

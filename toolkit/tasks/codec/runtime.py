@@ -13,7 +13,7 @@ import torch
 from toolkit.config import ConfigError
 from toolkit.data.audio import BadEntry
 from toolkit.errors import DataError, MissingInputError, UserError
-from toolkit.tasks.codec.export import GRAPH_FILES, pad_to_hop
+from toolkit.tasks.codec.export import GRAPH_FILES, SAFETENSORS_NAME, pad_to_hop
 
 CODES_FORMAT = "toolkit-codec-codes"
 CODES_VERSION = 1
@@ -21,9 +21,14 @@ CODES_VERSION = 1
 
 class ExportedCodec:
     """Encodes and decodes with the graphs of an export dir (onnx: onnxruntime; torch:
-    the TorchScript files), whole signals or chunk by chunk (causal models)."""
+    the TorchScript files), whole signals or chunk by chunk (causal models). Codes of
+    fewer than all codebooks (the first n_q of the residual VQ: a lower bitrate, which
+    quantizer dropout trains) decode through the export's safetensors generator, as the
+    graphs take every codebook."""
 
     def __init__(self, export_dir: str, backend: str = "onnx", threads: int = 1):
+        self.export_dir, self.threads = export_dir, threads
+        self._generator = None
         if backend not in GRAPH_FILES:
             raise ConfigError(f"backend: expected onnx or torch, got {backend!r}")
         enc, dec = (os.path.join(export_dir, name) for name in GRAPH_FILES[backend])
@@ -55,11 +60,45 @@ class ExportedCodec:
         return self._encode(wave[None, None])[0][0]
 
     def decode(self, codes: np.ndarray, length: Optional[int] = None) -> np.ndarray:
+        """codes (n_q, frames), n_q <= n_codebooks -> frames * hop samples (or `length`)."""
         codes = np.ascontiguousarray(codes, dtype=np.int64)
         if codes.shape[1] == 0:
             return np.zeros(0, np.float32)
-        audio = self._decode(codes[None])[0][0, 0]
+        if codes.shape[0] == self.n_codebooks:
+            audio = self._decode(codes[None])[0][0, 0]
+        else:
+            self.check_n_q(codes.shape[0])
+            with torch.no_grad():
+                audio = self.generator().decode(torch.from_numpy(codes[None]))[0, 0].numpy()
         return audio if length is None else audio[:length]
+
+    def check_n_q(self, n_q: int) -> int:
+        if not 1 <= n_q <= self.n_codebooks:
+            raise ConfigError(f"n_q={n_q}: this codec has {self.n_codebooks} codebooks "
+                              f"(n_q in 1..{self.n_codebooks})")
+        return n_q
+
+    def bitrate_at(self, n_q: int) -> float:
+        """Bits per second of the first n_q codebooks."""
+        return self.bitrate * self.check_n_q(n_q) / self.n_codebooks
+
+    def generator(self):
+        """The export's safetensors generator (PyTorch, eval mode), loaded on first use and
+        checked to hold the graphs' weights."""
+        if self._generator is None:
+            from toolkit.tasks.codec.export import load_safetensors_model, weights_fingerprint
+            path = os.path.join(self.export_dir, SAFETENSORS_NAME)
+            if not os.path.exists(path):
+                raise MissingInputError(f"{path} not found: decoding fewer than all "
+                                        f"{self.n_codebooks} codebooks needs it")
+            torch.set_num_threads(self.threads)
+            model = load_safetensors_model(path)
+            if weights_fingerprint(model) != self.fingerprint:
+                raise DataError(f"{path} holds other weights than the graphs of "
+                                f"{self.export_dir} (fingerprint {weights_fingerprint(model)} "
+                                f"vs {self.fingerprint})")
+            self._generator = model
+        return self._generator
 
     def _need_causal(self) -> None:
         if not self.causal:

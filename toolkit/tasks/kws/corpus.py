@@ -845,15 +845,15 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     if not 0 <= train_random_voices <= MAX_RANDOM_VOICES:
         raise SynthError(f"train random voices {train_random_voices} is outside "
                          f"[0, {MAX_RANDOM_VOICES}] (espeak-ng lists at most 349 voice files)")
-    espeak_paths()   # clear message before any work when the TTS is not installed
-    engines = check_engines(engines)
-    reserved = [e for e in engines if e in TEST_ONLY_ENGINES]
-    if reserved and not test_only:
+    reserved = [e for e in TEST_ONLY_ENGINES if e in [str(n).strip() for n in engines]]
+    if reserved and not test_only:      # before looking for it: refused even when absent
         raise SynthError(
             f"{', '.join(reserved)} is reserved for the unseen-engine test and never speaks in "
             f"a training set: make its evaluation set alone with --test-only (e.g. "
             f"synth_kws_data --test-only --engines {reserved[0]} --out-dir data_test_{reserved[0]})")
     splits = ("test",) if test_only else SPLITS
+    espeak_paths()   # clear message before any work when the TTS is not installed
+    engines = check_engines(engines)
     if train_random_voices and "espeak" not in engines:
         raise SynthError("train random voices are espeak-ng voices: add espeak to --engines")
     if loaded_in_this_process():

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# A 16 kHz neural speech codec trained on synthetic read speech (espeak-ng voices; flite or
+# festival only when named in engines=), measured against naive codecs at the same bitrates.
+#
+#   bash run.sh                                       # all stages, CPU-sized config
+#   bash run.sh --stage 2 --stop-stage 2              # only training (resumes if killed)
+#   bash run.sh --gpus 0 --config conf/codec_gpu.yaml --exp exp/codec_gpu   # published scale
+#
+# Stages (each rerunnable; outputs under data/ and $exp):
+#   0 synthesize data/{train,dev,test} Kaldi dirs (+ *_noisy with noisy=true), data/voices.txt
+#   1 data lists data/*/data.list
+#   2 training through torchrun into $exp
+#   3 averaging of the last $average_num checkpoints -> $exp/avg_${average_num}.pt
+#   4 export encoder/decoder ONNX + TorchScript + safetensors -> $exp/export/ (parity-checked)
+#   5 evaluation on the test set against the baselines -> $exp/eval/ (table printed)
+set -euo pipefail
+cd "$(dirname "$0")"
+. ./path.sh
+
+gpus=-1            # GPUs to use, e.g. "0,1" -> 2 processes; -1 or empty -> CPU
+num_procs=2        # CPU only: gloo ranks, one thread each (the config's batch is per rank)
+num_nodes=1        # multi-node: number of nodes, this node's rank, rendezvous host:port
+node_rank=0
+rdzv_endpoint=127.0.0.1:29400
+master_port=""     # one node: fixed torchrun port (default: a free one)
+stage=0
+stop_stage=5
+
+seed=1234
+num_train=1200     # about 2 h of speech (5 s per utterance on average)
+num_dev=40
+num_test=60
+random_voices=60   # procedural espeak-ng voices added to its 224 fixed ones before the split
+max_voices=0       # > 0: at most this many voices in all (0: every voice)
+engines=espeak     # TTS engines that speak (comma list); one named but missing stops stage 0
+noisy=false        # also write data/*_noisy (the same utterances in noise at 5-25 dB SNR)
+nj=2
+
+config=conf/codec_cpu.yaml
+data=data
+exp=exp/codec_cpu
+train_set=train
+dev_set=dev
+test_set=test
+train_overrides=""   # extra config overrides, e.g. "training.max_steps=4000"
+average_num=3
+# Evaluation: the codec with all its codebooks and with the first n_q of them (rates of
+# one model, from quantizer dropout), and naive codecs at about the same bitrates
+# (toolkit.bin.evaluate_codec --help: mulaw:RATE:BITS, melgl:MELS:FPS:BITS).
+eval_n_q="2 4"
+baselines="mulaw:1200:2 melgl:4:50:4 melgl:8:50:4 melgl:12:50:4"
+eval_max_utts=0      # 0: the whole test set
+
+help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--config conf/codec_gpu.yaml] ..."
+. utils/parse_options.sh
+
+if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
+  echo "stage 0: synthesizing speech into $data"
+  _noisy_arg=()
+  [ "$noisy" = true ] || _noisy_arg=(--no-noisy)
+  python -m toolkit.bin.synth_speech_data --out-dir "$data" --seed "$seed" \
+    --num-train "$num_train" --num-dev "$num_dev" --num-test "$num_test" \
+    --random-voices "$random_voices" --max-voices "$max_voices" --engines "$engines" \
+    --nj "$nj" "${_noisy_arg[@]}"
+fi
+
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  echo "stage 1: data lists"
+  # The codec needs no labels, but make_datalist labels every entry: each split is
+  # labelled by its own speakers (spk2utt), which keeps every utterance in the list.
+  for x in $train_set $dev_set $test_set; do
+    cut -d' ' -f1 "$data/$x/spk2utt" > "$data/$x/speakers.txt"
+    python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" \
+      --inventory "$data/$x/speakers.txt" --label-mode speaker --nj "$nj"
+  done
+fi
+
+if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
+  echo "stage 2: training in $exp"
+  # $train_overrides is split into separate key=value words on purpose.
+  # shellcheck disable=SC2086
+  utils/torchrun.sh ${master_port:+--master-port $master_port} \
+    "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
+    -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
+    --train-data "$data/$train_set/data.list" --dev-data "$data/$dev_set/data.list" \
+    $train_overrides
+fi
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  echo "stage 3: averaging the last $average_num checkpoints"
+  python -m toolkit.bin.average_model --exp-dir "$exp" --output "$exp/avg_${average_num}.pt" \
+    --num "$average_num" --mode last
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  echo "stage 4: export"
+  python -m toolkit.bin.export_model --checkpoint "$exp/avg_${average_num}.pt" --exp-dir "$exp" \
+    --out-dir "$exp/export" --test-data "$data/$test_set/data.list"
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  echo "stage 5: evaluating $exp/export on $data/$test_set"
+  _eval_args=()
+  for q in $eval_n_q; do _eval_args+=(--n-q "$q"); done
+  for b in $baselines; do _eval_args+=(--baseline "$b"); done
+  python -m toolkit.bin.evaluate_codec --model "$exp/export" \
+    --test-data "$data/$test_set/data.list" --out-dir "$exp/eval" \
+    --max-utts "$eval_max_utts" --threads "$nj" "${_eval_args[@]}"
+  echo "table: $exp/eval/results.md, spectrograms: $exp/eval/spectrograms.png"
+fi

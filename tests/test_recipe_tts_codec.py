@@ -1,0 +1,194 @@
+"""The speech-codec recipe end to end at a tiny size through the real run.sh (synthetic
+speech, data lists, two gloo ranks through torchrun with both training phases, averaging,
+export with parity, evaluation against the baselines), and the speech generator it uses:
+byte-identical output for a seed whatever nj, and train/dev/test voices that never meet."""
+import filecmp
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(ROOT, "egs", "tts_codec", "s0")
+
+# The shipped CPU config, shrunk: 4 steps (the adversarial phase starts at step 3 of 4),
+# a checkpoint per step for the averaging, 0.25 s segments.
+TINY_OVERRIDES = " ".join([
+    "training.max_steps=4", "training.save_interval_steps=1", "training.val_interval_steps=2",
+    "training.log_interval=1", "model.channels=4", "model.dilations=[1]",
+    "task.segment_seconds=0.25", "task.eval_seconds=0.5", "dataset.batch_size=2",
+    "dataset.num_workers=1", "discriminator.mpd.channels_scale=0.03"])
+TINY = ["--num-train", "6", "--num-dev", "2", "--num-test", "2", "--random-voices", "2",
+        "--max-voices", "6", "--nj", "1", "--eval-max-utts", "2",
+        "--train-overrides", TINY_OVERRIDES]
+
+
+def run_recipe(tmp, *args, timeout=600):
+    cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--data", str(tmp / "data"),
+           "--exp", str(tmp / "exp"), *TINY, *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def recipe_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("codec_recipe")
+    result = run_recipe(tmp)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return tmp, result
+
+
+def table_rows(markdown: str):
+    return [line for line in markdown.splitlines()
+            if line.startswith("| ") and "---" not in line][1:]
+
+
+def test_every_stage_writes_its_outputs(recipe_run):
+    tmp, result = recipe_run
+    data, exp = tmp / "data", tmp / "exp"
+    for split in ("train", "dev", "test"):
+        check = subprocess.run([sys.executable, "-m", "toolkit.bin.validate_data_dir",
+                                str(data / split)], capture_output=True, text=True, timeout=120)
+        assert check.returncode == 0, check.stdout + check.stderr
+        entries = [json.loads(line) for line in (data / split / "data.list").read_text().splitlines()]
+        keys = (data / split / "wav.scp").read_text().split("\n")
+        assert len(entries) == len([k for k in keys if k]) == {"train": 6, "dev": 2, "test": 2}[split]
+        assert all(os.path.exists(e["wav"]) and e["duration"] > 0.5 for e in entries)
+    assert not (data / "train_noisy").exists()          # noisy=false by default
+    # Two gloo ranks trained both phases; the last 3 checkpoints were averaged.
+    log = (exp / "log" / "train.rank0.log").read_text()
+    assert "world=2" in log and (exp / "log" / "train.rank1.log").exists()
+    assert (exp / "config.yaml").exists() and (exp / "avg_3.pt").exists()
+    from toolkit.trainer.checkpoint import list_checkpoints, load_payload
+    assert max(c.step for c in list_checkpoints(str(exp))) == 4
+    final = load_payload(str(exp / "avg_3.pt"))
+    assert set(final["modules"]) >= {"generator"}
+    # Export: every format, checked against PyTorch.
+    export = exp / "export"
+    assert sorted(os.listdir(export)) == ["config.json", "decoder.onnx", "decoder.zip",
+                                          "encoder.onnx", "encoder.zip", "model.safetensors"]
+    assert "max diff" in result.stderr
+    from toolkit.export import read_metadata
+    meta = read_metadata(str(export / "encoder.onnx"))
+    assert meta["task"] == "codec" and meta["n_codebooks"] == 6 and meta["bitrate"] == 2400.0
+
+
+def test_evaluation_table_has_codec_rates_and_baselines(recipe_run):
+    tmp, result = recipe_run
+    report = tmp / "exp" / "eval"
+    rows = table_rows((report / "results.md").read_text())
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "codec", "codec n_q=4", "codec n_q=2", "mu-law 1.2 kHz 2 bit",
+        "mel+Griffin-Lim 4 mels 50 fps 4 bit", "mel+Griffin-Lim 8 mels 50 fps 4 bit",
+        "mel+Griffin-Lim 12 mels 50 fps 4 bit"]
+    assert [r.split("|")[2].strip() for r in rows] == ["2.4", "1.6", "0.8", "2.4", "0.8", "1.6",
+                                                       "2.4"]
+    assert all(r in result.stdout for r in rows)       # stage 5 prints the table
+    summary = json.loads((report / "results.json").read_text())
+    assert summary["utterances"] == 2
+    for row in summary["systems"]:
+        assert all(row[k] is not None for k in ("mel_distance", "stft_distance", "si_sdr",
+                                                "stoi")), row
+    assert (report / "spectrograms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rerun_skips_finished_stages(recipe_run):
+    tmp, _ = recipe_run
+    before = sorted(p.name for p in (tmp / "exp").glob("ckpt-*.pt"))
+    again = run_recipe(tmp, "--stop-stage", "2", timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to do" in again.stderr                # the data were complete
+    assert "resumed from" in again.stderr                 # and so was the training
+    assert sorted(p.name for p in (tmp / "exp").glob("ckpt-*.pt")) == before
+
+
+# --------------------------------------------------------------------------- generator
+
+def generate(out, nj, seed=3, noisy=True):
+    from toolkit.tts.speech import Sizes, generate_speech
+    return generate_speech(str(out), seed=seed, sizes=Sizes(train=5, dev=2, test=2), nj=nj,
+                           n_random_voices=2, max_voices=0, noisy=noisy, sentences=(1, 1))
+
+
+def same_tree(a, b) -> bool:
+    """Every file byte-identical, wav.scp compared with the dir prefix removed."""
+    for folder, _, files in os.walk(a):
+        for name in files:
+            pa = os.path.join(folder, name)
+            pb = os.path.join(b, os.path.relpath(pa, a))
+            if name == "wav.scp":
+                if open(pa).read().replace(str(a), "") != open(pb).read().replace(str(b), ""):
+                    return False
+            elif not filecmp.cmp(pa, pb, shallow=False):
+                return False
+    return True
+
+
+def test_generator_is_deterministic_for_any_nj(tmp_path):
+    one, two, other = tmp_path / "nj1", tmp_path / "nj2", tmp_path / "seed4"
+    summary = generate(one, 1)
+    generate(two, 2)
+    assert same_tree(one, two) and same_tree(two, one)
+    assert summary["train"]["utts"] == summary["train_noisy"]["utts"] == 5
+    generate(other, 2, seed=4)
+    assert open(one / "test" / "text").read() != open(other / "test" / "text").read()
+    # Noisy = clean + noise: the same keys, and the noise at the SNR of utt2snr.
+    import numpy as np
+    import soundfile as sf
+    from toolkit.tts.signal import active_power
+    snr = dict(line.split() for line in open(one / "dev_noisy" / "utt2snr"))
+    assert snr.keys() == dict(line.split() for line in open(one / "dev" / "utt2spk")).keys()
+    for utt, value in snr.items():
+        clean, _ = sf.read(one / "wavs" / "dev" / f"{utt}.wav")
+        mixed, _ = sf.read(one / "wavs" / "dev_noisy" / f"{utt}.wav")
+        measured = 10 * np.log10(active_power(clean) / np.mean((mixed - clean) ** 2))
+        assert abs(measured - float(value)) < 0.2, (utt, measured, value)
+    # A finished corpus is not made again.
+    mtime = os.path.getmtime(one / "train" / "wav.scp")
+    generate(one, 2)
+    assert os.path.getmtime(one / "train" / "wav.scp") == mtime
+
+
+def test_voices_of_the_splits_are_disjoint(tmp_path):
+    from toolkit.tts.espeak import ACCENTS, espeak_voices, random_voices
+    from toolkit.tts.speech import split_voices
+    pool = espeak_voices() + random_voices(40, ACCENTS, 7)
+    splits = split_voices(pool, seed=7)
+    names = {s: {v.spk for v in vs} for s, vs in splits.items()}
+    assert not (names["train"] & names["dev"] or names["train"] & names["test"]
+                or names["dev"] & names["test"])
+    assert sum(len(v) for v in names.values()) == len(pool)
+    for vs in splits.values():              # every accent heard in every split
+        assert {v.name.split("+")[0] for v in vs} == set(ACCENTS)
+    capped = split_voices(pool, seed=7, max_voices=10)
+    assert [len(capped[s]) for s in ("train", "dev", "test")] == [8, 1, 1]
+    # In a generated corpus: speakers by utt2spk, and voices.txt agrees.
+    out = tmp_path / "corpus"
+    generate(out, 2, noisy=False)
+    spk = {s: set(dict(line.split() for line in open(out / s / "utt2spk")).values())
+           for s in ("train", "dev", "test")}
+    assert not (spk["train"] & spk["dev"] or spk["train"] & spk["test"] or spk["dev"] & spk["test"])
+    listed = {}
+    for line in open(out / "voices.txt"):
+        name, split, engine, _ = line.split()
+        listed.setdefault(split, set()).add(name)
+        assert engine == "espeak"
+    assert listed == spk
+    assert not (out / "train_noisy").exists()
+
+
+def test_named_engines_only(tmp_path, monkeypatch):
+    from toolkit.tts import SynthError
+    from toolkit.tts.engines import FestivalEngine
+    from toolkit.tts.speech import Sizes, check_engines, generate_speech
+    assert check_engines(["espeak"]) == ["espeak"]
+    # An engine named but missing stops before any work, in one message.
+    monkeypatch.setattr(FestivalEngine, "unavailable_reason",
+                        classmethod(lambda cls: "no `text2wave` on PATH"))
+    with pytest.raises(SynthError, match="festival was asked for"):
+        generate_speech(str(tmp_path / "x"), sizes=Sizes(2, 1, 1), engines=["espeak", "festival"])
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(SynthError, match="unknown TTS engine"):
+        check_engines(["espeak", "nosuch"])

@@ -1,0 +1,353 @@
+"""openWakeWord's pretrained detectors and this recipe's models, side by side, on TTS
+voices no model was trained on, scored by one common rule.
+
+For each keyword ("hey jarvis", "alexa") and each engine (espeak-ng on the voices the
+recipe's corpus of --seed holds out; flite, if installed, on its held-out voices; festival,
+never used in training, on all its voices) a test set is generated with
+`synth_kws_data --test-only` (toolkit.tasks.kws.corpus). Then every clip is scored by:
+
+  (a) openWakeWord 0.5.1's pretrained model (hey_jarvis_v0.1.onnx, alexa_v0.1.onnx): the
+      toolkit's speech_embedding front end (its melspectrogram.onnx + embedding_model.onnx
+      run with ONNX Runtime, see toolkit/data/features.py) gives an embedding every 80 ms;
+      the model scores each step from the last 16 embeddings -> one score per 80 ms;
+  (b) each recipe model given with --exp (its export/model.onnx, with the front end its
+      metadata names: fbank every 10 ms or speech embeddings every 80 ms).
+
+Common rule, identical for every system:
+  * each clip is played after --lead-s (2 s) and followed by --tail-s (0.5 s) of white
+    noise at -60 dBFS (seeded by the clip's key), so that openWakeWord's 16-embedding
+    window is full from the clip's first sample and a keyword at the very end still gets
+    scored; frames whose input ends inside the lead are dropped;
+  * the decision rule of toolkit/tasks/kws/decision.py (no smoothing) with a refractory
+    period longer than any clip: at most one detection per clip, so a positive counts as
+    detected and a negative as one false alarm when any kept frame reaches the threshold;
+  * DET counting of toolkit/tasks/kws/scoring.py over the grid 0, 0.001, ..., 1 plus
+    1 - m 10^-k (k = 4..7); FA/h divides by the hours of the negative clips themselves
+    (padding excluded); FRR at 0.5/1/2/5 FA/h is the lowest FRR with FA/h <= target;
+  * "all negatives": random-word, noise and confusable clips (utt2kind neg, noise, conf);
+    "without confusables": the same without the conf clips.
+
+  python tools/benchmarks/oww_compare.py --out-dir exp/oww_compare --size full \\
+      --exp egs/wake_word/s0/exp/jarvis_fbank --exp egs/wake_word/s0/exp/jarvis_oww \\
+      --exp egs/wake_word/s0/exp/alexa_fbank --exp egs/wake_word/s0/exp/alexa_oww
+
+Writes <out-dir>/results.md (also printed), results.json and the test sets under
+<out-dir>/data/<keyword>/<engine>/test (reused when rerun with the same arguments).
+Needs `tools/install_oww.sh` (openWakeWord's models: CC BY-NC-SA 4.0, non-commercial).
+"""
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import sys
+import zlib
+from typing import Dict, List, Optional, Tuple
+
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+logger = logging.getLogger("oww_compare")
+
+OWW_MODELS = {"hey jarvis": "hey_jarvis_v0.1.onnx", "alexa": "alexa_v0.1.onnx"}
+OWW_WINDOW = 16            # embeddings one openWakeWord model call looks at
+ENGINES = ("espeak", "flite", "festival")
+SIZES = {"tiny": (6, 12), "small": (300, 1350), "full": (1200, 5400)}   # (pos, neg) per set
+FA_TARGETS = (0.5, 1.0, 2.0, 5.0)
+PAD_DBFS = -60.0
+RATE = 16000
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--exp", action="append", default=[], metavar="DIR",
+                   help="a trained recipe exp dir (with export/model.onnx); repeat. Its "
+                        "keyword and front end come from the model's metadata")
+    p.add_argument("--keywords", default="hey jarvis,alexa",
+                   help=f"comma list, of {', '.join(OWW_MODELS)} (default %(default)s)")
+    p.add_argument("--engines", default=",".join(ENGINES),
+                   help="comma list; engines not installed are skipped with a note "
+                        "(default %(default)s)")
+    p.add_argument("--size", choices=sorted(SIZES), default="small",
+                   help="positives/negatives per keyword and engine: "
+                        + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in SIZES.items())
+                        + " (default %(default)s)")
+    p.add_argument("--num-pos", type=int, default=0, help="overrides --size")
+    p.add_argument("--num-neg", type=int, default=0, help="overrides --size")
+    p.add_argument("--seed", type=int, default=777,
+                   help="the recipe's corpus seed: espeak/flite voices held out by it "
+                        "(default %(default)s)")
+    p.add_argument("--lead-s", type=float, default=2.0)
+    p.add_argument("--tail-s", type=float, default=0.5)
+    p.add_argument("--oww-model-dir", default="",
+                   help="where hey_jarvis_v0.1.onnx etc. are (default: the installed package)")
+    p.add_argument("--nj", type=int, default=2, help="processes for synthesis and scoring")
+    args = p.parse_args(argv)
+    if args.lead_s < (OWW_WINDOW - 1) * 0.08:
+        p.error(f"--lead-s must be >= {(OWW_WINDOW - 1) * 0.08:.2f} s (openWakeWord's window)")
+    return args
+
+
+# ----------------------------------------------------------------------------- test sets
+
+def make_test_set(keyword: str, engine: str, out_dir: str, num_pos: int, num_neg: int,
+                  seed: int, nj: int) -> str:
+    from toolkit.tasks.kws.corpus import Sizes, generate_corpus
+    sizes = Sizes(train_pos=0, train_neg=0, dev_pos=0, dev_neg=0, test_pos=num_pos,
+                  test_neg=num_neg)
+    generate_corpus([keyword], out_dir, seed=seed, sizes=sizes, nj=nj, engines=[engine],
+                    test_only=True)
+    return os.path.join(out_dir, "test")
+
+
+def read_test_set(test_dir: str) -> List[dict]:
+    from toolkit.data.kaldi import read_table
+    wavs, kinds = read_table(os.path.join(test_dir, "wav.scp")), \
+        read_table(os.path.join(test_dir, "utt2kind"))
+    durs = read_table(os.path.join(test_dir, "utt2dur"))
+    return [{"key": k, "wav": wavs[k], "kind": kinds[k], "duration": float(durs[k])}
+            for k in sorted(wavs)]
+
+
+# ----------------------------------------------------------------------------- systems
+
+class OwwSystem:
+    """openWakeWord's pretrained model over the toolkit's speech_embedding front end."""
+
+    def __init__(self, keyword: str, model_dir: str):
+        from toolkit.data.features import build_extractor
+        from toolkit.config import FeatureConfig
+        self.name = f"openWakeWord {OWW_MODELS[keyword]}"
+        self.keyword = keyword
+        self.path = os.path.join(model_dir, OWW_MODELS[keyword])
+        self.extractor = build_extractor(FeatureConfig(type="speech_embedding"), RATE)
+        self.feature = self.extractor.metadata()
+        self._session = None
+
+    def frame_end_s(self, n: int) -> np.ndarray:
+        return self.extractor.frame_end_times(n)
+
+    def scores(self, feats: np.ndarray) -> np.ndarray:
+        """(E, 96) embeddings -> (E, 1): step t scores embeddings t-15..t (0 before 16)."""
+        if self._session is None:
+            import onnxruntime as ort
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+            self._session = ort.InferenceSession(self.path, opts,
+                                                 providers=["CPUExecutionProvider"])
+        name = self._session.get_inputs()[0].name
+        out = np.zeros((len(feats), 1), np.float32)
+        for t in range(OWW_WINDOW - 1, len(feats)):
+            window = feats[None, t - OWW_WINDOW + 1:t + 1].astype(np.float32)
+            out[t, 0] = float(self._session.run(None, {name: window})[0].reshape(-1)[0])
+        return out
+
+
+class RecipeSystem:
+    """A recipe model's export/model.onnx with the front end its metadata names."""
+
+    def __init__(self, exp_dir: str):
+        from toolkit.data.features import extractor_from_metadata
+        from toolkit.tasks.kws.detector import load_backend
+        self.backend = load_backend(os.path.join(exp_dir, "export", "model.onnx"))
+        meta = self.backend.metadata
+        self.feature = meta["feature"]
+        if len(meta["keywords"]) != 1:
+            raise SystemExit(f"{exp_dir}: one keyword per model expected, got {meta['keywords']}")
+        self.keyword = meta["keywords"][0]
+        self.extractor = extractor_from_metadata(self.feature)
+        kind = "speech_embedding" if self.feature["type"] == "speech_embedding" else "fbank"
+        self.name = f"recipe {meta['model_type']} on {kind} ({os.path.basename(os.path.normpath(exp_dir))})"
+
+    def frame_end_s(self, n: int) -> np.ndarray:
+        ends = self.extractor.frame_end_times(n)
+        if ends is None:         # fbank: frame t spans [t shift, t shift + length)
+            f = self.feature
+            ends = (np.arange(n) * f["frame_shift_ms"] + f["frame_length_ms"]) / 1000.0
+        return ends
+
+    def scores(self, feats: np.ndarray) -> np.ndarray:
+        self.backend.reset()
+        return self.backend.step(feats)
+
+
+def feature_key(feature: dict) -> str:
+    return json.dumps(feature, sort_keys=True)
+
+
+def padded(wave: np.ndarray, key: str, lead_s: float, tail_s: float) -> np.ndarray:
+    rng = np.random.default_rng(zlib.crc32(key.encode("utf-8")))
+    amp = 10.0 ** (PAD_DBFS / 20.0)
+    lead = (amp * rng.standard_normal(int(round(lead_s * RATE)))).astype(np.float32)
+    tail = (amp * rng.standard_normal(int(round(tail_s * RATE)))).astype(np.float32)
+    return np.concatenate([lead, wave.astype(np.float32), tail])
+
+
+_WORKER: Dict[str, object] = {}
+
+
+def _score_chunk(job) -> List[Tuple[str, List[np.ndarray]]]:
+    """Worker: kept frames' scores of every system for some clips."""
+    clips, spec, lead_s, tail_s = job
+    if _WORKER.get("spec") != spec:          # systems built once per process (sessions too)
+        keyword, exps, model_dir = spec
+        _WORKER["systems"] = [OwwSystem(keyword, model_dir)] + [RecipeSystem(e) for e in exps]
+        _WORKER["spec"] = spec
+    systems = _WORKER["systems"]
+    import soundfile as sf
+    out = []
+    for clip in clips:
+        wave, rate = sf.read(clip["wav"], dtype="float32")
+        if rate != RATE:
+            raise SystemExit(f"{clip['wav']}: {rate} Hz, expected {RATE}")
+        audio = padded(wave, clip["key"], lead_s, tail_s)
+        cache: Dict[str, np.ndarray] = {}
+        per_system = []
+        for system in systems:
+            fk = feature_key(system.feature)
+            if fk not in cache:
+                cache[fk] = system.extractor.compute(audio)
+            feats = cache[fk]
+            probs = system.scores(feats)
+            keep = system.frame_end_s(len(probs)) > lead_s + 1e-9
+            per_system.append(np.asarray(probs[keep], dtype=np.float32))
+        out.append((clip["key"], per_system))
+    return out
+
+
+def score_clips(clips: List[dict], keyword: str, exps: List[str], model_dir: str,
+                lead_s: float, tail_s: float, nj: int) -> List[List[np.ndarray]]:
+    """Per system, the kept-frame scores of every clip (in `clips` order)."""
+    spec = (keyword, tuple(exps), model_dir)
+    chunks = [clips[i::max(1, nj)] for i in range(max(1, nj))]
+    jobs = [(c, spec, lead_s, tail_s) for c in chunks if c]
+    if len(jobs) == 1:
+        results = [_score_chunk(jobs[0])]
+    else:
+        with mp.get_context("fork").Pool(len(jobs)) as pool:
+            results = pool.map(_score_chunk, jobs)
+    by_key = {key: scores for res in results for key, scores in res}
+    num_systems = len(next(iter(by_key.values())))
+    return [[by_key[c["key"]][s] for c in clips] for s in range(num_systems)]
+
+
+# ----------------------------------------------------------------------------- scoring
+
+def frr_at_targets(probs: List[np.ndarray], clips: List[dict], with_confusables: bool
+                   ) -> dict:
+    from toolkit.tasks.kws import scoring
+    chosen = [i for i, c in enumerate(clips) if with_confusables or c["kind"] != "conf"]
+    labels = [0 if clips[i]["kind"] == "pos" else -1 for i in chosen]
+    durations = [clips[i]["duration"] for i in chosen]
+    grid = scoring.threshold_grid(0.001, tail_decades=4)
+    longest = max(len(probs[i]) for i in chosen) + 1
+    det = scoring.compute_det([probs[i] for i in chosen], labels, durations, 1, grid,
+                              smooth_frames=1, refractory_frames=longest)
+    fa, frr = det.fa_per_hour[:, 0], det.frr[:, 0]
+    points = {str(t): scoring.operating_point(det.thresholds, fa, frr, t) for t in FA_TARGETS}
+    return {"positives": int(det.num_positives[0]),
+            "negative_hours": float(det.negative_hours[0]),
+            "frr": {t: p.frr for t, p in points.items()},
+            "threshold": {t: p.threshold for t, p in points.items()}}
+
+
+def fmt(frr: Optional[float]) -> str:
+    return "—" if frr is None else f"{100 * frr:.1f}%"
+
+
+def markdown(rows: List[dict], notes: List[str], args) -> str:
+    targets = " | ".join(f"@{t:g}" for t in FA_TARGETS)
+    head = (f"| keyword | engine | system | pos | neg h (all / no conf) | {targets} | "
+            f"{targets} |")
+    sep = "|" + "---|" * (5 + 2 * len(FA_TARGETS))
+    lines = ["# openWakeWord vs this recipe on unseen TTS voices", "",
+             f"FRR at 0.5/1/2/5 false alarms per hour: first four columns over all negatives "
+             f"(random words, noise, confusables), last four without the confusables. "
+             f"Size {args.num_pos} positives / {args.num_neg} negatives per keyword and engine, "
+             f"seed {args.seed}. — : no threshold meets the target.", "",
+             "Rule (the same for every system): each clip after "
+             f"{args.lead_s:g} s and before {args.tail_s:g} s of white noise at {PAD_DBFS:g} dBFS; "
+             "frames ending in the lead dropped; toolkit.tasks.kws.decision with no smoothing "
+             "and a refractory period longer than the clip (one detection per clip at most); "
+             "DET counts of toolkit.tasks.kws.scoring; FA/h over the negative clips' own "
+             "hours. openWakeWord: its pretrained model on the last 16 speech embeddings, "
+             "one score per 80 ms, through this toolkit's ONNX Runtime front end.", "",
+             head, sep]
+    for r in rows:
+        a, b = r["all"], r["no_conf"]
+        lines.append(f"| {r['keyword']} | {r['engine']} | {r['system']} | {a['positives']} | "
+                     f"{a['negative_hours']:.2f} / {b['negative_hours']:.2f} | "
+                     + " | ".join(fmt(a["frr"][str(t)]) for t in FA_TARGETS) + " | "
+                     + " | ".join(fmt(b["frr"][str(t)]) for t in FA_TARGETS) + " |")
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
+    lines += ["", "openWakeWord's code is Apache-2.0; its pretrained models (used here, not "
+              "copied) are CC BY-NC-SA 4.0 (non-commercial)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = get_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s oww_compare %(message)s")
+    from toolkit.data.features import OWW_INSTALL, oww_model_dir
+    from toolkit.tts.engines import engine_class
+    model_dir = args.oww_model_dir or oww_model_dir()
+    if not model_dir or not os.path.isdir(model_dir):
+        print(f"openWakeWord is not installed: bash tools/install_oww.sh ({OWW_INSTALL})",
+              file=sys.stderr)
+        return 2
+    default_pos, default_neg = SIZES[args.size]
+    args.num_pos, args.num_neg = args.num_pos or default_pos, args.num_neg or default_neg
+    keywords = [k.strip() for k in args.keywords.split(",") if k.strip()]
+    unknown = [k for k in keywords if k not in OWW_MODELS]
+    if unknown:
+        print(f"no openWakeWord model for {unknown}; known: {', '.join(OWW_MODELS)}",
+              file=sys.stderr)
+        return 2
+    exps_of: Dict[str, List[str]] = {k: [] for k in keywords}
+    notes: List[str] = []
+    for exp in args.exp:
+        system = RecipeSystem(exp)
+        if system.keyword not in exps_of:
+            notes.append(f"{exp}: keyword {system.keyword!r} not compared; skipped")
+            continue
+        exps_of[system.keyword].append(exp)
+    engines = []
+    for e in [x.strip() for x in args.engines.split(",") if x.strip()]:
+        reason = engine_class(e).unavailable_reason()
+        if reason:
+            notes.append(f"{e} skipped: {reason}")
+        else:
+            engines.append(e)
+    rows = []
+    for keyword in keywords:
+        for engine in engines:
+            data = os.path.join(args.out_dir, "data", keyword.replace(" ", "_"), engine)
+            clips = read_test_set(make_test_set(keyword, engine, data, args.num_pos,
+                                                args.num_neg, args.seed, args.nj))
+            logger.info("%s / %s: %d clips; scoring %d systems", keyword, engine, len(clips),
+                        1 + len(exps_of[keyword]))
+            names = [f"openWakeWord {OWW_MODELS[keyword]}"] + \
+                [RecipeSystem(e).name for e in exps_of[keyword]]
+            per_system = score_clips(clips, keyword, exps_of[keyword], model_dir,
+                                     args.lead_s, args.tail_s, args.nj)
+            for name, probs in zip(names, per_system):
+                rows.append({"keyword": keyword, "engine": engine, "system": name,
+                             "all": frr_at_targets(probs, clips, True),
+                             "no_conf": frr_at_targets(probs, clips, False)})
+    os.makedirs(args.out_dir, exist_ok=True)
+    text = markdown(rows, notes, args)
+    with open(os.path.join(args.out_dir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    with open(os.path.join(args.out_dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump({"args": vars(args), "rows": rows, "notes": notes}, f, indent=1)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
