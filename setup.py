@@ -21,12 +21,14 @@ INSTALL_REQUIRES = [
 setup(
     name="toolkit",
     version="0.1.0",
-    description="Kaldi-style recipe toolkit for keyword spotting and speaker models",
+    description="Kaldi-style recipe toolkit for keyword spotting, speaker embeddings and audio codecs",
     python_requires=">=3.10",
     packages=find_packages(include=["toolkit", "toolkit.*"]),
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5"],
         "tts": ["espeakng-loader>=0.2"],
+        # STOI in codec evaluation; recipes install it so their tables never read "n/a".
+        "codec": ["pystoi>=0.4"],
     },
 )

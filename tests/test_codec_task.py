@@ -470,16 +470,14 @@ def test_evaluate_codec_writes_table_with_baselines(corpus, exported, tmp_path, 
     mulaw = summary["systems"][1]
     assert mulaw["si_sdr"] > 20 and 0.9 < mulaw["stoi"] <= 1.0
     assert open(os.path.join(report, "spectrograms.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-    # Without pystoi the column says so instead of failing.
+    # Without pystoi the table is refused with the fix, not filled with gaps.
     from toolkit.bin import evaluate_codec
-    from toolkit.tasks.codec import metrics
-    monkeypatch.setattr(metrics, "_pystoi_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "pystoi", None)
     other = str(tmp_path / "eval_no_stoi")
     assert evaluate_codec.main(["--model", out, "--test-data", corpus.dev, "--out-dir", other,
-                                "--max-utts", "1"]) == 0
-    rows = [line for line in open(os.path.join(other, "results.md")).read().splitlines()
-            if line.startswith("| codec")]
-    assert rows[0].rstrip(" |").endswith("n/a")
+                                "--max-utts", "1"]) == 2
+    assert "pystoi" in capsys.readouterr().err
+    monkeypatch.delitem(sys.modules, "pystoi")
     # A malformed baseline is a usage error.
     with pytest.raises(SystemExit) as exit_info:
         evaluate_codec.main(["--model", out, "--test-data", corpus.dev, "--out-dir", other,

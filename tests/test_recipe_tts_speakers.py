@@ -19,9 +19,11 @@ RECIPE = os.path.join(ROOT, "egs", "tts_speakers", "v1")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 SIZES = ["--num-train-speakers", "8", "--train-utts", "4", "--num-dev-speakers", "3",
          "--dev-utts", "3", "--num-test-speakers", "4", "--test-utts", "3"]
-TINY = ("model.num_blocks=[1,1] model.stage_strides=[1,2] model.base_channels=4 "
-        "model.embed_dim=16 task.chunk_frames=50 task.eval_max_frames=200 dataset.batch_size=8 "
-        "training.max_epoch=2 optim.scheduler.warmup_steps=2 training.log_interval=2")
+# The default config (ECAPA-TDNN) at a tiny width.
+TINY = ("model.channels=16 model.mfa_channels=32 model.se_bottleneck=8 "
+        "model.attention_bottleneck=8 model.embed_dim=16 task.chunk_frames=50 "
+        "task.eval_max_frames=200 dataset.batch_size=8 training.max_epoch=2 "
+        "optim.scheduler.warmup_steps=2 training.log_interval=2")
 TINY_LM = "training.max_epoch=1 task.chunk_frames=100 dataset.batch_size=8"
 
 
@@ -86,6 +88,8 @@ def test_all_stages_produce_their_outputs(recipe_run):
             assert re.search(r"EER \d+\.\d\d% minDCF\(0\.01\) \d\.\d{3} minDCF\(0\.05\) "
                              r"\d\.\d{3} over 66 trials \(12 target\)$", line), line
             assert line in result.stdout
+    import yaml
+    assert yaml.safe_load((tmp / "exp" / "config.yaml").read_text())["model"]["type"] == "ecapa_tdnn"
     assert "initialised model, head from" in result.stderr      # fine-tuning kept the head
     assert result.stderr.count("parity onnx vs PyTorch") == 2
 

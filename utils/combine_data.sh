@@ -14,4 +14,4 @@ for d in "${@:2}"; do
   [ -d "$d" ] || { echo "$0: input data dir $d does not exist" >&2; exit 1; }
 done
 command -v python >/dev/null || { echo "$0: python not on PATH (source path.sh)" >&2; exit 1; }
-exec python -m toolkit.datadir combine "$@"
+exec python -m toolkit.data.datadir combine "$@"

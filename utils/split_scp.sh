@@ -19,4 +19,4 @@ while [ $# -gt 0 ]; do
 done
 if [ $# -lt 2 ]; then echo "$usage" >&2; exit 1; fi
 command -v python >/dev/null || { echo "$0: python not on PATH (source path.sh)" >&2; exit 1; }
-exec python -m toolkit.datadir split-scp "${opts[@]}" "$@"
+exec python -m toolkit.data.datadir split-scp "${opts[@]}" "$@"

@@ -111,20 +111,6 @@ _sv_train() {   # _sv_train EXP_DIR CONFIG [overrides...]
 
 _sv_average() {   # _sv_average EXP_DIR NUM OUTPUT
   python -m toolkit.bin.average_model --exp-dir "$1" --output "$3" --num "$2" --mode last
-  # The average keeps module weights only; the speaker inventory goes with it, so that a
-  # training initialised from it (stage 4) keeps the trained head instead of a fresh one.
-  python - "$1" "$3" <<'EOF'
-import io, sys
-import torch
-from toolkit.fileio import atomic_write_bytes
-from toolkit.trainer.checkpoint import latest_valid, load_payload
-exp_dir, path = sys.argv[1:]
-payload = load_payload(path)
-payload["task_state"] = load_payload(latest_valid(exp_dir).path).get("task_state")
-buf = io.BytesIO()
-torch.save(payload, buf)
-atomic_write_bytes(path, buf.getvalue())
-EOF
 }
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
@@ -201,16 +187,23 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     # The first N entries of each speaker (data lists are sorted by utterance).
     awk -v n="$cohort_utts_per_spk" 'match($0, /"spk": "[^"]*"/) {
         s = substr($0, RSTART, RLENGTH); if (++count[s] <= n) print }' \
-      "$data/$train_set/data.list" > "$_cohort_list"
+      "$data/$train_set/data.list" > "$_cohort_list.tmp"
+    # Replaced only when it changed: a newer list means the cohort is extracted again.
+    if cmp -s "$_cohort_list.tmp" "$_cohort_list"; then rm "$_cohort_list.tmp"
+    else mv "$_cohort_list.tmp" "$_cohort_list"; fi
   fi
   for sys in "${_systems[@]}"; do
     echo "stage 6: embeddings of $test_set and of the cohort with $sys/export/model.onnx"
     for part in "$test_set:$data/$test_set/data.list" "cohort:$_cohort_list"; do
       out=$sys/embeddings/${part%%:*}
-      # Parts done with an earlier export would be kept by the resumable extraction.
-      if [ -f "$out/embeddings.scp" ] && [ "$sys/export/model.onnx" -nt "$out/embeddings.scp" ]; then
+      # The extraction resumes from finished parts: those of an earlier export or list go.
+      _stamp=$out/.source
+      if [ -d "$out" ] && { [ ! -f "$_stamp" ] || [ "$sys/export/model.onnx" -nt "$_stamp" ] \
+          || [ "${part#*:}" -nt "$_stamp" ] || [ "$(cat "$_stamp")" != "${part#*:}" ]; }; then
         rm -rf "$out"
       fi
+      mkdir -p "$out"
+      echo "${part#*:}" > "$_stamp"
       python -m toolkit.bin.extract_embeddings --model "$sys/export/model.onnx" \
         --data-list "${part#*:}" --out-dir "$out" --nj "$embed_nj"
     done

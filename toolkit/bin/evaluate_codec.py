@@ -1,6 +1,6 @@
 """Objective quality of an exported codec on a test data list, next to signal-processing
 baselines at stated bitrates: mel distance, multi-resolution STFT distance, SI-SDR, STOI
-(with pystoi installed; n/a otherwise) and bitrate per system, as a Markdown table
+(pystoi, installed by tools/install.sh) and bitrate per system, as a Markdown table
 (results.md) and JSON (results.json), plus log-mel spectrograms of one utterance (original,
 decoded, each baseline) in spectrograms.png.
 

@@ -9,8 +9,8 @@ Only wav.scp (or feats.scp) is required; the other tables are checked when prese
 Files of other names (data.list, fbank/, ...) are never read or touched.
 
 Also a small CLI for the shell wrappers without a binary of their own:
-  python -m toolkit.datadir split-scp [--utt2spk FILE] IN OUT1 [OUT2 ...]
-  python -m toolkit.datadir combine OUT IN1 [IN2 ...]
+  python -m toolkit.data.datadir split-scp [--utt2spk FILE] IN OUT1 [OUT2 ...]
+  python -m toolkit.data.datadir combine OUT IN1 [IN2 ...]
 """
 import argparse
 import multiprocessing as mp
@@ -507,7 +507,7 @@ def combine_data_dirs(out: str, dirs: Sequence[str]) -> List[str]:
 # ---------------------------------------------------------------------------- CLI
 
 def get_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m toolkit.datadir", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m toolkit.data.datadir", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("split-scp", help="split a table into N contiguous parts")

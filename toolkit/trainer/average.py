@@ -80,6 +80,8 @@ def average_checkpoints(exp_dir: str, num: int, mode: str = "best") -> dict:
                 ", ".join(f"step {c.step} dev {c.dev_loss}" for c in chosen))
     return {"format": payloads[0].get("format"), "task": payloads[0].get("task"),
             "modules": modules, "config": payloads[0].get("config"),
+            # e.g. the speaker inventory: an init from the average keeps the trained head
+            "task_state": payloads[0].get("task_state", {}),
             "averaged_from": [{"step": c.step, "dev_loss": c.dev_loss} for c in chosen]}
 
 

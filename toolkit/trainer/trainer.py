@@ -224,8 +224,7 @@ class Trainer:
             waveform_aug = [name for name, on in (
                 ("speed_perturb", bool(cfg.dataset.speed_perturb)),
                 ("volume_range", bool(cfg.dataset.volume_range)),
-                ("noise", noise is not None), ("reverb", rirs is not None),
-                ("feature.dither", cfg.dataset.feature.dither > 0)) if on]
+                ("noise", noise is not None), ("reverb", rirs is not None)) if on]
             if waveform_aug:
                 logger.warning("training from precomputed features: waveform augmentations "
                                "%s are off", ", ".join(waveform_aug))

@@ -14,12 +14,12 @@ same scaling, clipping and freezing. Batches hold speech-like signals (harmonic 
 vibrato in noise) of the config's segment length and batch size. Each boundary is
 synchronised on CUDA, which costs a little throughput, so that time lands in its part.
 
-Output: one line per phase with ms per step, steps/s and CPU seconds per step (all threads;
-under contention from other jobs the single-thread CPU time stays close to the idle wall
-time), peak RSS (and CUDA memory), then
-a table of mean ms per step and share per part in the adversarial phase. The training time
-of a config follows as max_steps x (start_fraction / reconstruction steps/s + (1 -
-start_fraction) / adversarial steps/s) plus validation and checkpoints.
+Output: one line per phase with ms per step, steps/s and CPU seconds per step (all
+threads; under contention from other jobs the CPU time of a one-thread run stays close to
+its wall time on an idle core), peak RSS (and CUDA memory), then a table of mean ms per
+step and share per part in the adversarial phase. The training time of a config follows
+as max_steps x (start_fraction / reconstruction steps/s + (1 - start_fraction) /
+adversarial steps/s), plus validation, checkpoints and start-up.
 """
 import argparse
 import contextlib

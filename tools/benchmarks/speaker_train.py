@@ -10,7 +10,7 @@
    augmentation, fbank) from WAVs with each worker count of --workers, and from
    precomputed features (compute_feats output) in the training process.
 
-  python tools/benchmarks/speaker_train.py                       # part 1, 4 threads max
+  python tools/benchmarks/speaker_train.py                       # part 1, all cores
   python tools/benchmarks/speaker_train.py --models resnet34 --batch 16 --steps 5 \\
       --wav-list data/train/data.list --feat-list data/train/fbank/data.list \\
       --config egs/tts_speakers/v1/conf/resnet.yaml --workers 0,1,2

@@ -4,8 +4,8 @@
 # speakers disjoint; EER and minDCF on voices never heard in training, with and without
 # AS-Norm. The defaults run end to end on 2 CPU cores in about 15 minutes, install included.
 #
-#   bash run.sh                                       # all stages, small ResNet
-#   bash run.sh --config conf/ecapa.yaml              # small ECAPA-TDNN (exp/ecapa)
+#   bash run.sh                                       # all stages, small ECAPA-TDNN
+#   bash run.sh --config conf/resnet.yaml --stage 2   # small ResNet on the same data (exp/resnet)
 #   bash run.sh --stage 2 --stop-stage 2              # only training (resumes if killed)
 #   bash run.sh --lm-config conf/lm.yaml              # + large-margin fine-tuning (exp/<name>_lm)
 #   bash run.sh --gpus 0                              # on a GPU
@@ -48,9 +48,9 @@ test_utts=10
 engines=espeak
 nj=2
 
-config=conf/resnet.yaml
+config=conf/ecapa.yaml  # conf/resnet.yaml: the small ResNet (RESULTS.md compares them)
 data=data
-exp=""             # default exp/<config name>, e.g. exp/resnet
+exp=""             # default exp/<config name>, e.g. exp/ecapa
 precompute_feats=true  # fbank once; the TTS corpus has its noise already
 train_speed_copies=""  # e.g. 0.9,1.1: speed-perturbed copies as new speakers
 train_overrides=""     # extra config overrides, e.g. "training.max_epoch=2"
@@ -60,7 +60,7 @@ lm_train_overrides=""
 as_norm_top=100        # of the training speakers (300 by default)
 cohort_utts_per_spk=4  # cohort = training speakers' means over 4 utterances each
 
-help_message="Usage: $0 [--config conf/ecapa.yaml] [--stage N] [--stop-stage M] [--gpus 0] ..."
+help_message="Usage: $0 [--config conf/resnet.yaml] [--stage N] [--stop-stage M] [--gpus 0] ..."
 . utils/parse_options.sh
 
 exp=${exp:-exp/$(basename "$config" .yaml)}

@@ -135,12 +135,10 @@ def write_report(result: Dict[str, Any], out_dir: str) -> Dict[str, str]:
              "json": os.path.join(out_dir, "results.json"),
              "png": os.path.join(out_dir, "spectrograms.png")}
     summary = {k: v for k, v in result.items() if k != "plot"}
-    note = ("STOI: n/a (pip install pystoi)\n" if any(r["stoi"] is None for r in result["systems"])
-            else "")
     with open(paths["markdown"], "w", encoding="utf-8") as f:
         f.write(f"Codec evaluation over {result['utterances']} utterances "
                 f"({result['skipped']} skipped), model {result['fingerprint']}; baselines use "
-                "no entropy coding.\n\n" + markdown_table(result) + note)
+                "no entropy coding.\n\n" + markdown_table(result))
     with open(paths["json"], "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     rates = {r["system"]: r["bitrate"] for r in result["systems"]}

@@ -84,29 +84,23 @@ def stoi(reference, decoded, sample_rate: int, extended: bool = False) -> float:
     try:
         from pystoi import stoi as _pystoi
     except ImportError:
-        raise ImportError("the STOI metric needs the pystoi package: pip install pystoi") from None
+        from toolkit.errors import UserError
+        raise UserError("the STOI metric needs the pystoi package (the codec extra): rerun "
+                        "bash tools/install.sh, or pip install pystoi") from None
     ref, dec = align(reference, decoded)
     return float(_pystoi(ref, dec, int(sample_rate), extended=extended))
 
 
-def _pystoi_available() -> bool:
-    try:
-        import pystoi  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def evaluate_pair(reference, decoded, sample_rate: int,
-                  with_stoi: Optional[bool] = None) -> Dict[str, float]:
-    """All metrics for one pair, lengths aligned first. with_stoi: None = when pystoi is
-    installed, True = required (ImportError otherwise), False = skipped."""
+                  with_stoi: bool = True) -> Dict[str, float]:
+    """All metrics for one pair, lengths aligned first. STOI needs pystoi (installed by
+    tools/install.sh); with_stoi=False leaves it out rather than depending on the host."""
     ref, dec = align(reference, decoded)
     result = {
         "mel_distance": mel_distance(ref, dec, sample_rate),
         "stft_distance": stft_distance(ref, dec),
         "si_sdr": si_sdr(ref, dec),
     }
-    if with_stoi or (with_stoi is None and _pystoi_available()):
+    if with_stoi:
         result["stoi"] = stoi(ref, dec, sample_rate)
     return result
