@@ -447,9 +447,12 @@ def test_stoi_wrapper():
 def test_stoi_names_the_missing_package(monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "pystoi", None)            # makes `import pystoi` fail
-    with pytest.raises(ImportError, match="pip install pystoi"):
+    from toolkit.errors import UserError
+    with pytest.raises(UserError, match="pip install pystoi"):
         stoi(np.ones(100), np.ones(100), SR)
-    assert "stoi" not in evaluate_pair(tones(0.2), tones(0.2), SR)
+    with pytest.raises(UserError, match="tools/install.sh"):
+        evaluate_pair(tones(0.2), tones(0.2), SR)
+    assert "stoi" not in evaluate_pair(tones(0.2), tones(0.2), SR, with_stoi=False)
 
 
 # --------------------------------------------------------------------------- baselines

@@ -83,8 +83,8 @@ def test_stages_are_rerunnable(recipe_run):
 
 def test_ctc_config_trains_exports_and_scores(recipe_run):
     """The phone CTC auxiliary loss through the recipe: stage 1 wrote an espeak-ng lexicon
-    and targets; stages 3-6 train keyword + CTC heads on two ranks, and the exported
-    model keeps the keyword output only."""
+    and targets; stages 3-6 train keyword + CTC heads (one process; two ranks with CTC:
+    tests/test_ctc.py), and the exported model keeps the keyword output only."""
     tmp, _ = recipe_run
     data = tmp / "data"
     units = (data / "dict" / "units.txt").read_text().split()
@@ -96,7 +96,7 @@ def test_ctc_config_trains_exports_and_scores(recipe_run):
     assert all(0 < t < len(units) for t in entry["tokens"])
     exp = tmp / "exp_ctc"
     result = run_recipe(tmp, "--stage", "3", "--config", "conf/ds_tcn_ctc.yaml",
-                        "--exp", str(exp), timeout=400)
+                        "--exp", str(exp), "--num-procs", "1", timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     import torch
     avg = torch.load(exp / "avg_2.pt", weights_only=True)

@@ -1,8 +1,8 @@
 """Exact resume: SIGKILL at arbitrary moments, rerun, end bitwise identical to an
 uninterrupted run — modules, every optimizer, schedule and GradScaler, position, and each
 rank's random streams. Covered: the keyword task on one process (raw WAVs with dither,
-accumulation, bf16 autocast, two loader workers) and on two gloo ranks; fp16 with a
-GradScaler; and the two-optimizer test task (phase switch, ramped loss weight) on one
+accumulation, bf16 autocast, two loader workers) and on two gloo ranks (fp16 with a
+GradScaler); and the two-optimizer test task (phase switch, ramped loss weight) on one
 process and two gloo ranks."""
 import copy
 import os
@@ -76,8 +76,8 @@ CASES = {
     "kws-1proc-dither-accum-bf16": (0, None, ["dataset.feature.dither=1.0",
                                               "training.accum_grad=2", "training.use_amp=true",
                                               "training.amp_dtype=bfloat16"]),
-    "kws-2ranks-dither": (2, None, ["dataset.feature.dither=1.0"]),
-    "kws-1proc-fp16-scaler": (0, None, ["training.use_amp=true", "training.amp_dtype=float16"]),
+    "kws-2ranks-dither-fp16-scaler": (2, None, ["dataset.feature.dither=1.0", "training.use_amp=true",
+                                                "training.amp_dtype=float16"]),
     "two-optimizers-1proc": (0, TWO_OPTIMIZER, []),
     "two-optimizers-2ranks": (2, TWO_OPTIMIZER, []),
 }

@@ -1,8 +1,12 @@
 """Helpers for tests that run the real training binary (directly or through torchrun)."""
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from typing import Dict, List, Optional
 
@@ -76,9 +80,65 @@ def env(**extra) -> Dict[str, str]:
 
 def run_train(args: List[str], nproc: int = 0, timeout: float = 300,
               extra_env: Optional[Dict[str, str]] = None, **popen) -> subprocess.CompletedProcess:
+    """The binary in `args` (["-m", module, ...]) to completion: one process forked from
+    the zygote (tests/train_zygote.py) for nproc=0, torchrun with `nproc` ranks otherwise."""
     cmd = launcher(nproc) + args
+    if nproc <= 0 and args[:1] == ["-m"] and set(popen) <= {"cwd"}:
+        return _ZYGOTE.run(cmd, env(**(extra_env or {})), popen.get("cwd") or os.getcwd(),
+                           timeout)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=env(**(extra_env or {})), **popen)
+
+
+class _Zygote:
+    """One pre-imported interpreter per pytest worker, started on first use."""
+
+    def __init__(self):
+        self.proc: Optional[subprocess.Popen] = None
+        self.lock = threading.Lock()
+        self.pending = b""
+
+    def _reply(self, timeout: float) -> dict:
+        """The next reply line; own buffering, so that select() sees every unread byte."""
+        deadline = time.time() + timeout
+        while b"\n" not in self.pending:
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.time()))
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            if not chunk:
+                self.errors.seek(0)
+                raise RuntimeError("the training zygote exited: " + self.errors.read().decode())
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, cmd: List[str], environ: Dict[str, str], cwd: str,
+            timeout: float) -> subprocess.CompletedProcess:
+        with self.lock, tempfile.TemporaryDirectory(prefix="zygote-") as tmp:
+            if self.proc is None or self.proc.poll() is not None:
+                self.errors = tempfile.TemporaryFile()
+                self.proc = subprocess.Popen(
+                    [sys.executable, os.path.join(TESTS, "train_zygote.py")],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
+                    bufsize=0, env=env())
+                self.pending = b""
+            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            request = {"module": cmd[2], "argv": cmd[3:], "env": environ,
+                       "cwd": os.path.abspath(cwd), "stdout": out, "stderr": err}
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            pid = self._reply(60)["pid"]
+            try:
+                rc = self._reply(timeout)["rc"]
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                self._reply(60)
+                raise subprocess.TimeoutExpired(cmd, timeout) from None
+            with open(out, errors="replace") as f_out, open(err, errors="replace") as f_err:
+                return subprocess.CompletedProcess(cmd, rc, f_out.read(), f_err.read())
+
+
+_ZYGOTE = _Zygote()
 
 
 def launcher(nproc: int) -> List[str]:

@@ -73,16 +73,23 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
       --lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt"
     _ctc_args=(--lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt")
   fi
-  for x in train dev test; do
-    python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" --inventory "$dict" \
-      --label-mode $_label_mode --nj "$nj" "${_ctc_args[@]}"
-    if [ "$precompute_feats" = true ]; then
-      _speed_args=()
-      [ "$x" = train ] && [ -n "$train_speed_copies" ] && _speed_args=(--speed-copies "$train_speed_copies")
-      python -m toolkit.bin.compute_feats "$data/$x/data.list" "$data/$x/$feat_dir" --config "$config" \
-        --nj "$nj" "${_speed_args[@]}"
+  # One process per binary for all three sets: start-up (torch import) costs more than
+  # a small set's work.
+  python -m toolkit.bin.make_datalist "$data/train" "$data/train/data.list" "$data/dev" \
+    "$data/dev/data.list" "$data/test" "$data/test/data.list" --inventory "$dict" \
+    --label-mode $_label_mode --nj "$nj" "${_ctc_args[@]}"
+  if [ "$precompute_feats" = true ]; then
+    if [ -n "$train_speed_copies" ]; then
+      python -m toolkit.bin.compute_feats "$data/train/data.list" "$data/train/$feat_dir" \
+        --config "$config" --nj "$nj" --speed-copies "$train_speed_copies"
+      python -m toolkit.bin.compute_feats "$data/dev/data.list" "$data/dev/$feat_dir" \
+        "$data/test/data.list" "$data/test/$feat_dir" --config "$config" --nj "$nj"
+    else
+      python -m toolkit.bin.compute_feats "$data/train/data.list" "$data/train/$feat_dir" \
+        "$data/dev/data.list" "$data/dev/$feat_dir" "$data/test/data.list" \
+        "$data/test/$feat_dir" --config "$config" --nj "$nj"
     fi
-  done
+  fi
 fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then

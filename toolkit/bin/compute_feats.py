@@ -1,7 +1,8 @@
 """Precompute fbank features for a data list into Kaldi feats.ark/feats.scp (kaldiio),
 and write a data list whose entries point at them (`feat`). Training from such a list
 skips decoding and featurization every epoch; waveform augmentations are then off.
-Work is split over --nj processes; entries that fail are reported and left out."""
+Work is split over --nj processes; entries that fail are reported and left out. Several
+DATA_LIST OUT_DIR pairs in one call share one start-up."""
 import argparse
 import sys
 
@@ -14,8 +15,9 @@ from toolkit.errors import cli
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("data_list", help="input data list (with wav)")
-    p.add_argument("out_dir", help="where feats.ark / feats.scp / data.list go")
+    p.add_argument("pairs", nargs="+", metavar="DATA_LIST OUT_DIR",
+                   help="input data list (with wav), then where feats.ark / feats.scp / "
+                   "data.list go (repeatable as pairs)")
     p.add_argument("--config", help="training config: its dataset section (sample rate, "
                    "feature options) is used; default: 40-bin fbank at 16 kHz")
     p.add_argument("--nj", type=int, default=2)
@@ -24,6 +26,8 @@ def get_args(argv=None):
                    "copies played that much faster (keys sp0.9-<key>), as in Kaldi's 3-way speed "
                    "perturbation; for training lists")
     args = p.parse_args(argv)
+    if len(args.pairs) % 2:
+        p.error("expected DATA_LIST OUT_DIR pairs, got an odd number of paths")
     try:
         args.speed_copies = [float(f) for f in args.speed_copies.split(",") if f.strip()]
     except ValueError:
@@ -37,7 +41,8 @@ def main(argv=None):
     setup_logging()
     cfg = load_config(args.config).dataset if args.config else DatasetConfig()
     try:
-        compute_features_for_list(args.data_list, args.out_dir, cfg, args.nj, args.speed_copies)
+        for data_list, out_dir in zip(args.pairs[::2], args.pairs[1::2]):
+            compute_features_for_list(data_list, out_dir, cfg, args.nj, args.speed_copies)
     except ValueError as err:
         print(f"compute_feats: {err}", file=sys.stderr)
         return 2

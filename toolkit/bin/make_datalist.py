@@ -7,6 +7,9 @@ Labels come from the inventory: `--label-mode keyword` gives the index of the ke
 whose words occur in the transcript (else -1, filler); `--label-mode class` needs the
 transcript to be a class name; `--label-mode speaker` takes the utterance's speaker
 (utt2spk). Utterances whose label cannot be resolved are reported.
+
+Several DATA_DIR OUTPUT pairs in one call share one start-up (a recipe's train, dev and
+test sets).
 """
 import argparse
 import logging
@@ -28,8 +31,9 @@ logger = logging.getLogger("make_datalist")
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("data_dir", help="Kaldi data dir with wav.scp and text")
-    p.add_argument("output", help="data list to write")
+    p.add_argument("pairs", nargs="+", metavar="DATA_DIR OUTPUT",
+                   help="Kaldi data dir with wav.scp and text, then the data list to write "
+                   "(repeatable as pairs)")
     p.add_argument("--inventory", required=True, help="keyword/class inventory, one per line")
     p.add_argument("--label-mode", default="keyword", choices=LABELERS.names())
     p.add_argument("--nj", type=int, default=2, help="parallel jobs for missing durations")
@@ -40,6 +44,10 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     if bool(args.lexicon) != bool(args.units):
         p.error("--lexicon and --units go together")
+    if len(args.pairs) % 2:
+        p.error("expected DATA_DIR OUTPUT pairs, got an odd number of paths")
+    if args.feats_scp and len(args.pairs) > 2:
+        p.error("--feats-scp belongs to one data dir: give one DATA_DIR OUTPUT pair with it")
     return args
 
 
@@ -55,10 +63,16 @@ def main(argv=None):
     feats = read_table(args.feats_scp) if args.feats_scp else {}
     tokenizer = (Tokenizer(read_lexicon(args.lexicon), read_units(args.units))
                  if args.lexicon else None)
-    times_path = os.path.join(args.data_dir, KW_TIMES)
+    for data_dir, output in zip(args.pairs[::2], args.pairs[1::2]):
+        write_one(args, data_dir, output, inventory, labeler, feats, tokenizer)
+    return 0
+
+
+def write_one(args, data_dir, output, inventory, labeler, feats, tokenizer) -> None:
+    times_path = os.path.join(data_dir, KW_TIMES)
     kw_times = read_kw_times(times_path) if os.path.exists(times_path) else {}
     entries, unlabeled, no_feats, no_tokens = [], [], [], []
-    for entry in load_data_dir(args.data_dir, nj=args.nj):
+    for entry in load_data_dir(data_dir, nj=args.nj):
         if entry["key"] in kw_times:
             entry["kw_start"], entry["kw_end"] = kw_times[entry["key"]]
         if args.feats_scp:
@@ -80,15 +94,15 @@ def main(argv=None):
         entries.append(entry)
     if no_feats:
         logger.warning("%s: %d utterances have no features in %s and were left out (e.g. %s)",
-                       args.data_dir, len(no_feats), args.feats_scp, ", ".join(no_feats[:3]))
+                       data_dir, len(no_feats), args.feats_scp, ", ".join(no_feats[:3]))
     if unlabeled:
         logger.warning("%s: %d utterances have no label in %s and were left out (e.g. %s)",
-                       args.data_dir, len(unlabeled), args.inventory, ", ".join(unlabeled[:3]))
+                       data_dir, len(unlabeled), args.inventory, ", ".join(unlabeled[:3]))
     if no_tokens:
         # Kept for the other losses; a CTC loss skips and counts them (missing_tokens).
         logger.warning("%s: %d utterances have no CTC targets (words not in %s), e.g. %s",
-                       args.data_dir, len(no_tokens), args.lexicon, ", ".join(no_tokens[:3]))
-    n = write_datalist(args.output, entries)
+                       data_dir, len(no_tokens), args.lexicon, ", ".join(no_tokens[:3]))
+    n = write_datalist(output, entries)
     counts = {}
     for e in entries:
         counts[e["label"]] = counts.get(e["label"], 0) + 1
@@ -97,8 +111,7 @@ def main(argv=None):
         summary = f"{len(counts)} classes"
     else:
         summary = ", ".join(f"{names.get(k, 'filler')}={v}" for k, v in sorted(counts.items()))
-    logger.info("wrote %s: %d utterances (%s)", args.output, n, summary)
-    return 0
+    logger.info("wrote %s: %d utterances (%s)", output, n, summary)
 
 
 if __name__ == "__main__":
