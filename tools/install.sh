@@ -20,9 +20,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
   extras
   exit 0
 fi
-if [ ! -x "$venv/bin/python" ]; then
+# An install killed while creating the venv leaves one without pip: create it afresh.
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "[install] creating virtual environment $venv" >&2
-  "$python" -m venv "$venv"
+  "$python" -m venv --clear "$venv"
 fi
 "$venv/bin/python" -m pip install -q --upgrade pip
 # Pin torch first: torch==2.13.0 is a local CPU wheel here; an open range would fetch CUDA.
