@@ -281,6 +281,7 @@ def test_config_checks_name_the_keys():
 # --------------------------------------------------------------------------- resume
 
 RESUME = {
+    "codec-1proc-bf16": (0, ["training.use_amp=true", "training.amp_dtype=bfloat16"], 2),
     "codec-2ranks-fp16": (2, ["training.use_amp=true", "training.amp_dtype=float16"], 1),
 }
 

@@ -48,7 +48,7 @@ def test_training_logs_margin_ramp_and_dev_eer(trained):
                for c in list_checkpoints(exp))
 
 
-@pytest.mark.parametrize("nproc", [2], ids=["torchrun-2-ranks"])
+@pytest.mark.parametrize("nproc", [0, 2], ids=["one-process", "torchrun-2-ranks"])
 def test_killed_speaker_runs_end_bitwise_identical(corpus, tmp_path, nproc):
     ref = str(tmp_path / "ref")
     result = run_train(corpus.train_args(ref), nproc)
