@@ -349,3 +349,18 @@ def test_checkpoint_housekeeping(tmp_path):
     finally:
         os.unlink = real_unlink
     assert calls == ["ckpt-000000002.json", "ckpt-000000002.pt"]
+
+
+def test_resume_with_another_thread_count_is_said(corpus, tmp_path):
+    """The CPU thread count is part of exactness: recorded, and a resume with another warns."""
+    exp = str(tmp_path / "exp")
+    def train(threads, epochs):
+        return subprocess.run([sys.executable, *corpus.train_args(exp, f"training.max_epoch={epochs}")],
+                              capture_output=True, text=True, timeout=300,
+                              env=env(OMP_NUM_THREADS=str(threads)))
+    first = train(1, 1)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert latest_payload(exp)["num_threads"] == 1
+    second = train(2, 2)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "this run uses 2 CPU threads per process, the checkpoint's run 1" in second.stderr
