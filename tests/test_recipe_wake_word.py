@@ -96,7 +96,8 @@ def test_ctc_config_trains_exports_and_scores(recipe_run):
     assert all(0 < t < len(units) for t in entry["tokens"])
     exp = tmp / "exp_ctc"
     result = run_recipe(tmp, "--stage", "3", "--config", "conf/ds_tcn_ctc.yaml",
-                        "--exp", str(exp), "--num-procs", "1", timeout=400)
+                        "--exp", str(exp), "--num-procs", "1", "--train-overrides",
+                        "training.max_epoch=2 dataset.batch_size=16", timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     import torch
     avg = torch.load(exp / "avg_2.pt", weights_only=True)
