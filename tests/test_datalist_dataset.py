@@ -20,6 +20,7 @@ from toolkit.data.pipeline import FeaturePipeline
 from toolkit.data.plan import estimated_frames, rank_batches
 from toolkit.data.sources import BatchDataset
 from pipeline_utils import kws_builder, plan_batches
+from train_utils import descendants
 
 RATE = 16000
 
@@ -553,6 +554,5 @@ def test_worker_stuck_in_fork_is_replaced(caplog):
         hang_next.value = 0
     assert seen == list(range(6))      # nothing skipped or repeated
     assert "1 of 2 data-loader workers did not start" in caplog.text
-    children = [int(p) for p in os.listdir("/proc") if p.isdigit()
-                and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
-    assert not children, "the stuck worker was left behind"
+    assert not descendants(os.getpid()), "the stuck worker was left behind"
+
