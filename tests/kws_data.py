@@ -72,7 +72,7 @@ def write_keywords(root: str, keywords: List[str]) -> str:
 def make_datalist(root: str, name: str, num_pos: int, num_neg: int, seed: int,
                   extra: Optional[List[dict]] = None) -> str:
     """A data list of real WAVs (label 0 for positives, -1 otherwise)."""
-    from toolkit.tasks.kws.data import read_kw_times
+    from toolkit.tasks.kws.labels import read_kw_times
     data_dir = make_kaldi_dir(root, name, num_pos, num_neg, seed)
     times = read_kw_times(os.path.join(data_dir, "kw_times"))
     out = os.path.join(root, f"{name}.list")

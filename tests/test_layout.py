@@ -1,8 +1,8 @@
 """The layout's rules, checked on the source: generic code (config engine, data I/O and
 augmentation, features, trainer, export writers, TTS engines, the task contract) imports
-no task package; the trainer and the data pipeline name no model family; no import
-cycles between modules; every binary is thin and documented; the generated config
-reference is current."""
+no task package; the data stages import no torch; the trainer and the data pipeline name
+no model family; no import cycles between modules; every binary is thin and documented;
+the generated config reference is current."""
 import ast
 import os
 import re
@@ -142,3 +142,83 @@ def test_config_reference_is_current():
     undocumented = [line for line in out.stdout.splitlines()
                     if line.startswith("| `") and line.rstrip().endswith("|  |")]
     assert not undocumented, undocumented[:10]
+
+
+def test_lazy_registry_imports_on_first_get(tmp_path, monkeypatch):
+    (tmp_path / "widgets.py").write_text(
+        "from toolkit.registry import Registry\n"
+        "REG = Registry('widget')\n"
+        "REG.register_lazy('thing', 'widgets_thing')\n"
+        "REG.register_lazy('nothing', 'widgets_nothing')\n")
+    (tmp_path / "widgets_thing.py").write_text(
+        "from widgets import REG\n@REG.register('thing')\nclass Thing:\n    pass\n")
+    (tmp_path / "widgets_nothing.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from widgets import REG
+    assert "thing" in REG and REG.names() == ["nothing", "thing"]
+    assert "widgets_thing" not in sys.modules         # listing names imports nothing
+    assert REG.get("thing").__name__ == "Thing" and "widgets_thing" in sys.modules
+    assert REG.names() == ["nothing", "thing"]
+    with pytest.raises(KeyError, match="importing widgets_nothing did not register it"):
+        REG.get("nothing")
+    with pytest.raises(KeyError, match="registered twice"):
+        REG.register_lazy("thing", "widgets_thing")
+    with pytest.raises(KeyError, match="unknown widget 'other'; known: nothing, thing"):
+        REG.get("other")
+
+
+def test_data_stages_import_no_torch(tmp_path):
+    """Data lists, lexicons, fbank and CMVN (a recipe's stages before training) and reading
+    an export's ONNX metadata run without torch: each such stage pays no torch import."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from kws_data import make_kaldi_dir, write_keywords
+    data = make_kaldi_dir(str(tmp_path), "train", 3, 3, seed=1)
+    keywords = write_keywords(str(tmp_path), ["hey chirp"])
+    config = os.path.join(ROOT, "egs", "wake_word", "s0", "conf", "ds_tcn.yaml")
+    script = f"""
+import sys
+from toolkit.bin import compute_cmvn, compute_feats, make_datalist, make_lexicon
+d, t = {data!r}, {str(tmp_path)!r}
+assert make_lexicon.main([d, "--unit", "char", "--lexicon", t + "/lexicon.txt",
+                          "--units", t + "/units.txt"]) == 0
+assert make_datalist.main([d, t + "/data.list", "--inventory", {keywords!r}, "--nj", "1",
+                           "--lexicon", t + "/lexicon.txt", "--units", t + "/units.txt"]) == 0
+assert compute_feats.main([t + "/data.list", t + "/fbank", "--config", {config!r},
+                           "--nj", "1"]) == 0
+assert compute_cmvn.main([t + "/fbank/data.list", t + "/cmvn.json", "--config", {config!r},
+                          "--nj", "1"]) == 0
+import onnx
+from onnx import helper
+from toolkit.export import METADATA_KEY, read_metadata
+x, y = (helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1]) for n in "xy")
+model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])],
+                                            "g", [x], [y]))
+entry = model.metadata_props.add()
+entry.key, entry.value = METADATA_KEY, '{{"feature": {{"frame_shift_ms": 10}}}}'
+onnx.save(model, t + "/model.onnx")
+assert read_metadata(t + "/model.onnx")["feature"]["frame_shift_ms"] == 10
+print("torch imported:", "torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "torch imported: False" in out.stdout
+    assert (tmp_path / "cmvn.json").exists() and (tmp_path / "fbank" / "feats.scp").exists()
+
+
+def test_data_stages_check_the_dataset_section(tmp_path):
+    """The stages before training read the dataset section as training does: an unknown
+    key there is refused with the file and key named."""
+    from toolkit.config import ConfigError, load_dataset_config
+    import toolkit.tasks  # noqa: F401
+    good = load_dataset_config(os.path.join(ROOT, "egs", "wake_word", "s0", "conf",
+                                            "ds_tcn.yaml"))
+    assert good.feature.num_mel_bins > 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: {type: kws}\ndataset: {feature: {num_mel_binz: 40}}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: .*num_mel_binz"):
+        load_dataset_config(str(bad))
+    bad.write_text("task: {type: nosuch}\ndataset: {}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: task.type: expected one of codec, kws, "
+                                          r"speaker, got 'nosuch'"):
+        load_dataset_config(str(bad))

@@ -530,7 +530,10 @@ def _check_values(cfg: Config) -> None:
             raise ConfigError(f"{where}.grad_clip must be >= 0 (0: training.grad_clip)")
         if len(o.betas) != 2:
             raise ConfigError(f"{where}.betas: expected [beta1, beta2], got {o.betas}")
-    d = cfg.dataset
+    _check_dataset(cfg.dataset)
+
+
+def _check_dataset(d: DatasetConfig) -> None:
     if d.data_type not in ("auto", "raw", "shard"):
         raise ConfigError(f"dataset.data_type: expected auto, raw or shard, got {d.data_type!r}")
     if d.batch_size < 1 and d.max_frames_in_batch < 1:
@@ -664,6 +667,23 @@ def load_config(path: str, overrides: Optional[List[str]] = None) -> Config:
         return validate(raw)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
+
+
+def load_dataset_config(path: str, overrides: Optional[List[str]] = None) -> DatasetConfig:
+    """The `dataset` section of a training config, checked as training checks it (unknown
+    keys are errors), without importing the task's modules (torch): for the stages before
+    training (fbank, CMVN). The task's own sections are checked when training starts."""
+    raw = apply_overrides(load_yaml(path), overrides or [])
+    try:
+        task = raw.get("task") if isinstance(raw, dict) else None
+        if not isinstance(task, dict) or task.get("type") not in TASKS:
+            raise ConfigError(f"task.type: expected one of {', '.join(TASKS.names())}, got "
+                              f"{task.get('type') if isinstance(task, dict) else None!r}")
+        dataset = build_dataclass(DatasetConfig, raw.get("dataset"), "dataset")
+        _check_dataset(dataset)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    return dataset
 
 
 def to_dict(cfg: Config) -> Dict[str, Any]:

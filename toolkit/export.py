@@ -1,25 +1,30 @@
 """Writers and readers of deployable formats, shared by every task: TorchScript, ONNX
 and safetensors + config.json, each carrying the task's metadata (what a runtime needs:
 feature options, sizes, class names). Tasks decide which graph goes in; the parity of
-each format against PyTorch is checked with `compare`."""
+each format against PyTorch is checked with `compare`. torch is imported by the
+functions that use it: reading ONNX metadata (a scoring stage) stays light."""
+from __future__ import annotations
+
 import json
 import logging
 import os
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 METADATA_KEY = "toolkit_metadata"
 SIDE_CONFIG = "config.json"
 
 
-def export_torchscript(module: nn.Module, path: str, metadata: dict,
+def export_torchscript(module: torch.nn.Module, path: str, metadata: dict,
                        trace_example: Optional[Tuple[torch.Tensor, ...]] = None) -> None:
     """Scripted, or traced on `trace_example` for modules TorchScript cannot compile (the
     parity check on inputs of other shapes then shows the trace generalises)."""
+    import torch
     module = module.eval()
     if trace_example is not None:
         with torch.no_grad():
@@ -29,10 +34,11 @@ def export_torchscript(module: nn.Module, path: str, metadata: dict,
     scripted.save(path, _extra_files={"metadata.json": json.dumps(metadata)})
 
 
-def export_onnx(module: nn.Module, example: Tuple[torch.Tensor, ...], path: str,
+def export_onnx(module: torch.nn.Module, example: Tuple[torch.Tensor, ...], path: str,
                 input_names: Sequence[str], output_names: Sequence[str],
                 dynamic_axes: Dict[str, Dict[int, str]], metadata: dict, opset: int = 17) -> None:
     import onnx
+    import torch
     torch.onnx.export(module.eval(), example, path, dynamo=False, opset_version=opset,
                       input_names=list(input_names), output_names=list(output_names),
                       dynamic_axes=dynamic_axes)
@@ -42,7 +48,7 @@ def export_onnx(module: nn.Module, example: Tuple[torch.Tensor, ...], path: str,
     onnx.save(proto, path)
 
 
-def export_safetensors(module: nn.Module, path: str, metadata: dict,
+def export_safetensors(module: torch.nn.Module, path: str, metadata: dict,
                        model_config: Optional[dict] = None) -> None:
     """Weights as safetensors; the metadata (with the architecture under `model`, which
     init_checkpoint checks) in config.json beside them."""
@@ -67,6 +73,7 @@ def read_metadata(path: str) -> dict:
                 return json.loads(entry.value)
         raise ValueError(f"{path}: no {METADATA_KEY} in ONNX metadata")
     if path.endswith((".zip", ".jit", ".ts")):
+        import torch
         extra = {"metadata.json": ""}
         torch.jit.load(path, _extra_files=extra)
         return json.loads(extra["metadata.json"])
@@ -93,6 +100,7 @@ def update_metadata(export_dir: str, changes: dict,
                     entry.value = json.dumps(dict(json.loads(entry.value), **changes))
             onnx.save(proto, path)
         elif name.endswith(".zip"):
+            import torch
             extra = {"metadata.json": ""}
             module = torch.jit.load(path, _extra_files=extra)
             meta = dict(json.loads(extra["metadata.json"]), **changes)
@@ -110,6 +118,8 @@ def update_metadata(export_dir: str, changes: dict,
 
 def torch_runner(module) -> Callable:
     """numpy arrays in -> tuple of numpy arrays out, through a PyTorch/TorchScript module."""
+    import torch
+
     def run(*arrays: np.ndarray):
         with torch.no_grad():
             out = module(*(torch.from_numpy(a) for a in arrays))

@@ -5,8 +5,8 @@ import logging
 import sys
 
 from toolkit.data.cmvn import compute_global_cmvn, write_cmvn
-import toolkit.tasks  # noqa: F401  (registers the tasks a config may name)
-from toolkit.config import DatasetConfig, load_config
+import toolkit.tasks  # noqa: F401  (the task names a config may give)
+from toolkit.config import DatasetConfig, load_dataset_config
 from toolkit.logging_utils import setup_logging
 from toolkit.errors import cli
 
@@ -27,7 +27,7 @@ def main(argv=None):
     args = get_args(argv)
     setup_logging()
     if args.config:
-        dataset_cfg = load_config(args.config).dataset
+        dataset_cfg = load_dataset_config(args.config)
     else:
         dataset_cfg = DatasetConfig()
         dataset_cfg.feature.num_mel_bins = args.num_mel_bins

@@ -6,8 +6,8 @@ DATA_LIST OUT_DIR pairs in one call share one start-up."""
 import argparse
 import sys
 
-import toolkit.tasks  # noqa: F401  (registers the tasks a config may name)
-from toolkit.config import DatasetConfig, load_config
+import toolkit.tasks  # noqa: F401  (the task names a config may give)
+from toolkit.config import DatasetConfig, load_dataset_config
 from toolkit.data.features_store import compute_features_for_list
 from toolkit.logging_utils import setup_logging
 from toolkit.errors import cli
@@ -39,7 +39,7 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
-    cfg = load_config(args.config).dataset if args.config else DatasetConfig()
+    cfg = load_dataset_config(args.config) if args.config else DatasetConfig()
     try:
         for data_list, out_dir in zip(args.pairs[::2], args.pairs[1::2]):
             compute_features_for_list(data_list, out_dir, cfg, args.nj, args.speed_copies)

@@ -28,9 +28,6 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
-    import torch
-    # Small streaming calls: extra threads only add contention.
-    torch.set_num_threads(1)
     import kaldiio
     from toolkit.data.features import dataset_config_from_metadata
     from toolkit.data.audio import BadEntry

@@ -22,7 +22,7 @@ from toolkit.data.inventory import read_inventory
 from toolkit.data.kaldi import LABELERS, load_data_dir, read_table
 from toolkit.errors import DataError, cli
 from toolkit.logging_utils import setup_logging
-from toolkit.tasks.kws.data import KW_TIMES, read_kw_times
+from toolkit.tasks.kws.labels import KW_TIMES, read_kw_times
 from toolkit.tasks.kws.tokens import Tokenizer, read_lexicon, read_units
 
 logger = logging.getLogger("make_datalist")

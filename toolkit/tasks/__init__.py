@@ -1,5 +1,6 @@
-"""Model families. Importing this package registers every task with toolkit.config.TASKS;
-generic code never imports it (binaries do).
+"""Model families. Importing this package registers every task with toolkit.config.TASKS
+(by module name: a task's module, and torch with it, is imported when a config names it)
+and the families' label modes; generic code never imports it (binaries do).
 
 Tasks of your own live in any importable module that registers them
 (`@TASKS.register("name")` on a toolkit.task.Task subclass); list such modules in the
@@ -8,8 +9,12 @@ environment variable TOOLKIT_PLUGINS (comma-separated) and every binary imports 
 import importlib
 import os
 
-from toolkit.tasks import codec, kws, speaker  # noqa: F401
+from toolkit.config import TASKS
 from toolkit.errors import UserError
+from toolkit.tasks.kws import labels  # noqa: F401  (registers the "keyword" label mode)
+
+for _name in ("codec", "kws", "speaker"):
+    TASKS.register_lazy(_name, f"toolkit.tasks.{_name}.task")
 
 
 def _load_plugins() -> None:

@@ -1,2 +1,3 @@
-"""Keyword spotting: wake words and command words. Importing registers the task."""
-from toolkit.tasks.kws import task  # noqa: F401  (registers "kws")
+"""Keyword spotting: wake words and command words. The task class is
+toolkit.tasks.kws.task (registered lazily by toolkit.tasks); the light modules (labels,
+tokens, decision, scoring, corpus) import no torch."""

@@ -1,20 +1,15 @@
 """What an utterance becomes for keyword spotting: features (with the dataset
 section's augmentation), its label (keyword index, -1 for filler), the frame where its
-keyword ends, and CTC unit targets when the loss has a CTC component."""
-import os
-import re
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+keyword ends, and CTC unit targets when the loss has a CTC component. (Labels and
+keyword times are read by toolkit.tasks.kws.labels, at make_datalist time.)"""
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from toolkit.data.audio import BadEntry
 from toolkit.data.datalist import BadCounter
-from toolkit.data.kaldi import LABELERS, read_table, scan_table
-from toolkit.errors import DataError
 from toolkit.task import Batch, ExampleBuilder, pad_sequences
-
-KW_TIMES = "kw_times"
 
 
 def keyword_end_frame(entry: dict, num_frames: int,
@@ -42,48 +37,6 @@ def token_problem(tokens, num_units: int) -> Optional[Tuple[str, str]]:
     if outside:
         return "token_not_in_units", f"ids {outside[:5]} outside [1, {num_units})"
     return None
-
-
-def read_kw_times(path: str) -> Dict[str, Tuple[float, float]]:
-    """`utt start end` lines (seconds, 0 <= start <= end): where the keyword of each
-    listed positive is spoken. Malformed lines are errors naming file and line."""
-    out: Dict[str, Tuple[float, float]] = {}
-    read_table(path)           # duplicate keys and bad bytes, named by line
-    for line in scan_table(path).lines:
-        key, value = line.key, line.value
-        parts = value.split()
-        try:
-            start, end = (float(x) for x in parts) if len(parts) == 2 else (None, None)
-        except ValueError:
-            start = end = None
-        if start is None or not 0.0 <= start <= end:
-            raise DataError(f"{path}:{line.lineno}: expected '<utt> <start> <end>' with "
-                            f"0 <= start <= end seconds, got {value!r}")
-        out[key] = (start, end)
-    return out
-
-
-def _words(text: str) -> List[str]:
-    return re.sub(r"[^\w' ]+", " ", text.lower()).split()
-
-
-@LABELERS.register("keyword")
-def keyword_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
-    """Index of the keyword whose word sequence occurs in the text (earliest occurrence
-    wins), else -1 (filler). Case and punctuation are ignored."""
-    phrases = [_words(k) for k in inventory]
-
-    def label(entry: dict) -> Optional[int]:
-        words = _words(entry.get("txt", ""))
-        best: Tuple[int, int] = (len(words) + 1, -1)
-        for index, phrase in enumerate(phrases):
-            n = len(phrase)
-            for pos in range(len(words) - n + 1):
-                if words[pos:pos + n] == phrase:
-                    best = min(best, (pos, index))
-                    break
-        return best[1]
-    return label
 
 
 class KwsExampleBuilder(ExampleBuilder):

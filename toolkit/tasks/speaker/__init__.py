@@ -1,3 +1,3 @@
 """Speaker embeddings: x-vector, ResNet and ECAPA-TDNN extractors with margin-softmax
-heads, verification scoring. Importing registers the task."""
-from toolkit.tasks.speaker import task  # noqa: F401  (registers "speaker")
+heads, verification scoring. The task class is toolkit.tasks.speaker.task (registered
+lazily by toolkit.tasks); scoring and corpus import no torch."""

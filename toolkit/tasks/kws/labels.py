@@ -1,0 +1,51 @@
+"""What make_datalist needs from keyword spotting, without torch: the `keyword` label
+mode (which keyword a transcript speaks) and the `kw_times` file (where it is spoken)."""
+import re
+from typing import Callable, Dict, List, Optional, Tuple
+
+from toolkit.data.kaldi import LABELERS, read_table, scan_table
+from toolkit.errors import DataError
+
+KW_TIMES = "kw_times"
+
+
+def read_kw_times(path: str) -> Dict[str, Tuple[float, float]]:
+    """`utt start end` lines (seconds, 0 <= start <= end): where the keyword of each
+    listed positive is spoken. Malformed lines are errors naming file and line."""
+    out: Dict[str, Tuple[float, float]] = {}
+    read_table(path)           # duplicate keys and bad bytes, named by line
+    for line in scan_table(path).lines:
+        key, value = line.key, line.value
+        parts = value.split()
+        try:
+            start, end = (float(x) for x in parts) if len(parts) == 2 else (None, None)
+        except ValueError:
+            start = end = None
+        if start is None or not 0.0 <= start <= end:
+            raise DataError(f"{path}:{line.lineno}: expected '<utt> <start> <end>' with "
+                            f"0 <= start <= end seconds, got {value!r}")
+        out[key] = (start, end)
+    return out
+
+
+def _words(text: str) -> List[str]:
+    return re.sub(r"[^\w' ]+", " ", text.lower()).split()
+
+
+@LABELERS.register("keyword")
+def keyword_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
+    """Index of the keyword whose word sequence occurs in the text (earliest occurrence
+    wins), else -1 (filler). Case and punctuation are ignored."""
+    phrases = [_words(k) for k in inventory]
+
+    def label(entry: dict) -> Optional[int]:
+        words = _words(entry.get("txt", ""))
+        best: Tuple[int, int] = (len(words) + 1, -1)
+        for index, phrase in enumerate(phrases):
+            n = len(phrase)
+            for pos in range(len(words) - n + 1):
+                if words[pos:pos + n] == phrase:
+                    best = min(best, (pos, index))
+                    break
+        return best[1]
+    return label
