@@ -79,16 +79,15 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
     "$data/dev/data.list" "$data/test" "$data/test/data.list" --inventory "$dict" \
     --label-mode $_label_mode --nj "$nj" "${_ctc_args[@]}"
   if [ "$precompute_feats" = true ]; then
+    # One call for every set, except that speed copies are for the training set only.
+    _feat_pairs=("$data/dev/data.list" "$data/dev/$feat_dir" "$data/test/data.list" "$data/test/$feat_dir")
     if [ -n "$train_speed_copies" ]; then
       python -m toolkit.bin.compute_feats "$data/train/data.list" "$data/train/$feat_dir" \
         --config "$config" --nj "$nj" --speed-copies "$train_speed_copies"
-      python -m toolkit.bin.compute_feats "$data/dev/data.list" "$data/dev/$feat_dir" \
-        "$data/test/data.list" "$data/test/$feat_dir" --config "$config" --nj "$nj"
     else
-      python -m toolkit.bin.compute_feats "$data/train/data.list" "$data/train/$feat_dir" \
-        "$data/dev/data.list" "$data/dev/$feat_dir" "$data/test/data.list" \
-        "$data/test/$feat_dir" --config "$config" --nj "$nj"
+      _feat_pairs=("$data/train/data.list" "$data/train/$feat_dir" "${_feat_pairs[@]}")
     fi
+    python -m toolkit.bin.compute_feats "${_feat_pairs[@]}" --config "$config" --nj "$nj"
   fi
 fi
 

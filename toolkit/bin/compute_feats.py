@@ -6,6 +6,7 @@ DATA_LIST OUT_DIR pairs in one call share one start-up."""
 import argparse
 import sys
 
+from toolkit.cli import path_pairs
 import toolkit.tasks  # noqa: F401  (the task names a config may give)
 from toolkit.config import DatasetConfig, load_dataset_config
 from toolkit.data.features_store import compute_features_for_list
@@ -26,8 +27,7 @@ def get_args(argv=None):
                    "copies played that much faster (keys sp0.9-<key>), as in Kaldi's 3-way speed "
                    "perturbation; for training lists")
     args = p.parse_args(argv)
-    if len(args.pairs) % 2:
-        p.error("expected DATA_LIST OUT_DIR pairs, got an odd number of paths")
+    args.pairs = path_pairs(p, args.pairs, "DATA_LIST OUT_DIR")
     try:
         args.speed_copies = [float(f) for f in args.speed_copies.split(",") if f.strip()]
     except ValueError:
@@ -41,7 +41,7 @@ def main(argv=None):
     setup_logging()
     cfg = load_dataset_config(args.config) if args.config else DatasetConfig()
     try:
-        for data_list, out_dir in zip(args.pairs[::2], args.pairs[1::2]):
+        for data_list, out_dir in args.pairs:
             compute_features_for_list(data_list, out_dir, cfg, args.nj, args.speed_copies)
     except ValueError as err:
         print(f"compute_feats: {err}", file=sys.stderr)

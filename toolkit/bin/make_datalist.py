@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 
+from toolkit.cli import path_pairs
 import toolkit.tasks  # noqa: F401  (registers the tasks' label modes)
 from toolkit.data.datalist import write_datalist
 from toolkit.data.inventory import read_inventory
@@ -44,9 +45,8 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     if bool(args.lexicon) != bool(args.units):
         p.error("--lexicon and --units go together")
-    if len(args.pairs) % 2:
-        p.error("expected DATA_DIR OUTPUT pairs, got an odd number of paths")
-    if args.feats_scp and len(args.pairs) > 2:
+    args.pairs = path_pairs(p, args.pairs, "DATA_DIR OUTPUT")
+    if args.feats_scp and len(args.pairs) > 1:
         p.error("--feats-scp belongs to one data dir: give one DATA_DIR OUTPUT pair with it")
     return args
 
@@ -63,7 +63,7 @@ def main(argv=None):
     feats = read_table(args.feats_scp) if args.feats_scp else {}
     tokenizer = (Tokenizer(read_lexicon(args.lexicon), read_units(args.units))
                  if args.lexicon else None)
-    for data_dir, output in zip(args.pairs[::2], args.pairs[1::2]):
+    for data_dir, output in args.pairs:
         write_one(args, data_dir, output, inventory, labeler, feats, tokenizer)
     return 0
 
