@@ -13,17 +13,17 @@ test sets).
 """
 import argparse
 import logging
-import os
 import sys
+from collections import Counter
 
 from toolkit.cli import path_pairs
 import toolkit.tasks  # noqa: F401  (registers the tasks' label modes)
 from toolkit.data.datalist import write_datalist
 from toolkit.data.inventory import read_inventory
-from toolkit.data.kaldi import LABELERS, load_data_dir, read_table
+from toolkit.data.kaldi import LABELERS, labelled_entries, read_table
 from toolkit.errors import DataError, cli
 from toolkit.logging_utils import setup_logging
-from toolkit.tasks.kws.labels import KW_TIMES, read_kw_times
+from toolkit.tasks.kws.labels import kws_annotator
 from toolkit.tasks.kws.tokens import Tokenizer, read_lexicon, read_units
 
 logger = logging.getLogger("make_datalist")
@@ -64,52 +64,28 @@ def main(argv=None):
     tokenizer = (Tokenizer(read_lexicon(args.lexicon), read_units(args.units))
                  if args.lexicon else None)
     for data_dir, output in args.pairs:
-        write_one(args, data_dir, output, inventory, labeler, feats, tokenizer)
+        write_one(data_dir, output, inventory, labeler, feats, tokenizer, args)
     return 0
 
 
-def write_one(args, data_dir, output, inventory, labeler, feats, tokenizer) -> None:
-    times_path = os.path.join(data_dir, KW_TIMES)
-    kw_times = read_kw_times(times_path) if os.path.exists(times_path) else {}
-    entries, unlabeled, no_feats, no_tokens = [], [], [], []
-    for entry in load_data_dir(data_dir, nj=args.nj):
-        if entry["key"] in kw_times:
-            entry["kw_start"], entry["kw_end"] = kw_times[entry["key"]]
-        if args.feats_scp:
-            if entry["key"] not in feats:
-                no_feats.append(entry["key"])
-                continue
-            entry["feat"] = feats[entry["key"]]
-        label = labeler(entry)
-        if label is None:
-            unlabeled.append(entry["key"])
-            continue
-        entry["label"] = label
-        if tokenizer is not None:
-            ids, oov = tokenizer.encode(entry.get("txt", ""))
-            if ids is None:
-                no_tokens.append(f"{entry['key']} ({' '.join(oov)})")
-            else:
-                entry["tokens"] = ids     # empty for silence/noise: all blank
-        entries.append(entry)
-    if no_feats:
-        logger.warning("%s: %d utterances have no features in %s and were left out (e.g. %s)",
-                       data_dir, len(no_feats), args.feats_scp, ", ".join(no_feats[:3]))
-    if unlabeled:
-        logger.warning("%s: %d utterances have no label in %s and were left out (e.g. %s)",
-                       data_dir, len(unlabeled), args.inventory, ", ".join(unlabeled[:3]))
-    if no_tokens:
-        # Kept for the other losses; a CTC loss skips and counts them (missing_tokens).
-        logger.warning("%s: %d utterances have no CTC targets (words not in %s), e.g. %s",
-                       data_dir, len(no_tokens), args.lexicon, ", ".join(no_tokens[:3]))
+def write_one(data_dir, output, inventory, labeler, feats, tokenizer, args) -> None:
+    entries, problems = labelled_entries(data_dir, labeler, args.nj,
+                                         feats if args.feats_scp else None,
+                                         kws_annotator(data_dir, tokenizer))
+    for reason, what in (("no_features", f"have no features in {args.feats_scp} and were left out"),
+                         ("no_label", f"have no label in {args.inventory} and were left out"),
+                         # Kept for the other losses; a CTC loss skips and counts them.
+                         ("note", f"have no CTC targets (words not in {args.lexicon})")):
+        keys = problems.get(reason, [])
+        if keys:
+            logger.warning("%s: %d utterances %s, e.g. %s", data_dir, len(keys), what,
+                           ", ".join(keys[:3]))
     n = write_datalist(output, entries)
-    counts = {}
-    for e in entries:
-        counts[e["label"]] = counts.get(e["label"], 0) + 1
-    names = {i: name for i, name in enumerate(inventory)}
+    counts = Counter(e["label"] for e in entries)
     if len(counts) > 12:
         summary = f"{len(counts)} classes"
     else:
+        names = dict(enumerate(inventory))
         summary = ", ".join(f"{names.get(k, 'filler')}={v}" for k, v in sorted(counts.items()))
     logger.info("wrote %s: %d utterances (%s)", output, n, summary)
 

@@ -188,6 +188,38 @@ def speaker_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
     return lambda entry: index.get(entry.get("spk", ""))
 
 
+# Adds task-specific fields to an entry in place; returns why it could not (the entry is
+# kept and the reason reported), or None.
+Annotator = Callable[[dict], Optional[str]]
+
+
+def labelled_entries(data_dir: str, labeler: Callable[[dict], Optional[int]], nj: int = 2,
+                     feats: Optional[Dict[str, str]] = None,
+                     annotate: Optional[Annotator] = None) -> Tuple[List[dict], Dict[str, List[str]]]:
+    """A data dir's entries with their labels (and `feat` from `feats`, a feats.scp table,
+    when given). Returns the entries and, by reason, the keys left out (no label, no
+    features) or kept with a note from `annotate`."""
+    entries: List[dict] = []
+    problems: Dict[str, List[str]] = {}
+    for entry in load_data_dir(data_dir, nj=nj):
+        key = entry["key"]
+        note = annotate(entry) if annotate is not None else None
+        if feats is not None:
+            if key not in feats:
+                problems.setdefault("no_features", []).append(key)
+                continue
+            entry["feat"] = feats[key]
+        label = labeler(entry)
+        if label is None:
+            problems.setdefault("no_label", []).append(key)
+            continue
+        entry["label"] = label
+        if note:
+            problems.setdefault("note", []).append(f"{key} ({note})")
+        entries.append(entry)
+    return entries, problems
+
+
 def write_data_dir(data_dir: str, tables: Dict[str, Dict[str, str]],
                    stale: Tuple[str, ...] = ("segments", "utt2dur", "data.list")) -> None:
     """Writes Kaldi tables (file name -> {key: value}) sorted in C order, derives spk2utt

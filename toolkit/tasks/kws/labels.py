@@ -1,5 +1,7 @@
 """What make_datalist needs from keyword spotting, without torch: the `keyword` label
-mode (which keyword a transcript speaks) and the `kw_times` file (where it is spoken)."""
+mode (which keyword a transcript speaks), the `kw_times` file (where it is spoken) and
+CTC unit targets of the transcript."""
+import os
 import re
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -49,3 +51,23 @@ def keyword_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
                     break
         return best[1]
     return label
+
+
+def kws_annotator(data_dir: str, tokenizer=None) -> Callable[[dict], Optional[str]]:
+    """Adds `kw_start`/`kw_end` from the data dir's kw_times file (when it has one) and,
+    with a tokenizer, the CTC `tokens` of the transcript (empty for silence or noise: all
+    blank). Returns the out-of-lexicon words of an entry that gets no tokens."""
+    times_path = os.path.join(data_dir, KW_TIMES)
+    kw_times = read_kw_times(times_path) if os.path.exists(times_path) else {}
+
+    def annotate(entry: dict) -> Optional[str]:
+        if entry["key"] in kw_times:
+            entry["kw_start"], entry["kw_end"] = kw_times[entry["key"]]
+        if tokenizer is None:
+            return None
+        ids, oov = tokenizer.encode(entry.get("txt", ""))
+        if ids is None:
+            return " ".join(oov)
+        entry["tokens"] = ids
+        return None
+    return annotate
