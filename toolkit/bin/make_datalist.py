@@ -23,7 +23,7 @@ from toolkit.data.inventory import read_inventory
 from toolkit.data.kaldi import LABELERS, labelled_entries, read_table
 from toolkit.errors import DataError, cli
 from toolkit.logging_utils import setup_logging
-from toolkit.tasks.kws.labels import kws_annotator
+from toolkit.tasks.kws.labels import kw_times_annotator, tokens_annotator
 from toolkit.tasks.kws.tokens import Tokenizer, read_lexicon, read_units
 
 logger = logging.getLogger("make_datalist")
@@ -69,9 +69,10 @@ def main(argv=None):
 
 
 def write_one(data_dir, output, inventory, labeler, feats, tokenizer, args) -> None:
-    entries, problems = labelled_entries(data_dir, labeler, args.nj,
-                                         feats if args.feats_scp else None,
-                                         kws_annotator(data_dir, tokenizer))
+    entries, problems = labelled_entries(
+        data_dir, labeler, args.nj, feats if args.feats_scp else None,
+        before=kw_times_annotator(data_dir),
+        after=tokens_annotator(tokenizer) if tokenizer is not None else None)
     for reason, what in (("no_features", f"have no features in {args.feats_scp} and were left out"),
                          ("no_label", f"have no label in {args.inventory} and were left out"),
                          # Kept for the other losses; a CTC loss skips and counts them.

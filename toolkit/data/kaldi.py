@@ -195,15 +195,17 @@ Annotator = Callable[[dict], Optional[str]]
 
 def labelled_entries(data_dir: str, labeler: Callable[[dict], Optional[int]], nj: int = 2,
                      feats: Optional[Dict[str, str]] = None,
-                     annotate: Optional[Annotator] = None) -> Tuple[List[dict], Dict[str, List[str]]]:
+                     before: Optional[Annotator] = None,
+                     after: Optional[Annotator] = None) -> Tuple[List[dict], Dict[str, List[str]]]:
     """A data dir's entries with their labels (and `feat` from `feats`, a feats.scp table,
-    when given). Returns the entries and, by reason, the keys left out (no label, no
-    features) or kept with a note from `annotate`."""
+    when given); `before` adds fields ahead of `feat` and `label`, `after` behind them.
+    Returns the entries and, by reason, the keys left out (no label, no features) or kept
+    with a note from an annotator."""
     entries: List[dict] = []
     problems: Dict[str, List[str]] = {}
     for entry in load_data_dir(data_dir, nj=nj):
         key = entry["key"]
-        note = annotate(entry) if annotate is not None else None
+        note = before(entry) if before is not None else None
         if feats is not None:
             if key not in feats:
                 problems.setdefault("no_features", []).append(key)
@@ -214,6 +216,7 @@ def labelled_entries(data_dir: str, labeler: Callable[[dict], Optional[int]], nj
             problems.setdefault("no_label", []).append(key)
             continue
         entry["label"] = label
+        note = (after(entry) if after is not None else None) or note
         if note:
             problems.setdefault("note", []).append(f"{key} ({note})")
         entries.append(entry)

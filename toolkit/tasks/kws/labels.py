@@ -53,18 +53,22 @@ def keyword_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
     return label
 
 
-def kws_annotator(data_dir: str, tokenizer=None) -> Callable[[dict], Optional[str]]:
-    """Adds `kw_start`/`kw_end` from the data dir's kw_times file (when it has one) and,
-    with a tokenizer, the CTC `tokens` of the transcript (empty for silence or noise: all
-    blank). Returns the out-of-lexicon words of an entry that gets no tokens."""
+def kw_times_annotator(data_dir: str) -> Callable[[dict], Optional[str]]:
+    """Adds `kw_start`/`kw_end` from the data dir's kw_times file, when it has one."""
     times_path = os.path.join(data_dir, KW_TIMES)
     kw_times = read_kw_times(times_path) if os.path.exists(times_path) else {}
 
     def annotate(entry: dict) -> Optional[str]:
         if entry["key"] in kw_times:
             entry["kw_start"], entry["kw_end"] = kw_times[entry["key"]]
-        if tokenizer is None:
-            return None
+        return None
+    return annotate
+
+
+def tokens_annotator(tokenizer) -> Callable[[dict], Optional[str]]:
+    """Adds the CTC `tokens` of the transcript (empty for silence or noise: all blank);
+    returns the out-of-lexicon words of an entry that gets none."""
+    def annotate(entry: dict) -> Optional[str]:
         ids, oov = tokenizer.encode(entry.get("txt", ""))
         if ids is None:
             return " ".join(oov)
