@@ -1,0 +1,59 @@
+"""Every recipe config goes through the one schema, and the published-scale configs build
+the models their READMEs describe: the sizes a user reads are the sizes the code trains."""
+import glob
+import os
+import re
+
+import pytest
+import torch
+
+import toolkit.tasks  # noqa: F401
+from toolkit.config import TASKS, load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "egs", "*", "*", "conf", "*.yaml"))
+                 # parts that other configs name in `defaults:`, not training configs alone
+                 if os.path.basename(p) not in ("base.yaml", "lm.yaml"))
+
+
+def readme_count(recipe: str, config: str) -> int:
+    """The parameter count the recipe README's model table gives for `config`."""
+    text = open(os.path.join(ROOT, "egs", recipe, "README.md"), encoding="utf-8").read()
+    row = next(line for line in text.splitlines() if f"`conf/{config}`" in line and "|" in line)
+    return int(re.findall(r"\| ([\d,]{7,}) \|", row)[0].replace(",", ""))
+
+
+def test_there_are_recipe_configs():
+    assert len(CONFIGS) >= 15
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "egs")))
+def test_recipe_config_is_valid(path):
+    cfg = load_config(path)
+    assert cfg.task.type in TASKS.names()
+
+
+def _build(path, inventory_size=10):
+    cfg = load_config(path)
+    task_cls = TASKS.get(cfg.task.type)
+    inventory = [f"c{i}" for i in range(inventory_size)] if task_cls.needs_inventory else None
+    task_cls.resolve(cfg, inventory, {})
+    with torch.device("meta"):           # sizes only: no memory for 75 M weights
+        return task_cls(cfg, inventory).build_modules()
+
+
+def count(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("config", ["resnet34.yaml", "ecapa_c1024.yaml"])
+def test_voxceleb_models_have_the_published_sizes(config):
+    modules = _build(os.path.join(ROOT, "egs", "voxceleb", "v2", "conf", config))
+    assert count(modules["model"]) == readme_count("voxceleb/v2", config)
+
+
+def test_codec_gpu_config_is_dac_scale():
+    modules = _build(os.path.join(ROOT, "egs", "tts_codec", "s0", "conf", "codec_gpu.yaml"))
+    generator = count(modules["generator"])
+    assert 70e6 < generator < 78e6, generator      # README: about 74 M (DAC 16 kHz)
+    assert count(modules["discriminator"]) > 10e6
