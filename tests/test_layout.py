@@ -170,7 +170,6 @@ def test_lazy_registry_imports_on_first_get(tmp_path, monkeypatch):
 def test_data_stages_import_no_torch(tmp_path):
     """Data lists, lexicons, fbank and CMVN (a recipe's stages before training) and reading
     an export's ONNX metadata run without torch: each such stage pays no torch import."""
-    sys.path.insert(0, os.path.dirname(__file__))
     from kws_data import make_kaldi_dir, write_keywords
     data = make_kaldi_dir(str(tmp_path), "train", 3, 3, seed=1)
     keywords = write_keywords(str(tmp_path), ["hey chirp"])

@@ -60,7 +60,7 @@ def main(argv=None):
     except ValueError as err:
         raise DataError(str(err)) from None
     labeler = LABELERS.get(args.label_mode)(inventory)
-    feats = read_table(args.feats_scp) if args.feats_scp else {}
+    feats = read_table(args.feats_scp) if args.feats_scp else None
     tokenizer = (Tokenizer(read_lexicon(args.lexicon), read_units(args.units))
                  if args.lexicon else None)
     for data_dir, output in args.pairs:
@@ -70,7 +70,7 @@ def main(argv=None):
 
 def write_one(data_dir, output, inventory, labeler, feats, tokenizer, args) -> None:
     entries, problems = labelled_entries(
-        data_dir, labeler, args.nj, feats if args.feats_scp else None,
+        data_dir, labeler, args.nj, feats,
         before=kw_times_annotator(data_dir),
         after=tokens_annotator(tokenizer) if tokenizer is not None else None)
     for reason, what in (("no_features", f"have no features in {args.feats_scp} and were left out"),

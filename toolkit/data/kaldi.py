@@ -188,24 +188,21 @@ def speaker_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
     return lambda entry: index.get(entry.get("spk", ""))
 
 
-# Adds task-specific fields to an entry in place; returns why it could not (the entry is
-# kept and the reason reported), or None.
-Annotator = Callable[[dict], Optional[str]]
-
-
 def labelled_entries(data_dir: str, labeler: Callable[[dict], Optional[int]], nj: int = 2,
                      feats: Optional[Dict[str, str]] = None,
-                     before: Optional[Annotator] = None,
-                     after: Optional[Annotator] = None) -> Tuple[List[dict], Dict[str, List[str]]]:
+                     before: Optional[Callable[[dict], None]] = None,
+                     after: Optional[Callable[[dict], Optional[str]]] = None,
+                     ) -> Tuple[List[dict], Dict[str, List[str]]]:
     """A data dir's entries with their labels (and `feat` from `feats`, a feats.scp table,
-    when given); `before` adds fields ahead of `feat` and `label`, `after` behind them.
-    Returns the entries and, by reason, the keys left out (no label, no features) or kept
-    with a note from an annotator."""
+    when given). `before` adds task fields ahead of `feat` and `label`; `after` adds them
+    behind and returns why it could not (the entry is kept, the reason reported), or None.
+    Returns the entries and, by reason (no_features, no_label, note), the keys concerned."""
     entries: List[dict] = []
     problems: Dict[str, List[str]] = {}
     for entry in load_data_dir(data_dir, nj=nj):
         key = entry["key"]
-        note = before(entry) if before is not None else None
+        if before is not None:
+            before(entry)
         if feats is not None:
             if key not in feats:
                 problems.setdefault("no_features", []).append(key)
@@ -216,7 +213,7 @@ def labelled_entries(data_dir: str, labeler: Callable[[dict], Optional[int]], nj
             problems.setdefault("no_label", []).append(key)
             continue
         entry["label"] = label
-        note = (after(entry) if after is not None else None) or note
+        note = after(entry) if after is not None else None
         if note:
             problems.setdefault("note", []).append(f"{key} ({note})")
         entries.append(entry)

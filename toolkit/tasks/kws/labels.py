@@ -53,15 +53,14 @@ def keyword_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
     return label
 
 
-def kw_times_annotator(data_dir: str) -> Callable[[dict], Optional[str]]:
+def kw_times_annotator(data_dir: str) -> Callable[[dict], None]:
     """Adds `kw_start`/`kw_end` from the data dir's kw_times file, when it has one."""
     times_path = os.path.join(data_dir, KW_TIMES)
     kw_times = read_kw_times(times_path) if os.path.exists(times_path) else {}
 
-    def annotate(entry: dict) -> Optional[str]:
+    def annotate(entry: dict) -> None:
         if entry["key"] in kw_times:
             entry["kw_start"], entry["kw_end"] = kw_times[entry["key"]]
-        return None
     return annotate
 
 
