@@ -223,8 +223,10 @@ class OptimConfig:
 @dataclass
 class TrainingConfig:
     seed: int = 777               # seeds weights, batch plans and augmentation
-    max_epoch: int = 10           # epochs; with the data length this gives max_steps
-    max_steps: int = 0            # > 0: stop after this many optimizer steps instead
+    # How long to train; give one or both (both: whichever is reached first ends the run,
+    # and the log says which). 0: not given.
+    max_epoch: int = 0            # epochs to train; 0: not given (max_steps alone decides)
+    max_steps: int = 0            # optimizer steps to train, over as many epochs as that takes; 0: not given
     grad_clip: float = 50.0       # default global-norm clip of every optimizer
     max_nonfinite_steps: int = 100  # consecutive skipped (non-finite) updates that stop training
     accum_grad: int = 1           # micro-batches per optimizer step
@@ -520,8 +522,13 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError("training.accum_grad must be >= 1")
     if t.grad_clip <= 0:
         raise ConfigError("training.grad_clip must be > 0")
-    if t.max_epoch < 1 and t.max_steps < 1:
-        raise ConfigError("training.max_epoch or training.max_steps must be positive")
+    if t.max_epoch < 0 or t.max_steps < 0:
+        raise ConfigError("training.max_epoch and training.max_steps must be >= 0 (0: not given)")
+    if t.log_interval < 1:
+        raise ConfigError(f"training.log_interval must be >= 1, got {t.log_interval}")
+    if t.keep_last < 1:
+        raise ConfigError(f"training.keep_last must be >= 1 (the newest checkpoint is what a "
+                          f"rerun resumes from), got {t.keep_last}")
     for name, o in cfg.optim.items():
         where = "optim" if len(cfg.optim) == 1 else f"optim.{name}"
         if not 0.0 <= o.start_fraction < 1.0:
