@@ -186,6 +186,11 @@ class Task:
         """`split`: train or dev (a dev list may hold other classes, e.g. unseen speakers)."""
         return DataRequirements()
 
+    def check_data(self, split: str, source) -> None:
+        """Checks a loaded list before training starts (`split`: train or dev; `source`: a
+        toolkit.data.sources.DataSource): raise DataError naming the list for what would
+        only fail later (e.g. a dev list that cannot give what validation computes)."""
+
     def example_builder(self, train: bool, seed: int, noise=None, rirs=None,
                         steps_per_epoch: int = 0, total_steps: int = 0) -> ExampleBuilder:
         """`noise`/`rirs`: loaded DataLists when augmentation is on; the step counts let

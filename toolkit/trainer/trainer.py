@@ -175,6 +175,9 @@ class Trainer:
         self.train_list = self._load_list(cfg.dataset.train_data, "train")
         self.dev_list = (self._load_list(cfg.dataset.dev_data, "dev")
                          if cfg.dataset.dev_data else None)
+        task.check_data("train", self.train_list)
+        if self.dev_list is not None:
+            task.check_data("dev", self.dev_list)
 
         self.modules: Dict[str, nn.Module] = {n: m.to(self.device)
                                               for n, m in task.build_modules().items()}
