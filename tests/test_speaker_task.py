@@ -317,3 +317,29 @@ def test_zero_frame_feature_matrix_is_a_counted_skip(tmp_path):
     with pytest.raises(BadEntry) as err:
         builder({"key": "empty", "feat": scp["empty"], "label": 2, "spk": "a"}, 0)
     assert err.value.reason == "too_short_after_processing"
+
+
+def test_export_checks_safetensors_and_refuses_a_diverged_checkpoint(corpus, trained, tmp_path):
+    exp, _ = trained
+    ckpt = sorted(glob.glob(os.path.join(exp, "ckpt-*.pt")))[-1]
+
+    def export(checkpoint, out):
+        return subprocess.run([sys.executable, "-m", "toolkit.bin.export_model", "--checkpoint",
+                               checkpoint, "--exp-dir", exp, "--out-dir", str(out),
+                               "--test-data", corpus.dev, "--num-check", "3"],
+                              capture_output=True, text=True, env=env(), timeout=300)
+    good = export(ckpt, tmp_path / "good")
+    assert good.returncode == 0, good.stderr[-3000:]
+    assert "parity safetensors vs PyTorch: max abs diff" in good.stderr
+    assert "safetensors max diff" in good.stderr
+    payload = torch.load(ckpt, weights_only=True)
+    weight = next(k for k, v in payload["modules"]["model"].items() if v.is_floating_point()
+                  and v.dim() > 1)
+    payload["modules"]["model"][weight].fill_(float("nan"))
+    diverged = str(tmp_path / "diverged.pt")
+    torch.save(payload, diverged)
+    bad = export(diverged, tmp_path / "bad")
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    assert "error: exported embedding extractor: PyTorch output 0 of the checkpoint is not " \
+           "finite" in bad.stderr
+    assert "Traceback" not in bad.stderr
