@@ -380,6 +380,11 @@ def _coerce(value, tp, path: str):
             return value
         if value is None:
             return ""
+        if is_secret_key(path.rsplit(".", 1)[-1]):
+            # Any scalar is a valid secret (a numeric token); its value is never shown.
+            if isinstance(value, (int, float, bool)):
+                return str(value)
+            raise ConfigError(f"{path}: expected a string, got a {type(value).__name__}")
         raise ConfigError(f"{path}: expected a string, got {value!r}")
     raise ConfigError(f"{path}: unsupported schema type {_type_name(tp)}")
 
@@ -592,17 +597,47 @@ def _check_dataset(d: DatasetConfig) -> None:
 
 # --------------------------------------------------------------------------- composition and I/O
 
+_YAML_STR = "tag:yaml.org,2002:str"
+_YAML_NULL = "tag:yaml.org,2002:null"
+
+
+def _as_text(node) -> None:
+    """A scalar YAML would read as a number, date or boolean stays the text written (a
+    numeric token keeps its leading zeros and every digit)."""
+    if isinstance(node, yaml.ScalarNode) and node.tag not in (_YAML_STR, _YAML_NULL):
+        node.tag = _YAML_STR
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """safe_load, except that values under secret-named keys stay text."""
+
+    def construct_mapping(self, node, deep=False):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and is_secret_key(key_node.value):
+                _as_text(value_node)
+        return super().construct_mapping(node, deep)
+
+
 def parse_override(text: str):
-    """`a.b.c=value` -> (['a','b','c'], parsed value). Values are YAML scalars/lists."""
+    """`a.b.c=value` -> (['a','b','c'], parsed value). Values are YAML scalars/lists;
+    under a secret-named key the text itself."""
     if "=" not in text:
         raise ConfigError(f"override '{text}': expected key.path=value")
     key, value = text.split("=", 1)
+    shown = f"{key}=<redacted>" if is_secret_key(key.rsplit(".", 1)[-1]) else text
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
-        raise ConfigError(f"override '{text}': bad key path '{key}'")
+        raise ConfigError(f"override '{shown}': bad key path '{key}'")
     try:
-        parsed = yaml.safe_load(value) if value != "" else ""
+        if value == "":
+            parsed = ""
+        elif shown != text and isinstance(node := yaml.compose(value, Loader=yaml.SafeLoader),
+                                          yaml.ScalarNode):
+            parsed = "" if node.tag == _YAML_NULL else node.value      # the text written
+        else:
+            parsed = yaml.load(value, Loader=_ConfigLoader)
     except yaml.YAMLError as err:
-        raise ConfigError(f"override '{text}': cannot parse value: {err}") from None
+        raise ConfigError(f"override '{shown}': cannot parse value"
+                          + ("" if shown != text else f": {err}")) from None
     return key.split("."), parsed
 
 
@@ -639,7 +674,7 @@ def merge(base: Dict[str, Any], top: Dict[str, Any]) -> Dict[str, Any]:
 def _read_yaml(path: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+            raw = yaml.load(f, Loader=_ConfigLoader)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as err:
