@@ -1,6 +1,7 @@
 """Experiment-dir rules, locking, init_checkpoint, AMP, uneven ranks, rank death,
 two-launcher multi-node, secrets, TensorBoard — each with the real training binary."""
 import glob
+import json
 import os
 import socket
 import subprocess
@@ -266,3 +267,32 @@ def test_accumulation_with_ddp_and_step_validation(corpus, tmp_path):
     from toolkit.trainer.checkpoint import list_checkpoints
     assert all(c.dev_loss is not None for c in list_checkpoints(exp))
 
+
+
+def test_safetensors_init_needs_a_model_description(corpus, trained, tmp_path):
+    """A config.json beside the weights that describes no model cannot be checked against
+    the config: refused, or with init_allow_missing loaded with a warning; an architecture
+    difference under init_allow_missing is named in the log too."""
+    from toolkit.tasks.kws.export import build_metadata, export_safetensors, model_from_checkpoint
+    ckpt = sorted(glob.glob(os.path.join(trained, "ckpt-*.pt")))[-1]
+    model = model_from_checkpoint(ckpt)
+    path = str(tmp_path / "model.safetensors")
+    export_safetensors(model, path, build_metadata(model, {}, ["hey chirp"], None))
+    side = tmp_path / "config.json"
+    described = json.loads(side.read_text())
+    side.write_text(json.dumps({"task": "codec"}))
+    refused = run_train(corpus.train_args(str(tmp_path / "a"), *FAST) + ["--init-checkpoint", path])
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "config.json describes no model" in refused.stderr
+    allowed = run_train(corpus.train_args(str(tmp_path / "b"), *FAST,
+                                          "training.init_allow_missing=true")
+                        + ["--init-checkpoint", path])
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert "config.json describes no model" in allowed.stderr
+    described["model"]["dropout"] = 0.5
+    side.write_text(json.dumps(described))
+    other = run_train(corpus.train_args(str(tmp_path / "c"), *FAST,
+                                        "training.init_allow_missing=true")
+                      + ["--init-checkpoint", path])
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert "describes another architecture (dropout: 0.5 vs" in other.stderr

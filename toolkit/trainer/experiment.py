@@ -294,13 +294,25 @@ def _check_export_config(path: str, module, allow_missing: bool) -> None:
         raise MissingInputError(f"training.init_checkpoint {path}: adjacent config.json missing")
     with open(side, encoding="utf-8") as f:
         meta = json.load(f)
-    theirs = meta.get("model", meta.get("model_config", {}))
+    theirs = meta.get("model", meta.get("model_config")) if isinstance(meta, dict) else None
     config = getattr(module, "config", None)
     mine = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    if not isinstance(theirs, dict) or not theirs:
+        problem = (f"training.init_checkpoint {path}: {side} describes no model (no `model` "
+                   "or `model_config` mapping), so its architecture cannot be checked")
+        if not allow_missing:
+            raise ConfigError(problem + " (set training.init_allow_missing=true to load what "
+                              "matches by name and shape)")
+        logger.warning("%s; loading what matches by name and shape", problem)
+        return
     diffs = _architecture_differences(theirs, mine)
     if diffs and not allow_missing:
         raise ConfigError(f"training.init_checkpoint {path} describes another architecture: "
                           + "; ".join(diffs))
+    if diffs:
+        logger.warning("training.init_checkpoint %s describes another architecture (%s); "
+                       "training.init_allow_missing=true: loading what matches by name and "
+                       "shape", path, "; ".join(diffs))
 
 
 def _load_module(module: torch.nn.Module, state: Dict[str, torch.Tensor], where: str,
