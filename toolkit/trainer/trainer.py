@@ -56,18 +56,25 @@ def release_free_memory() -> None:
 
 @contextlib.contextmanager
 def frozen_norm_stats(modules):
-    """Keeps BatchNorm running statistics unchanged (momentum 0) for zero-weight steps."""
-    saved = []
+    """Keeps running statistics unchanged for zero-weight steps: BatchNorm's (momentum
+    0), and those of any submodule that declares a `statistics_frozen` flag (e.g. EMA
+    codebooks), which is set for the step."""
+    saved, flagged = [], []
     for module in modules:
         for m in module.modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
                 saved.append((m, m.momentum))
                 m.momentum = 0.0
+            if isinstance(getattr(m, "statistics_frozen", None), bool):
+                flagged.append((m, m.statistics_frozen))
+                m.statistics_frozen = True
     try:
         yield
     finally:
         for m, momentum in saved:
             m.momentum = momentum
+        for m, flag in flagged:
+            m.statistics_frozen = flag
 
 
 def amp_dtype(cfg: Config, device: torch.device) -> Optional[torch.dtype]:
