@@ -296,3 +296,16 @@ def test_safetensors_init_needs_a_model_description(corpus, trained, tmp_path):
                       + ["--init-checkpoint", path])
     assert other.returncode == 0, other.stderr[-2000:]
     assert "describes another architecture (dropout: 0.5 vs" in other.stderr
+
+
+def test_other_ranks_wait_for_a_slow_data_fingerprint(corpus, tmp_path):
+    """Rank 0 fingerprints the data (here made 12 s slower, as a large corpus on network
+    storage is) while rank 1 waits: that wait is not bound by the 5 s collective timeout
+    that stops training when a rank dies."""
+    exp = str(tmp_path / "exp")
+    result = run_train(corpus.train_args(exp, *FAST, "training.rank_failure_timeout_s=5"),
+                       nproc=2, timeout=240,
+                       extra_env={"TOOLKIT_PLUGINS": "slow_fingerprint",
+                                  "SLOW_FINGERPRINT_S": "12"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert latest_payload(exp)["epoch"] == 1
