@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from train_utils import (TORCHRUN, Corpus, descendants, env, kill_tree, latest_payload,
-                         launcher, rank_process, run_train, wait_gone)
+                         launcher, rank_process, run_train, wait_for_checkpoint,
+                         wait_gone)
 
 FAST = ["training.max_epoch=1"]
 
@@ -155,9 +156,7 @@ def test_rank_death_stops_others_quickly(corpus, tmp_path):
     args = corpus.train_args(exp, "training.max_epoch=50")
     proc = subprocess.Popen(launcher(2) + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env(), start_new_session=True)
-    deadline = time.time() + 90
-    while time.time() < deadline and not glob.glob(os.path.join(exp, "ckpt-*.json")):
-        time.sleep(0.1)
+    wait_for_checkpoint(exp, proc)
     workers = descendants(proc.pid)
     rank1 = rank_process(proc.pid, 1)
     os.kill(rank1, 9)
@@ -174,9 +173,7 @@ def test_orphaned_workers_hold_the_exp_dir(corpus, tmp_path):
     args = corpus.train_args(exp, "training.max_epoch=50")
     proc = subprocess.Popen(launcher(2) + args, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
-    deadline = time.time() + 90
-    while time.time() < deadline and not glob.glob(os.path.join(exp, "ckpt-*.json")):
-        time.sleep(0.1)
+    wait_for_checkpoint(exp, proc)
     workers = [p for p in descendants(proc.pid)]
     kill_tree(proc, launcher_only=True)          # like `kill -9 <torchrun>`
     alive = [p for p in workers if os.path.exists(f"/proc/{p}")]
@@ -309,3 +306,18 @@ def test_other_ranks_wait_for_a_slow_data_fingerprint(corpus, tmp_path):
                                   "SLOW_FINGERPRINT_S": "12"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert latest_payload(exp)["epoch"] == 1
+
+
+def test_the_waits_of_these_tests_can_fail(tmp_path):
+    """wait_gone and wait_for_checkpoint fail at their deadline instead of carrying on."""
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(AssertionError, match=f"processes \\[{proc.pid}\\] still running"):
+            wait_gone([proc.pid], timeout=0.5)
+        with pytest.raises(AssertionError, match="no checkpoint in"):
+            wait_for_checkpoint(str(tmp_path), proc, timeout=0.5)
+    finally:
+        proc.kill()
+    wait_gone([proc.pid], timeout=10)
+    with pytest.raises(AssertionError, match="the run ended"):
+        wait_for_checkpoint(str(tmp_path), proc, timeout=5)
