@@ -318,7 +318,8 @@ def test_metadata_names_and_fingerprints_the_models(tmp_path):
     front = meta["frontend"]
     assert front["package"] == "openwakeword" and front["version"] == "0.5.1"
     assert set(front["sha256"]) == {F.MEL_MODEL, F.EMBEDDING_MODEL}
-    assert F.dataset_config_from_metadata(meta).feature.type == "speech_embedding"
+    from toolkit.data.pipeline import dataset_config_from_metadata
+    assert dataset_config_from_metadata(meta).feature.type == "speech_embedding"
     other = tmp_path / F.MEL_MODEL
     other.write_bytes(b"not the model")
     with pytest.raises(DataError, match="not the melspectrogram.onnx this model was trained"):

@@ -35,6 +35,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import yaml
 
 from toolkit.errors import UserError
+from toolkit.redaction import (REDACTED, SECRET_KEY, is_secret_key,  # noqa: F401 (re-exported)
+                               known_secrets, secret_env_values)
 from toolkit.registry import Registry
 
 
@@ -748,18 +750,7 @@ def from_dict(raw: Dict[str, Any]) -> Config:
 
 # --------------------------------------------------------------------------- secrets
 
-SECRET_KEY = re.compile(r"(token|password|passwd|secret|api_?key|credential)", re.IGNORECASE)
-REDACTED = "<redacted>"
 _REDACTED_HASH = re.compile(r"^<redacted:([0-9a-f]{16}):([0-9a-f]{16})>$")
-
-
-def secret_env_values() -> set:
-    """Values of environment variables whose names look secret (tokens, passwords...)."""
-    return {v for k, v in os.environ.items() if SECRET_KEY.search(k) and len(v) >= 4}
-
-
-def is_secret_key(key: str) -> bool:
-    return bool(SECRET_KEY.search(str(key)))
 
 
 def _digest(salt: str, value: str) -> str:
@@ -811,7 +802,6 @@ def dump_config(cfg: Config, path: str) -> None:
 def scrub_text(text: str, extra: Iterable[str] = ()) -> str:
     """`text` with every known secret (environment, registered config secrets, `extra`)
     replaced."""
-    from toolkit.logging_utils import known_secrets
     for secret in known_secrets() | {s for s in extra if s and len(s) >= 4}:
         text = text.replace(secret, REDACTED)
     return text

@@ -29,10 +29,9 @@ def main(argv=None):
     args = get_args(argv)
     setup_logging()
     import kaldiio
-    from toolkit.data.features import dataset_config_from_metadata
     from toolkit.data.audio import BadEntry
     from toolkit.data.datalist import BadCounter, DataList
-    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.data.pipeline import FeaturePipeline, dataset_config_from_metadata
     from toolkit.tasks.kws.detector import load_backend
 
     backend = load_backend(args.model)

@@ -11,7 +11,7 @@ import numpy as np
 from toolkit.data import augment
 from toolkit.data.audio import BadEntry, resample
 from toolkit.data.datalist import DataList
-from toolkit.data.features import build_extractor
+from toolkit.data.features import build_extractor, extractor_class_for_metadata
 
 DITHER_STREAM = "\0dither"   # dither draws from its own stream: other draws stay put
 
@@ -172,3 +172,10 @@ class FeaturePipeline:
             raise BadEntry("too_short_after_processing", f"{len(feats)} frames")
         return feats
 
+
+def dataset_config_from_metadata(meta: dict, **paths):
+    """A DatasetConfig whose features are those of an exported model (its `feature`
+    metadata), for a FeaturePipeline that computes what the model was trained on."""
+    from toolkit.config import DatasetConfig, FeatureConfig
+    fields = extractor_class_for_metadata(meta).config_fields(meta, **paths)
+    return DatasetConfig(sample_rate=int(meta["sample_rate"]), feature=FeatureConfig(**fields))
