@@ -163,9 +163,9 @@ TMP_CHECKPOINT = re.compile(r"^\.tmp-.*-ckpt-\d+\.(pt|json)$")
 
 def prune(exp_dir: str, keep_last: int, keep_best: int) -> List[str]:
     """Deletes checkpoints that are neither among the last `keep_last` (at least one)
-    valid ones by step nor the best `keep_best` by dev metric. Corrupt checkpoints and orphan .pt files older
-    than the newest valid checkpoint go too, as do temp files of this trainer's killed
-    checkpoint writes (other tools' temp files are left alone)."""
+    valid ones by step nor the best `keep_best` by dev metric. Corrupt checkpoints and
+    orphan .pt files older than the newest valid checkpoint go too, as do temp files of
+    this trainer's killed checkpoint writes (other tools' temp files are left alone)."""
     infos = list_checkpoints(exp_dir)
     valid = [c for c in infos if verify(c) is None]
     broken = [c for c in infos if c not in valid]
