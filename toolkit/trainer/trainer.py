@@ -174,6 +174,9 @@ class Trainer:
         self.info = info
         self.device = info.device
         t = cfg.training
+        if t.max_epoch <= 0 and t.max_steps <= 0:
+            raise ConfigError("training.max_epoch or training.max_steps must be given: say how "
+                              "long to train (both: whichever is reached first)")
         torch.manual_seed(t.seed)
         np.random.seed(t.seed % (2 ** 32))
         random.seed(t.seed)
@@ -201,9 +204,6 @@ class Trainer:
         self.scalers = ({name: torch.amp.GradScaler(self.device.type) for name in task.optimizers}
                         if self.amp_dtype == torch.float16 else {})
 
-        if t.max_epoch <= 0 and t.max_steps <= 0:
-            raise ConfigError("training.max_epoch or training.max_steps must be given: say how "
-                              "long to train (both: whichever is reached first)")
         self.steps_per_epoch = self._steps_in_plan(len(self._global_plan(0)), 0)
         if self.steps_per_epoch == 0:
             raise TrainingError(f"{cfg.dataset.train_data}: the batch plan is empty (every "
@@ -724,7 +724,8 @@ class Trainer:
             logger.info("training finished: %d steps (%s), %s this run (%.2f steps/s); "
                         "checkpointing %.2f s = %.2f%% of wall time; peak RSS %.2f GB (loader "
                         "workers %.2f GB); CPU user %.0f s, system %.0f s", self.step,
-                        ended_by, format_duration(wall), (self.step - start_step) / max(wall, 1e-9),
+                        ended_by, format_duration(wall),
+                        (self.step - start_step) / max(wall, 1e-9),
                         self.save_seconds, 100.0 * self.save_seconds / max(wall, 1e-9),
                         usage.ru_maxrss / 2 ** 20, workers.ru_maxrss / 2 ** 20,
                         usage.ru_utime + workers.ru_utime, usage.ru_stime + workers.ru_stime)
