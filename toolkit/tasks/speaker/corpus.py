@@ -251,7 +251,6 @@ DATA_FILES = ("wav.scp", "text", "utt2spk", "spk2utt", "utt2dur", "spk2voice")
 
 def write_trials(path: str, keys: Sequence[str], speakers: Sequence[str], seed: int) -> int:
     """Every pair of `keys` (C order) as a Kaldi trial, or a sample above MAX_TRIALS."""
-    from toolkit.tasks.speaker.data import make_trials
     order = sorted(range(len(keys)), key=lambda i: kaldi.c_order(keys[i]))
     keys = [keys[i] for i in order]
     speakers = [speakers[i] for i in order]
@@ -260,6 +259,7 @@ def write_trials(path: str, keys: Sequence[str], speakers: Sequence[str], seed: 
         rows = [f"{keys[a]} {keys[b]} {'target' if speakers[a] == speakers[b] else 'nontarget'}"
                 for a in range(n) for b in range(a + 1, n)]
     else:
+        from toolkit.tasks.speaker.data import make_trials   # imports torch: only when needed
         enroll, test, labels = make_trials(keys, speakers, seed, MAX_TRIALS // 11, 10.0)
         rows = [f"{e} {t} {'target' if lab else 'nontarget'}"
                 for e, t, lab in zip(enroll, test, labels)]
