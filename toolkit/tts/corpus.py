@@ -48,6 +48,7 @@ import numpy as np
 
 from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
+from toolkit.progress import Progress
 from toolkit.tts import SynthError, Voice
 from toolkit.tts.engines import engine_class
 from toolkit.tts.espeak import ACCENTS, Espeak, espeak_fingerprint, loaded_in_this_process
@@ -381,7 +382,6 @@ class CorpusDir:
         `nj` at once) with one BLAS thread, its generator seeded by `group.seed` and a
         Renderer at `sample_rate`; returns the bodies' results in group order. Makes
         wavs/<d> for each of `wav_dirs` first."""
-        from toolkit.progress import Progress
         for name in wav_dirs:
             os.makedirs(self.wav_dir(name))
 

@@ -49,10 +49,6 @@ class Renderer:
         bounds = speech_bounds(audio)
         return Clip(audio[bounds[0]:bounds[1]], bounds, speech.word_onsets, speech.sample_rate)
 
-    def speak(self, text: str, voice: Voice, rate: int = 175, pitch: int = 50,
-              prange: int = 50, seed: int = 0) -> np.ndarray:
-        return self.clip(text, voice, rate, pitch, prange, seed).audio
-
     def utterance(self, utt: str, text: str, voice: Voice, rate: int = 175, pitch: int = 50,
                   prange: int = 50, seed: int = 0, time_words: bool = False) -> Clip:
         """clip() of a corpus utterance: SynthError naming it when the engine says nothing."""

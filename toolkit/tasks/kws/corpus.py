@@ -38,7 +38,7 @@ from toolkit.tts import SynthError, Voice, word_char_starts
 from toolkit.tts.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
                                 corpus_stamp, data_dir_summary, engine_shares, open_engines,
                                 split_by_stratum)
-from toolkit.tts.espeak import ACCENTS, INSTALL_HINT, Espeak
+from toolkit.tts.espeak import ACCENTS, INSTALL_HINT, Espeak, espeak_voices
 from toolkit.tts.pool import run_forked
 from toolkit.tts.render import Clip, Renderer
 from toolkit.tts.signal import active_power, babble_noise, colored_noise, mix_at_snr, to_int16
@@ -671,7 +671,6 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     fixed voices when it speaks, and the other engines' voices; reserved voices join the
     test split of a test-only corpus. espeak is only asked (in a forked probe) which voices
     exist and how words sound; the plan itself is pure numpy randomness from `seed`."""
-    from toolkit.tts.espeak import espeak_voices
     voices = (espeak_voices() if "espeak" in engines.names else []) + list(engines.voices)
     words = lexicon_words(keywords)
     probe = run_forked(lambda _: _probe(words, voices), [None], 1, tmp_dir)[0]
