@@ -15,7 +15,7 @@ import pytest
 from toolkit.tasks.codec import corpus as codec
 from toolkit.tasks.kws import corpus as kws
 from toolkit.tasks.speaker import corpus as speaker
-from toolkit.tts import Voice
+from toolkit.tts import SynthError, Voice
 from toolkit.tts import corpus as C
 from toolkit.tts.engines import engine_class
 from toolkit.tts.espeak import espeak_voices
@@ -132,6 +132,29 @@ def test_the_festival_rule_and_engine_usage():
     assert C.engine_shares(["espeak"]) == {"espeak": 1.0}
     assert C.engine_shares(["espeak", "flite"]) == {"espeak": 0.8, "flite": 0.2}
     assert C.engine_shares(["festival", "flite"]) == {"festival": 0.5, "flite": 0.5}
+
+
+@pytest.mark.parametrize("family", ["speaker", "codec"])
+def test_a_procedural_voice_without_its_variant_file_is_an_error(family, tmp_path,
+                                                                  monkeypatch):
+    """espeak-ng falls back to the plain accent, silently, when a variant file is missing:
+    the layer's probe turns that into an error instead of a corpus of other voices."""
+    module = {"speaker": speaker, "codec": codec}[family]
+    real = module.private_espeak_data
+
+    def without_files(voices, tmp_dir):
+        path = real(voices, tmp_dir)
+        for v in voices:
+            os.unlink(os.path.join(path, "voices", "!v", v.name.split("+")[1]))
+        return path
+
+    monkeypatch.setattr(module, "private_espeak_data", without_files)
+    with pytest.raises(SynthError, match="ignored the procedural voice"):
+        if family == "speaker":     # more speakers than the fixed voices
+            speaker.generate_corpus(str(tmp_path / "x"), sizes=speaker.Sizes(220, 2, 2, 2, 2, 2))
+        else:
+            generate(family, tmp_path / "x", n_random_voices=3)
+    assert not (tmp_path / "x" / C.TMP_NAME).exists()
 
 
 # ------------------------------------------------------------------------ engine errors
