@@ -107,7 +107,7 @@ def test_rerun_skips_finished_stages(recipe_run):
 # --------------------------------------------------------------------------- generator
 
 def generate(out, nj, seed=3, noisy=True):
-    from toolkit.tts.speech import Sizes, generate_speech
+    from toolkit.tasks.codec.corpus import Sizes, generate_speech
     return generate_speech(str(out), seed=seed, sizes=Sizes(train=5, dev=2, test=2), nj=nj,
                            n_random_voices=2, max_voices=0, noisy=noisy, sentences=(1, 1))
 
@@ -153,7 +153,7 @@ def test_generator_is_deterministic_for_any_nj(tmp_path):
 
 def test_voices_of_the_splits_are_disjoint(tmp_path):
     from toolkit.tts.espeak import ACCENTS, espeak_voices, random_voices
-    from toolkit.tts.speech import split_voices
+    from toolkit.tasks.codec.corpus import split_voices
     pool = espeak_voices() + random_voices(40, ACCENTS, 7)
     splits = split_voices(pool, seed=7)
     names = {s: {v.spk for v in vs} for s, vs in splits.items()}
@@ -164,15 +164,15 @@ def test_voices_of_the_splits_are_disjoint(tmp_path):
         assert {v.name.split("+")[0] for v in vs} == set(ACCENTS)
     capped = split_voices(pool, seed=7, max_voices=10)
     assert [len(capped[s]) for s in ("train", "dev", "test")] == [8, 1, 1]
-    # In a generated corpus: speakers by utt2spk, and voices.txt agrees.
+    # In a generated corpus: speakers by utt2spk, and the inventory agrees.
     out = tmp_path / "corpus"
     generate(out, 2, noisy=False)
     spk = {s: set(dict(line.split() for line in open(out / s / "utt2spk")).values())
            for s in ("train", "dev", "test")}
     assert not (spk["train"] & spk["dev"] or spk["train"] & spk["test"] or spk["dev"] & spk["test"])
     listed = {}
-    for line in open(out / "voices.txt"):
-        name, split, engine, _ = line.split()
+    for line in open(out / "voices.tsv").readlines()[1:]:
+        name, split, engine = line.split("\t")[:3]
         listed.setdefault(split, set()).add(name)
         assert engine == "espeak"
     assert listed == spk
@@ -180,9 +180,10 @@ def test_voices_of_the_splits_are_disjoint(tmp_path):
 
 
 def test_named_engines_only(tmp_path, monkeypatch):
+    from toolkit.tasks.codec.corpus import Sizes, generate_speech
     from toolkit.tts import SynthError
+    from toolkit.tts.corpus import check_engines
     from toolkit.tts.engines import FestivalEngine
-    from toolkit.tts.speech import Sizes, check_engines, generate_speech
     assert check_engines(["espeak"]) == ["espeak"]
     # An engine named but missing stops before any work, in one message.
     monkeypatch.setattr(FestivalEngine, "unavailable_reason",

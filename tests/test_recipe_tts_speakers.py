@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from toolkit.tasks.speaker import corpus as sc
+from toolkit.tts.corpus import voice_family
 from toolkit.tts.espeak import VARIANTS, espeak_voices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,12 +106,12 @@ def test_stage0_rerun_does_nothing(recipe_run):
 
 # ------------------------------------------------------------------ the generator
 
-def synth(out, *args):
+def synth(out, *args, status=0):
     cmd = [sys.executable, "-m", "toolkit.bin.synth_speaker_data", "--out-dir", str(out),
            "--num-train-speakers", "5", "--train-utts", "3", "--num-dev-speakers", "2",
            "--dev-utts", "2", "--num-test-speakers", "3", "--test-utts", "2", *args]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == status, result.stderr[-3000:]
     return result
 
 
@@ -147,7 +148,7 @@ def test_speakers_and_voice_families_are_disjoint():
     sizes = sc.Sizes(train_speakers=100, dev_speakers=16, test_speakers=20)
     by_split, missing = sc.assign_voices(voices, sizes, seed=777)
     assert missing == {"train": 0, "dev": 0, "test": 0}
-    families = {s: {sc.voice_family(v) for v in vs} for s, vs in by_split.items()}
+    families = {s: {voice_family(v) for v in vs} for s, vs in by_split.items()}
     assert not (families["train"] & families["test"] or families["train"] & families["dev"]
                 or families["dev"] & families["test"])
     assert len(families["test"]) == 3        # 8 accents per variant: 20 speakers from 3
@@ -171,7 +172,7 @@ def test_speaker_and_utterances_do_not_depend_on_corpus_size():
     assert all(abs(u.rate - speaker.rate) <= speaker.rate * sc.RATE_SPREAD + 1 for u in many)
 
 
-def test_festival_only_when_asked_and_then_in_test_only(seed3, tmp_path):
+def test_festival_only_when_asked_and_then_in_a_test_only_corpus(seed3, tmp_path):
     # Festival is installed on the development machine: not asked for, it is not used.
     for split in ("train", "dev", "test"):
         engines = {v.split()[0] for v in read_table(seed3 / split / "spk2voice").values()}
@@ -179,9 +180,12 @@ def test_festival_only_when_asked_and_then_in_test_only(seed3, tmp_path):
     from toolkit.tts.engines import engine_class
     if not engine_class("festival").available():
         pytest.skip("festival is not installed")
-    synth(tmp_path / "fest", "--nj", "2", "--engines", "espeak,festival")
+    refused = synth(tmp_path / "full", "--engines", "espeak,festival", status=2)
+    assert "error: festival is reserved for the unseen-engine test" in refused.stderr
+    assert "--test-only" in refused.stderr and not (tmp_path / "full").exists()
+    synth(tmp_path / "fest", "--nj", "2", "--engines", "espeak,festival", "--test-only")
+    assert sorted(os.listdir(tmp_path / "fest")) == [".synth_speaker_data.json", "test",
+                                                      "voices.tsv", "wavs"]
     test_voices = read_table(tmp_path / "fest" / "test" / "spk2voice")
-    assert any(v.startswith("festival ") for v in test_voices.values())
-    for split in ("train", "dev"):
-        assert all(v.startswith("espeak ")
-                   for v in read_table(tmp_path / "fest" / split / "spk2voice").values())
+    festival = [v for v in test_voices.values() if v.startswith("festival ")]
+    assert festival and len(test_voices) == 3

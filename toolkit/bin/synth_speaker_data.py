@@ -9,6 +9,7 @@ import sys
 
 from toolkit.errors import cli
 from toolkit.tasks.speaker.corpus import SNR_DB, Sizes, generate_corpus
+from toolkit.tts.corpus import TEST_ONLY_ENGINES
 from toolkit.tts.engines import ENGINES
 
 _DEFAULTS = Sizes()
@@ -21,11 +22,12 @@ def get_args(argv=None):
             "Synthesize speakers from TTS voices: espeak-ng's accents x variants (the\n"
             "accents of one variant are one family, never split across train/dev/test),\n"
             "procedural espeak-ng voices when more speakers are asked for, and the other\n"
-            "engines named in --engines (festival voices in test only). Each speaker has its\n"
-            "own rate, pitch and range, each utterance varies them and says random English\n"
-            "words in white/pink/brown/babble noise. Writes <out-dir>/{train,dev,test}/ Kaldi\n"
-            "data dirs (wav.scp text utt2spk spk2utt utt2dur spk2voice), WAVs under\n"
-            "<out-dir>/wavs/<split>/, and <out-dir>/test/trials (every test pair, Kaldi form).\n"
+            "engines named in --engines. Each speaker has its own rate, pitch and range, each\n"
+            "utterance varies them and says random English words in white/pink/brown/babble\n"
+            "noise. Writes <out-dir>/{train,dev,test}/ Kaldi data dirs (wav.scp text utt2spk\n"
+            "spk2utt utt2dur spk2voice), WAVs under <out-dir>/wavs/<split>/,\n"
+            "<out-dir>/test/trials (every test pair, Kaldi form) and <out-dir>/voices.tsv\n"
+            "(each voice that speaks: split, engine, engine voice, version).\n"
             "Byte-identical for the same arguments whatever --nj and whatever else is\n"
             "installed; rerunning a finished run with the same arguments does nothing.\n\n"
             "example: %(prog)s --out-dir data --seed 777 --nj 2\n"
@@ -50,8 +52,15 @@ def get_args(argv=None):
                    help="highest speech-to-noise ratio (default %(default)s)")
     p.add_argument("--engines", default="espeak", metavar="LIST",
                    help=f"comma-separated TTS engines that speak, of {','.join(ENGINES.names())}; "
-                        "festival's voices are test speakers only. One asked for but not "
-                        "installed is an error (default %(default)s)")
+                        "one asked for but not installed is an error; "
+                        f"{','.join(TEST_ONLY_ENGINES)} (reserved for evaluation) only with "
+                        "--test-only (default %(default)s)")
+    p.add_argument("--test-only", action="store_true",
+                   help="write <out-dir>/test alone (and its trials): an evaluation set from "
+                        "--engines whose first speakers are the voices reserved for evaluation "
+                        f"(all of {','.join(TEST_ONLY_ENGINES)}'s, refused without this), then "
+                        "the test speakers the full corpus of this --seed holds out; sized by "
+                        "--num-test-speakers/--test-utts. Use its own --out-dir")
     return p.parse_args(argv)
 
 
@@ -65,8 +74,10 @@ def main(argv=None):
     # A SynthError is a UserError: @cli prints it as one `error:` line, exit status 2.
     summary = generate_corpus(args.out_dir, seed=args.seed, sizes=sizes, nj=args.nj,
                               sample_rate=args.sample_rate, snr_db=(args.snr_min, args.snr_max),
-                              engines=args.engines.split(","))
+                              engines=args.engines.split(","), test_only=args.test_only)
     for split in ("train", "dev", "test"):
+        if split not in summary:
+            continue
         info = summary[split]
         logging.info("%s: %d speakers, %d utterances, %.2f h", split, info["speakers"],
                      info["utts"], info["hours"])

@@ -3,7 +3,8 @@
 Writes <out-dir>/{train,dev,test}/ (wav.scp text utt2spk spk2utt utt2dur) of noise-free
 speech and, unless --no-noisy, <out-dir>/{train,dev,test}_noisy/ with the same utterances
 in white/pink/brown/babble noise (plus utt2noise, utt2snr); WAVs (16-bit) under
-<out-dir>/wavs/<dir>/, and <out-dir>/voices.txt. Train, dev and test use disjoint voices.
+<out-dir>/wavs/<dir>/, and <out-dir>/voices.tsv (each voice that speaks: split, engine,
+engine voice, version). Train, dev and test use disjoint voices.
 The output is byte-identical for the same arguments whatever --nj, and rerunning a
 finished run with the same arguments does nothing.
 
@@ -16,8 +17,9 @@ import logging
 import sys
 
 from toolkit.errors import cli
+from toolkit.tasks.codec.corpus import SENTENCES, Sizes, generate_speech
+from toolkit.tts.corpus import OTHER_ENGINES_SHARE, TEST_ONLY_ENGINES
 from toolkit.tts.engines import ENGINES
-from toolkit.tts.speech import OTHER_ENGINES_SHARE, SENTENCES, Sizes, generate_speech
 
 _DEFAULTS = Sizes()
 
@@ -51,7 +53,15 @@ def get_args(argv=None):
     p.add_argument("--engines", default="espeak", metavar="LIST",
                    help=f"comma-separated TTS engines, of {','.join(ENGINES.names())}; those "
                         f"besides espeak share {OTHER_ENGINES_SHARE:g} of the utterances. One "
-                        "asked for but not installed is an error (default %(default)s)")
+                        "asked for but not installed is an error; "
+                        f"{','.join(TEST_ONLY_ENGINES)} (reserved for evaluation) only with "
+                        "--test-only (default %(default)s)")
+    p.add_argument("--test-only", action="store_true",
+                   help="write <out-dir>/test (and test_noisy) alone: an evaluation set from "
+                        "--engines on the test voices the full corpus of this --seed holds out "
+                        "plus every voice reserved for evaluation (all of "
+                        f"{','.join(TEST_ONLY_ENGINES)}'s, refused without this); sized by "
+                        "--num-test. Use its own --out-dir")
     p.add_argument("--snr", type=_pair(float), default=(5.0, 25.0), metavar="LOW,HIGH",
                    help="SNR range in dB of the noisy versions (default 5,25)")
     p.add_argument("--sentences", type=_pair(int), default=SENTENCES, metavar="LOW,HIGH",
@@ -75,7 +85,8 @@ def main(argv=None):
     summary = generate_speech(args.out_dir, seed=args.seed, sizes=sizes, nj=args.nj,
                               sample_rate=args.sample_rate, engines=args.engines.split(","),
                               n_random_voices=args.random_voices, max_voices=args.max_voices,
-                              snr_db=args.snr, noisy=args.noisy, sentences=args.sentences)
+                              snr_db=args.snr, noisy=args.noisy, sentences=args.sentences,
+                              test_only=args.test_only)
     for name, info in summary.items():
         logging.info("%s: %d utterances, %.2f h, %d voices", name, info["utts"], info["hours"],
                      info["voices"])

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# A 16 kHz neural speech codec trained on synthetic read speech (espeak-ng voices; flite or
-# festival only when named in engines=), measured against naive codecs at the same bitrates.
+# A 16 kHz neural speech codec trained on synthetic read speech (espeak-ng voices; flite only
+# when named in engines=), measured against naive codecs at the same bitrates.
 #
 #   bash run.sh                                       # all stages, CPU-sized config
 #   bash run.sh --stage 2 --stop-stage 2              # only training (resumes if killed)
 #   bash run.sh --gpus 0 --config conf/codec_gpu.yaml --exp exp/codec_gpu   # published scale
 #
 # Stages (each rerunnable; outputs under data/ and $exp):
-#   0 synthesize data/{train,dev,test} Kaldi dirs (+ *_noisy with noisy=true), data/voices.txt
+#   0 synthesize data/{train,dev,test} Kaldi dirs (+ *_noisy with noisy=true), data/voices.tsv
 #   1 data lists data/*/data.list
 #   2 training through torchrun into $exp
 #   3 averaging of the last $average_num checkpoints -> $exp/avg_${average_num}.pt

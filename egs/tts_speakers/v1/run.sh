@@ -44,7 +44,8 @@ dev_utts=6
 num_test_speakers=40
 test_utts=10
 # TTS engines that speak (comma list): espeak alone by default; "espeak,flite" adds
-# flite's voices as speakers, "espeak,festival" festival's as test speakers only.
+# flite's voices as speakers. Festival is reserved for evaluation (synth_speaker_data
+# --test-only writes a test set of its voices alone).
 engines=espeak
 nj=2
 

@@ -39,18 +39,10 @@ num_dev_neg=900
 num_test_pos=1200
 num_test_neg=5400
 # Training negatives only: confusable share, and the share of those that are near-homophones
-# of the whole keyword ("hey snoops"), which are what fires on unseen voices.
+# of the whole keyword ("hey snoops"): the negatives a detector most easily fires on, which
+# an in-turn walk over every confusable category would leave with a few copies each.
 train_conf_share=0.5
 train_hard_share=0.5
-# Share of those near-homophones with a random word in the keyword's place ("she snips").
-train_swap_share=0
-# Share of the other near-homophones said inside the positives' carrier phrases.
-train_carrier_share=0
-# Share of the near-homophones made as minimal pairs of positives (same voice, prosody,
-# noise and carrier words; only the keyword changed).
-train_pair_share=0
-# Procedural espeak-ng voices (random variant files) added to the training voices only.
-train_random_voices=0
 # TTS engines that speak (comma list). Flite is opt-in: "espeak,flite" (apt-get install
 # flite) gives it 20 % of the utterances; an engine asked for but missing stops stage 0.
 engines=espeak
@@ -99,9 +91,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     --num-dev-pos $num_dev_pos --num-dev-neg $num_dev_neg \
     --num-test-pos $num_test_pos --num-test-neg $num_test_neg \
     --train-conf-share $train_conf_share --train-hard-share $train_hard_share \
-    --train-swap-share $train_swap_share --train-carrier-share $train_carrier_share \
-    --train-pair-share $train_pair_share \
-    --train-random-voices $train_random_voices --engines "$engines" --nj $nj
+    --engines "$engines" --nj $nj
 fi
 # --- end of stage 0 ---
 

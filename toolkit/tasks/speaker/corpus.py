@@ -1,58 +1,51 @@
 """Synthetic speaker-verification corpus: TTS voices are the speakers.
 
 Writes Kaldi data dirs ``{train,dev,test}`` (wav.scp, text, utt2spk, spk2utt, utt2dur,
-spk2voice), the WAVs under ``wavs/<split>/``, and ``test/trials`` (Kaldi form: every pair
-of test utterances, `enroll test target|nontarget`).
+spk2voice), the WAVs under ``wavs/<split>/``, ``test/trials`` (Kaldi form: every pair of
+test utterances, `enroll test target|nontarget`) and the voice inventory ``voices.tsv``.
+This module is the corpus design (speakers, their prosody, utterances, trials); engines,
+voices, the forked rendering, the stamp and the output dir are toolkit.tts.corpus.
 
 Speakers. espeak-ng's fixed voices (toolkit.tts.espeak: accents x variants) come in
 families: the accents of one variant share its voice design (formants, pitch, voice
-source), so a family is never split across train, dev and test; test and dev take whole
-families, training the rest, one voice of each remaining family in turn. When the fixed
-voices do not cover the sizes asked for, procedural espeak-ng voices (random variant
+source), so a family is never split across train, dev and test (split_by_family). When the
+fixed voices do not cover the sizes asked for, procedural espeak-ng voices (random variant
 files) fill the gap, test first, then dev, then train; each is a family of its own. Other
-engines speak only when named (``engines``), never because they are installed; flite's
-voices are families of their own like the fixed ones, festival's go to test only (voices
-of an engine never heard in training).
+engines speak only when named (``engines``); flite's voices are families of their own like
+the fixed ones. Reserved voices (festival's) speak only in a test-only corpus
+(``test_only``), as its first test speakers.
 
 Each speaker has its own speaking rate, pitch and pitch range (drawn from a stream of its
 own name, so a speaker sounds the same at any corpus size); each utterance varies them
 around it, says 8-16 random English words, at its own level, between silences, in white,
 pink, brown or babble noise at its own SNR.
-
-Determinism: planned in the parent (every choice except noise waveforms), rendered in
-fixed groups, each in a freshly forked child that loads the engines itself
-(toolkit.tts.pool); group composition never depends on ``nj``, so the files are
-byte-identical for any ``nj``. The parent never loads espeak-ng.
 """
-import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from toolkit.data import kaldi
+from toolkit.fileio import atomic_write_text
 from toolkit.tts import SynthError, Voice
-from toolkit.tts.engines import engine_class
-from toolkit.tts.espeak import (ACCENTS, MAX_RANDOM_VOICES, Espeak, espeak_fingerprint,
-                                espeak_paths, espeak_voices, loaded_in_this_process,
+from toolkit.tts.corpus import (SPLITS, CorpusDir, Engines, Group, corpus_stamp,
+                                data_dir_summary, espeak_voices_here, open_engines,
+                                split_by_family)
+from toolkit.tts.espeak import (ACCENTS, MAX_RANDOM_VOICES, espeak_voices,
                                 private_espeak_data, random_voices)
-from toolkit.tts.pool import run_forked, single_thread_blas
 from toolkit.tts.render import NOISE_TYPES, Renderer, place_in_noise
 from toolkit.tts.text import random_words
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1           # bump when the outputs change, so old stamps are stale
-SPLITS = ("train", "dev", "test")
+FORMAT_VERSION = 2           # bump when the outputs change, so old stamps are stale
+                             # (2: the stamp and voices.tsv of toolkit.tts.corpus)
 GROUP_SIZE = 32              # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_speaker_data.json"
-TEST_ONLY_ENGINES = ("festival",)
 # Every test pair is a trial up to this many; above, all targets (up to the same cap) and
 # ten times as many sampled nontargets.
 MAX_TRIALS = 500_000
@@ -112,15 +105,6 @@ class UttSpec:
     trail_s: float = 0.3
 
 
-@dataclass
-class Group:
-    split: str
-    index: int
-    seed: Tuple[int, ...]
-    specs: List[UttSpec]
-    babble: List[UttSpec] = field(default_factory=list)
-
-
 def _rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), *stream])
 
@@ -133,38 +117,12 @@ def _name_stream(name: str) -> int:
 # Speakers
 # --------------------------------------------------------------------------------------
 
-def voice_family(voice: Voice) -> str:
-    """espeak-ng fixed voices: their variant (en+f3 and en-us+f3 are one design in two
-    accents); any other voice is a family of its own."""
-    if voice.engine == "espeak" and not voice.variant:
-        return "espeak+" + voice.name.split("+", 1)[1]
-    return f"{voice.engine}:{voice.name}"
-
-
 def assign_voices(voices: Sequence[Voice], sizes: Sizes, seed: int,
-                  test_only: Sequence[Voice] = ()) -> Tuple[Dict[str, List[Voice]], Dict[str, int]]:
-    """Voices of each split, families never shared, and how many speakers each split still
-    lacks. `test_only` voices (festival) are test speakers first."""
-    rng = _rng(seed, 0)
-    families: Dict[str, List[Voice]] = {}
-    for v in sorted(voices, key=lambda v: v.spk):
-        families.setdefault(voice_family(v), []).append(v)
-    keys = sorted(families)
-    queue = [keys[i] for i in rng.permutation(len(keys))]
-    members = {k: [families[k][i] for i in rng.permutation(len(families[k]))] for k in queue}
-    out: Dict[str, List[Voice]] = {s: [] for s in SPLITS}
-    out["test"] = sorted(test_only, key=lambda v: v.spk)[:sizes.test_speakers]
-    for split in ("test", "dev"):
-        while len(out[split]) < sizes.speakers(split) and queue:
-            fam = members[queue.pop(0)]
-            out[split] += fam[:sizes.speakers(split) - len(out[split])]
-    # Training: one voice of every remaining family in turn, for the most voice designs.
-    while len(out["train"]) < sizes.train_speakers and any(members[k] for k in queue):
-        for k in queue:
-            if members[k] and len(out["train"]) < sizes.train_speakers:
-                out["train"].append(members[k].pop(0))
-    missing = {s: sizes.speakers(s) - len(out[s]) for s in SPLITS}
-    return out, missing
+                  test_first: Sequence[Voice] = ()
+                  ) -> Tuple[Dict[str, List[Voice]], Dict[str, int]]:
+    """Voices of each split by family (toolkit.tts.corpus.split_by_family), and how many
+    speakers each split still lacks. `test_first` (reserved voices) are test speakers first."""
+    return split_by_family(voices, {s: sizes.speakers(s) for s in SPLITS}, seed, test_first)
 
 
 def speaker_profile(voice: Voice, seed: int) -> Speaker:
@@ -218,94 +176,69 @@ def plan_groups(split: str, speakers: Sequence[Speaker], utts: int, seed: int,
     return groups
 
 
-def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: Sequence[str],
-                other_voices: Sequence[Voice], tmp_dir: str
+def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: Engines,
+                tmp_dir: str, splits: Sequence[str] = SPLITS
                 ) -> Tuple[List[Group], Dict[str, List[Speaker]], Optional[str]]:
-    """Groups of every split, the speakers, and the private espeak-ng data dir of the
-    procedural voices (None without them)."""
+    """Groups of `splits`, the speakers of every split, and the private espeak-ng data
+    dir of the procedural voices (None without them)."""
     fixed: List[Voice] = []
     accents: List[str] = []
-    if "espeak" in engines:
-        probe = run_forked(lambda _: _probe_fixed(espeak_voices()), [None], 1, tmp_dir)[0]
-        fixed, accents = probe["voices"], probe["accents"]
+    if "espeak" in engines.names:
+        fixed, accents = espeak_voices_here(espeak_voices(), tmp_dir)
         if not accents:
             raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}")
-    test_only = [v for v in other_voices if v.engine in TEST_ONLY_ENGINES]
-    pool = fixed + [v for v in other_voices if v.engine not in TEST_ONLY_ENGINES]
-    by_split, missing = assign_voices(pool, sizes, seed, test_only)
-    need = sum(missing.values())
+    pool, reserved = engines.usable(fixed + list(engines.voices))
+    by_split, missing = assign_voices(pool, sizes, seed, reserved)
+    # Procedural voices go to test first, so a test-only corpus needs only test's share.
+    need = sum(missing[s] for s in splits)
     espeak_data = None
     if need:
-        have = len(pool) + len(test_only)
-        if "espeak" not in engines:
-            raise SynthError(f"{sum(sizes.speakers(s) for s in SPLITS)} speakers asked for, "
-                             f"but {','.join(engines)} have {have} voices (add espeak to "
-                             f"--engines for procedural voices)")
+        asked = sum(sizes.speakers(s) for s in splits)
+        have = len(pool) + len(reserved)
+        if "espeak" not in engines.names:
+            raise SynthError(f"{asked} speakers asked for, but {','.join(engines.names)} have "
+                             f"{have} voices (add espeak to --engines for procedural voices)")
         if need > MAX_RANDOM_VOICES:
-            raise SynthError(f"{sum(sizes.speakers(s) for s in SPLITS)} speakers asked for: "
-                             f"the voices here cover at most {have + MAX_RANDOM_VOICES} "
-                             f"({have} fixed and {MAX_RANDOM_VOICES} procedural)")
+            raise SynthError(f"{asked} speakers asked for: the voices here cover at most "
+                             f"{have + MAX_RANDOM_VOICES} ({have} fixed and "
+                             f"{MAX_RANDOM_VOICES} procedural)")
         procedural = random_voices(need, accents, seed)
         espeak_data = private_espeak_data(procedural, tmp_dir)
-        run_forked(lambda _: _probe_procedural(procedural[:1] + procedural[-1:], espeak_data),
-                   [None], 1, tmp_dir)
+        # the first and last variant file: espeak-ng's voice list is filled in order
+        espeak_voices_here(procedural[:1] + procedural[-1:], tmp_dir, espeak_data)
         start = 0
         for split in ("test", "dev", "train"):
-            by_split[split] += procedural[start:start + missing[split]]
-            start += missing[split]
+            if split in splits:
+                by_split[split] += procedural[start:start + missing[split]]
+                start += missing[split]
     speakers = {s: [speaker_profile(v, seed) for v in sorted(by_split[s], key=lambda v: v.spk)]
-                for s in SPLITS}
-    for split in SPLITS:
+                for s in splits}
+    for split in splits:
         if sizes.speakers(split) and len(speakers[split]) < 2:
             raise SynthError(f"{split} needs at least 2 speakers, got {len(speakers[split])}")
-    groups = [g for s in SPLITS for g in plan_groups(s, speakers[s], sizes.utts(s), seed, snr_db)]
+    groups = [g for s in splits for g in plan_groups(s, speakers[s], sizes.utts(s), seed, snr_db)]
     return groups, speakers, espeak_data
-
-
-def _probe_fixed(voices: Sequence[Voice]) -> dict:
-    """Child body: the fixed espeak-ng voices that exist here."""
-    es = Espeak()
-    return {"voices": [v for v in voices if es.set_voice(v.name)],
-            "accents": [a for a in ACCENTS if es.set_voice(a)]}
-
-
-def _probe_procedural(voices: Sequence[Voice], espeak_data: str) -> bool:
-    """Child body: espeak-ng loads the procedural voices' variant files (it falls back to
-    the plain accent, silently, when one is missing)."""
-    es = Espeak(espeak_data)
-    for v in voices:
-        if not (es.set_voice(v.name)
-                and es.current_identifier().endswith("+" + v.name.split("+")[1])):
-            raise SynthError(f"espeak-ng ignored the procedural voice {v.name} "
-                             f"(variant file not found in {espeak_data})")
-    return True
 
 
 # --------------------------------------------------------------------------------------
 # Rendering (forked children)
 # --------------------------------------------------------------------------------------
 
-def _render_group(group: Group, out_dir: str, sr: int, espeak_data: Optional[str]
+def _render_group(group: Group, tts: Renderer, rng: np.random.Generator, wav_dir: str
                   ) -> List[Tuple[str, int]]:
     """Child body: babble pool first, then every utterance; returns (utterance, samples)."""
     import soundfile as sf
-    single_thread_blas()
-    rng = np.random.default_rng(list(group.seed))
-    wav_dir = os.path.join(out_dir, "wavs", group.split)
+    sr = tts.sample_rate
+    pool = [tts.clip(b.text, b.voice, b.rate, b.pitch, b.prange, int(rng.integers(2 ** 31))).audio
+            for b in group.babble]
     out = []
-    with tempfile.TemporaryDirectory(prefix="synth_") as tmp:
-        tts = Renderer(sr, tmp, espeak_data)
-        pool = [tts.speak(b.text, b.voice, b.rate, b.pitch, b.prange, int(rng.integers(2 ** 31)))
-                for b in group.babble]
-        for s in group.specs:
-            speech = tts.speak(s.text, s.voice, s.rate, s.pitch, s.prange,
-                               int(rng.integers(2 ** 31)))
-            if len(speech) == 0:
-                raise SynthError(f"{s.utt}: TTS produced no audio for {s.text!r}")
-            audio = place_in_noise(speech, rng, sr, s.level_db, s.noise, s.snr_db, s.lead_s,
-                                   s.trail_s, pool)
-            sf.write(os.path.join(wav_dir, s.utt + ".wav"), audio, sr, subtype="PCM_16")
-            out.append((s.utt, len(audio)))
+    for s in group.specs:
+        speech = tts.utterance(s.utt, s.text, s.voice, s.rate, s.pitch, s.prange,
+                               int(rng.integers(2 ** 31))).audio
+        audio = place_in_noise(speech, rng, sr, s.level_db, s.noise, s.snr_db, s.lead_s,
+                               s.trail_s, pool)
+        sf.write(os.path.join(wav_dir, s.utt + ".wav"), audio, sr, subtype="PCM_16")
+        out.append((s.utt, len(audio)))
     return out
 
 
@@ -318,7 +251,6 @@ DATA_FILES = ("wav.scp", "text", "utt2spk", "spk2utt", "utt2dur", "spk2voice")
 
 def write_trials(path: str, keys: Sequence[str], speakers: Sequence[str], seed: int) -> int:
     """Every pair of `keys` (C order) as a Kaldi trial, or a sample above MAX_TRIALS."""
-    from toolkit.tasks.speaker.data import make_trials
     order = sorted(range(len(keys)), key=lambda i: kaldi.c_order(keys[i]))
     keys = [keys[i] for i in order]
     speakers = [speakers[i] for i in order]
@@ -327,10 +259,10 @@ def write_trials(path: str, keys: Sequence[str], speakers: Sequence[str], seed: 
         rows = [f"{keys[a]} {keys[b]} {'target' if speakers[a] == speakers[b] else 'nontarget'}"
                 for a in range(n) for b in range(a + 1, n)]
     else:
+        from toolkit.tasks.speaker.data import make_trials   # imports torch: only when needed
         enroll, test, labels = make_trials(keys, speakers, seed, MAX_TRIALS // 11, 10.0)
         rows = [f"{e} {t} {'target' if lab else 'nontarget'}"
                 for e, t, lab in zip(enroll, test, labels)]
-    from toolkit.fileio import atomic_write_text
     atomic_write_text(path, "".join(r + "\n" for r in rows))
     return len(rows)
 
@@ -348,67 +280,18 @@ def write_split(out_dir: str, split: str, specs: Sequence[UttSpec], speakers: Se
     })
 
 
-def _stamp_config(seed: int, sizes: Sizes, sample_rate: int, snr_db, engines: Sequence[str],
-                  other_voices: Sequence[Voice]) -> dict:
-    voices: Dict[str, List[str]] = {}
-    for v in other_voices:
-        voices.setdefault(v.engine, []).append(v.name)
-    return {"format": FORMAT_VERSION, "seed": int(seed), "sizes": asdict(sizes),
-            "sample_rate": int(sample_rate), "snr_db": [float(snr_db[0]), float(snr_db[1])],
-            "engines": list(engines), "engine_voices": voices, "espeak": espeak_fingerprint()}
-
-
-def is_complete(out_dir: str, config: dict) -> bool:
-    """Stamp matches `config` and every data file and listed WAV exists."""
-    try:
-        with open(os.path.join(out_dir, STAMP_NAME), encoding="utf-8") as f:
-            if json.load(f) != config:
-                return False
-        if not os.path.exists(os.path.join(out_dir, "test", "trials")):
-            return False
-        for split in SPLITS:
-            d = os.path.join(out_dir, split)
-            if not all(os.path.exists(os.path.join(d, n)) for n in DATA_FILES):
-                return False
-            with open(os.path.join(d, "wav.scp"), encoding="utf-8") as f:
-                if not all(os.path.exists(line.split(maxsplit=1)[1].strip()) for line in f):
-                    return False
-    except (OSError, ValueError, IndexError):
-        return False
-    return True
-
-
-def _clean_outputs(out_dir: str) -> None:
-    """Removes what this generator writes (and what later stages left in the split dirs)."""
-    for name in (STAMP_NAME, "wavs", ".synth_tmp") + SPLITS:
-        p = os.path.join(out_dir, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p)
-        elif os.path.lexists(p):
-            os.unlink(p)
-
-
-def check_engines(engines: Sequence[str]) -> List[str]:
-    """Engine names, espeak first then sorted; SynthError for an unknown, repeated or
-    unavailable one, before any work. Only these are looked at."""
-    names = [str(e).strip() for e in engines]
-    if not names or "" in names:
-        raise SynthError(f"--engines needs engine names, e.g. espeak or espeak,flite; got "
-                         f"{','.join(names)!r}")
-    if len(set(names)) != len(names):
-        raise SynthError(f"engine named twice in --engines: {','.join(names)}")
-    for name in names:
-        reason = engine_class(name).unavailable_reason()
-        if reason:
-            raise SynthError(f"{name} was asked for (--engines) but {reason}")
-    return sorted(names, key=lambda n: (n != "espeak", n))
+def corpus_dir(out_dir: str) -> CorpusDir:
+    return CorpusDir(out_dir, STAMP_NAME, SPLITS)
 
 
 def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: int = 2,
                     sample_rate: int = 16000, snr_db: Tuple[float, float] = SNR_DB,
-                    engines: Sequence[str] = ("espeak",)) -> dict:
+                    engines: Sequence[str] = ("espeak",), test_only: bool = False) -> dict:
     """Writes the corpus; returns the summary (`summarize`). Does nothing when `out_dir`
-    already holds a complete corpus made with the same arguments."""
+    already holds a complete corpus made with the same arguments. `test_only` writes the
+    test split alone (and its trials): the reserved voices of `engines` first (all of
+    festival's), then the test speakers the full corpus of this seed holds out."""
+    splits = ("test",) if test_only else SPLITS
     if seed < 0:
         raise SynthError(f"seed must be >= 0, got {seed}")
     if nj < 1:
@@ -417,69 +300,48 @@ def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: i
         raise SynthError(f"sample rate {sample_rate} too low (need >= 8000)")
     if snr_db[0] > snr_db[1]:
         raise SynthError(f"bad SNR range {snr_db}: min > max")
-    for split in SPLITS:
+    for split in splits:
         if sizes.speakers(split) < 2 or sizes.utts(split) < 2:
             raise SynthError(f"{split} needs at least 2 speakers of at least 2 utterances "
                              f"(trials need same- and different-speaker pairs), got "
                              f"{sizes.speakers(split)} x {sizes.utts(split)}")
         if sizes.utts(split) > 1000:
             raise SynthError(f"{split}: at most 1000 utterances per speaker")
-    engines = check_engines(engines)
-    if "espeak" in engines:
-        espeak_paths()
-    if loaded_in_this_process():
-        logger.warning("espeak-ng was loaded in this process: output may not be reproducible")
-    other_voices = [v for e in engines if e != "espeak" for v in engine_class(e).voices()]
-    config = _stamp_config(seed, sizes, sample_rate, snr_db, engines, other_voices)
-    if is_complete(out_dir, config):
+    named = open_engines(engines, test_only)
+    settings = {"seed": int(seed), "sizes": asdict(sizes), "sample_rate": int(sample_rate),
+                "snr_db": [float(snr_db[0]), float(snr_db[1])]}
+    config = corpus_stamp(FORMAT_VERSION, settings, named)
+    out = corpus_dir(out_dir)
+    required = {s: DATA_FILES + (("trials",) if s == "test" else ()) for s in splits}
+    if out.is_complete(config, required):
         logger.info("%s is complete for these arguments; nothing to do", out_dir)
-        return summarize(out_dir)
+        return summarize(out_dir, splits)
 
     t0 = time.time()
-    _clean_outputs(out_dir)
-    tmp_dir = os.path.join(out_dir, ".synth_tmp")
-    os.makedirs(tmp_dir)
-    try:
-        groups, speakers, espeak_data = plan_corpus(seed, sizes, snr_db, engines, other_voices,
-                                                    tmp_dir)
+    with out.workspace() as tmp_dir:
+        groups, speakers, espeak_data = plan_corpus(seed, sizes, snr_db, named, tmp_dir, splits)
         logger.info("planned %d utterances of %s speakers in %d groups; rendering with nj=%d",
                     sum(len(g.specs) for g in groups),
-                    "/".join(str(len(speakers[s])) for s in SPLITS), len(groups), nj)
-        step = max(1, len(groups) // 10)
-
-        def progress(done, total):
-            if done % step == 0 or done == total:
-                logger.info("rendered %d/%d groups (%.1f s)", done, total, time.time() - t0)
-
-        out_abs = os.path.abspath(out_dir)
-        for split in SPLITS:
-            os.makedirs(os.path.join(out_abs, "wavs", split))
-        results = run_forked(lambda g: _render_group(g, out_abs, sample_rate, espeak_data),
-                             groups, nj, tmp_dir, progress)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+                    "/".join(str(len(speakers[s])) for s in splits), len(groups), nj)
+        results = out.render(groups, lambda g, tts, rng: _render_group(
+            g, tts, rng, out.wav_dir(g.split)), nj, tmp_dir, sample_rate, splits, espeak_data)
     lengths = {utt: n for res in results for utt, n in res}
-    for split in SPLITS:
+    for split in splits:
         specs = [s for g in groups if g.split == split for s in g.specs]
         write_split(out_dir, split, specs, speakers[split], lengths, sample_rate)
     test = [s for g in groups if g.split == "test" for s in g.specs]
     write_trials(os.path.join(out_dir, "test", "trials"), [s.utt for s in test],
                  [s.spk for s in test], seed)
-    with open(os.path.join(out_dir, STAMP_NAME), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=1, sort_keys=True)     # written last: marks completion
+    out.write_inventory({s: [p.voice for p in speakers[s]] for s in splits},
+                        {p.spk for s in splits for p in speakers[s]}, config["engine_versions"])
+    out.write_stamp(config)
     logger.info("wrote %s in %.1f s", out_dir, time.time() - t0)
-    return summarize(out_dir)
+    return summarize(out_dir, splits)
 
 
-def summarize(out_dir: str) -> dict:
+def summarize(out_dir: str, splits: Sequence[str] = SPLITS) -> dict:
     """Per split: speakers, utterances and hours; the test trial counts."""
-    out = {}
-    for split in SPLITS:
-        d = os.path.join(out_dir, split)
-        dur = kaldi.read_table(os.path.join(d, "utt2dur"))
-        spk = kaldi.read_table(os.path.join(d, "utt2spk"))
-        out[split] = {"speakers": len(set(spk.values())), "utts": len(dur),
-                      "hours": sum(float(v) for v in dur.values()) / 3600}
+    out = {split: data_dir_summary(os.path.join(out_dir, split)) for split in splits}
     with open(os.path.join(out_dir, "test", "trials"), encoding="utf-8") as f:
         labels = [line.split()[2] for line in f if line.strip()]
     out["trials"] = {"trials": len(labels), "targets": labels.count("target")}
