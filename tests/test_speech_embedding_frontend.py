@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from toolkit.config import ConfigError, DatasetConfig, FeatureConfig, validate
+from toolkit.config import ConfigError, DatasetConfig, FeatureConfig
+from toolkit.task import validate
 from toolkit.data import features as F
 from toolkit.tasks.kws.data import keyword_end_frame
 
@@ -323,7 +324,8 @@ def test_metadata_names_and_fingerprints_the_models(tmp_path):
     front = meta["frontend"]
     assert front["package"] == "openwakeword" and front["version"] == "0.5.1"
     assert set(front["sha256"]) == {F.MEL_MODEL, F.EMBEDDING_MODEL}
-    assert F.dataset_config_from_metadata(meta).feature.type == "speech_embedding"
+    from toolkit.config import dataset_config_from_metadata
+    assert dataset_config_from_metadata(meta).feature.type == "speech_embedding"
     other = tmp_path / F.MEL_MODEL
     other.write_bytes(b"not the model")
     with pytest.raises(DataError, match="not the melspectrogram.onnx this model was trained"):

@@ -12,10 +12,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import yaml
 
-from toolkit.config import (Config, ConfigError, dump_config, from_dict, is_redacted,
+from toolkit.config import (Config, ConfigError, dump_config, is_redacted,
                             is_secret_key, same_value, secret_env_values, to_dict)
 from toolkit.data.inventory import inventory_differences, read_inventory, write_inventory
 from toolkit.errors import MissingInputError
+from toolkit.task import config_from_dict
 from toolkit.fileio import atomic_write_text, sha256_file
 
 logger = logging.getLogger(__name__)
@@ -207,7 +208,7 @@ def load_exp_config(exp_dir: str) -> Config:
         raise MissingInputError(f"{path} not found: train into {exp_dir} first")
     with open(path, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
-    return from_dict(_unredact(raw))
+    return config_from_dict(_unredact(raw))
 
 
 def _unredact(node):

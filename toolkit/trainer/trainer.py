@@ -15,6 +15,7 @@ from torch import nn
 
 from toolkit.config import Config, Ramp, redact, to_dict
 from toolkit.data.datalist import BAD_REASONS, BadCounter, DataList
+from toolkit.data.pipeline import FeaturePipeline
 from toolkit.data.plan import rank_batches
 from toolkit.data.sources import DataSource, open_source
 from toolkit.config import ConfigError
@@ -216,10 +217,12 @@ class Trainer:
             if cfg.dataset.noise.noise_list and _ever_positive(cfg.dataset.noise.prob) else None
         rirs = DataList.load(cfg.dataset.reverb.rir_list, require_label=False) \
             if cfg.dataset.reverb.rir_list and _ever_positive(cfg.dataset.reverb.prob) else None
-        self.train_builder = task.example_builder(train=True, seed=t.seed, noise=noise, rirs=rirs,
-                                                  steps_per_epoch=self.steps_per_epoch,
-                                                  total_steps=self.total_steps)
-        self.dev_builder = task.example_builder(train=False, seed=t.seed)
+        # The task gets its pipelines ready: the dataset section's decoding, augmentation
+        # (training only, with the noise and RIR lists and the steps ramps follow) and
+        # features; its builder adds what its examples need.
+        self.train_builder = task.example_builder(FeaturePipeline(
+            cfg.dataset, t.seed, True, noise, rirs, self.steps_per_epoch, self.total_steps))
+        self.dev_builder = task.example_builder(FeaturePipeline(cfg.dataset, t.seed, False))
         if self.train_list.has_features():
             waveform_aug = [name for name, on in (
                 ("speed_perturb", bool(cfg.dataset.speed_perturb)),

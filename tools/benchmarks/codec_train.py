@@ -106,7 +106,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     import toolkit.tasks  # noqa: F401
-    from toolkit.config import TASKS, load_config
+    from toolkit.task import TASKS, load_config
     from toolkit.data.datalist import BadCounter
     from toolkit.task import Batch
     from toolkit.tasks.codec import task as codec_task

@@ -11,7 +11,7 @@ import torch
 
 from toolkit.config import ConfigError
 from toolkit.data.audio import BadEntry
-from toolkit.data.pipeline import FeaturePipeline
+from toolkit.data.pipeline import evaluation_pipeline
 from toolkit.errors import DataError
 from toolkit.tasks.codec.runtime import ExportedCodec
 
@@ -55,7 +55,7 @@ def evaluate_list(codec: ExportedCodec, test_data: str, baselines: List[Tuple[st
     from toolkit.data.datalist import BadCounter, DataList
     from toolkit.tasks.codec.metrics import evaluate_pair
     test = DataList.load(test_data, require_label=False)
-    pipeline = FeaturePipeline(DatasetConfig(sample_rate=codec.sample_rate), 0, False)
+    pipeline = evaluation_pipeline(DatasetConfig(sample_rate=codec.sample_rate))
     reduced = {f"codec n_q={k}": k for k in sorted(set(n_qs), reverse=True)
                if codec.check_n_q(k) < codec.n_codebooks}
     names = ["codec"] + list(reduced) + [name for name, _ in baselines]

@@ -30,7 +30,7 @@ from torch import nn
 
 from toolkit.config import ConfigError, Ramp, Section, TaskConfigBase
 from toolkit.data.audio import BadEntry
-from toolkit.data.pipeline import FeaturePipeline
+from toolkit.data.pipeline import FeaturePipeline, evaluation_pipeline
 from toolkit.errors import MissingInputError
 from toolkit.task import TASKS, Batch, DataRequirements, ExampleBuilder, Task, pad_sequences
 from toolkit.tasks.codec.discriminators import (MultiPeriodDiscriminator,
@@ -358,10 +358,7 @@ class CodecTask(Task):
     def data_requirements(self, split="train"):
         return DataRequirements(require_label=False)
 
-    def example_builder(self, train, seed, noise=None, rirs=None, steps_per_epoch=0,
-                        total_steps=0):
-        pipeline = FeaturePipeline(self.cfg.dataset, seed, train, noise, rirs, steps_per_epoch,
-                                   total_steps)
+    def example_builder(self, pipeline):
         return SegmentBuilder(pipeline, self.segment, self.eval_samples,
                               self.cfg.task.short_utterances)
 
@@ -468,7 +465,7 @@ class CodecTask(Task):
         model = CodecModel(copy.deepcopy(self.cfg.model))
         model.load_state_dict(states["generator"])
         model = remove_weight_norm(model.eval())
-        pipeline = FeaturePipeline(self.cfg.dataset, seed=0, train=False)
+        pipeline = evaluation_pipeline(self.cfg.dataset)
         limit = int(max(self.cfg.task.eval_seconds, 10.0) * model.config.sample_rate)
 
         def make(entry):
