@@ -162,10 +162,36 @@ class SamplerConfig:
 
 
 @dataclass
+class HFDatasetConfig:
+    """One Hugging Face dataset split read as training or dev input (`datasets` reads it;
+    the audio column is decoded here with soundfile, never through `datasets`' decoders)."""
+    path: str = ""                # hub name (org/name) or local directory (parquet/arrow files or save_to_disk output)
+    name: str = ""                # the dataset's configuration (subset) name; empty: its default
+    split: str = "train"          # split to read, e.g. train.clean.100
+    audio_column: str = "audio"   # Audio feature or {bytes, path} struct column
+    id_column: str = ""           # column of utterance ids; empty: row numbers
+    # column of durations in seconds, read instead of decoding every audio header once
+    duration_column: str = ""
+    label_column: str = ""        # integer class column, for tasks that need labels
+    revision: str = ""            # hub commit, tag or branch (pin it: the data then cannot change)
+    # hub access token of this dataset (redacted from every saved copy); empty: HF_TOKEN
+    token: str = ""
+
+
+@dataclass
+class HFDataConfig:
+    # Hugging Face datasets mixed into one training input (instead of dataset.train_data)
+    train: List[HFDatasetConfig] = field(default_factory=list)
+    # datasets mixed into the validation input (instead of dataset.dev_data)
+    dev: List[HFDatasetConfig] = field(default_factory=list)
+
+
+@dataclass
 class DatasetConfig:
     data_type: str = "auto"       # raw: JSON-lines data list; shard: tar shard list; auto: look
     train_data: str = ""          # training data list or shard list
     dev_data: str = ""            # validation list; empty: no validation
+    hf: HFDataConfig = field(default_factory=HFDataConfig)   # Hugging Face datasets as input
     # Bearer token for http(s) shard URLs; never written to any file. Falls back to the
     # TOOLKIT_DATA_TOKEN environment variable.
     auth_token: str = ""
@@ -221,6 +247,20 @@ class OptimConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases logging beside TensorBoard (rank 0; the config it records and the
+    values it logs carry no secret)."""
+    mode: str = "disabled"        # disabled | online | offline (no network: `wandb sync` later)
+    project: str = ""             # W&B project; empty: wandb's default
+    entity: str = ""              # team or user; empty: the logged-in user's default
+    name: str = ""                # run name; empty: the exp dir's name
+    group: str = ""               # run group (e.g. a sweep or recipe)
+    tags: List[str] = field(default_factory=list)  # run tags
+    notes: str = ""               # run description
+    dir: str = ""                 # where wandb writes its files; empty: the exp dir
+
+
+@dataclass
 class TrainingConfig:
     seed: int = 777               # seeds weights, batch plans and augmentation
     max_epoch: int = 10           # epochs; with the data length this gives max_steps
@@ -249,6 +289,8 @@ class TrainingConfig:
     # (20 steps: a quarter of the system time of 1, for more RSS; egs/wake_word/s0/RESULTS.md).
     malloc_trim_interval: int = 20
     trace_keys: bool = False      # write log/keys.rank<r>.txt: the keys of every trained batch
+    # Weights & Biases; the run id is kept in the exp dir, so a resumed run continues it
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 # --------------------------------------------------------------------------- the config object
@@ -530,10 +572,39 @@ def _check_values(cfg: Config) -> None:
             raise ConfigError(f"{where}.grad_clip must be >= 0 (0: training.grad_clip)")
         if len(o.betas) != 2:
             raise ConfigError(f"{where}.betas: expected [beta1, beta2], got {o.betas}")
+    if t.wandb.mode not in WANDB_MODES:
+        raise ConfigError(f"training.wandb.mode: expected one of {', '.join(WANDB_MODES)}, "
+                          f"got {t.wandb.mode!r}")
     _check_dataset(cfg.dataset)
 
 
+WANDB_MODES = ("disabled", "online", "offline")
+
+
+def _check_hf(d: DatasetConfig) -> None:
+    for split in ("train", "dev"):
+        entries = getattr(d.hf, split)
+        if entries and getattr(d, f"{split}_data"):
+            raise ConfigError(f"dataset.{split}_data and dataset.hf.{split} both name the {split} "
+                              "input: give one of them")
+        if entries and d.data_type != "auto":
+            raise ConfigError(f"dataset.data_type={d.data_type} describes dataset.{split}_data; "
+                              f"Hugging Face datasets (dataset.hf.{split}) need data_type auto")
+        seen = set()
+        for i, e in enumerate(entries):
+            where = f"dataset.hf.{split}[{i}]"
+            if not e.path:
+                raise ConfigError(f"{where}.path: a hub name or local directory is required")
+            if not e.audio_column:
+                raise ConfigError(f"{where}.audio_column must name the audio column")
+            ident = (e.path, e.name, e.split, e.revision)
+            if ident in seen:
+                raise ConfigError(f"{where}: {e.path} {e.name} split {e.split} is listed twice")
+            seen.add(ident)
+
+
 def _check_dataset(d: DatasetConfig) -> None:
+    _check_hf(d)
     if d.data_type not in ("auto", "raw", "shard"):
         raise ConfigError(f"dataset.data_type: expected auto, raw or shard, got {d.data_type!r}")
     if d.batch_size < 1 and d.max_frames_in_batch < 1:
@@ -877,6 +948,12 @@ def reference_rows(cls, path: str) -> List[Tuple[str, str, str, str]]:
         key = f"{path}.{f.name}" if path else f.name
         if dataclasses.is_dataclass(tp) and tp is not Ramp:
             rows.extend(reference_rows(tp, key))
+            continue
+        item = (typing.get_args(tp) or (None,))[0]
+        if typing.get_origin(tp) in (list, List) and dataclasses.is_dataclass(item):
+            # A list of sections: the list itself, then the keys of each item.
+            rows.append((key, "list", "[]", docs.get(f.name, "")))
+            rows.extend(reference_rows(item, key + "[]"))
             continue
         type_text = "number or ramp" if tp is Ramp else _type_name(tp).replace("typing.", "")
         rows.append((key, type_text, _default_text(f), docs.get(f.name, "")))

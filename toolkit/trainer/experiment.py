@@ -51,8 +51,13 @@ def flatten(d, prefix: str = "") -> Dict[str, object]:
     return out
 
 
+# Sections whose every key may change on resume (where metrics are logged).
+ALLOWED_SECTIONS = ("training.wandb.",)
+
+
 def _allowed(key: str, optimizers: Sequence[str]) -> bool:
-    if key in ALLOWED_CHANGES or is_secret_key(key.rsplit(".", 1)[-1]):
+    if key in ALLOWED_CHANGES or is_secret_key(key.rsplit(".", 1)[-1]) \
+            or key.startswith(ALLOWED_SECTIONS):
         return True
     parts = key.split(".")
     if len(parts) > 2 and parts[0] == "optim" and parts[1] in optimizers:
