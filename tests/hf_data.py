@@ -21,7 +21,8 @@ def wav_bytes(wave: np.ndarray, rate: int) -> bytes:
 
 def rows(prefix: str, count: int, rate: int, seed: int, bad: Sequence[str] = ()) -> List[dict]:
     """`count` rows {audio: {bytes, path}, id, speaker, seconds}; the first len(bad) rows
-    are broken: "garbage" (not audio) or "truncated" (header longer than the data)."""
+    are broken: "garbage" (not audio), "truncated" (header longer than the data) or
+    "silent" (all zeros: readable, so it fails only when a batch is built)."""
     from speaker_data import RATE
     from toolkit.data.audio import resample
     rng = np.random.default_rng(seed)
@@ -32,7 +33,8 @@ def rows(prefix: str, count: int, rate: int, seed: int, bad: Sequence[str] = ())
         wave = resample(voice_wave(rng, pitch, formants, seconds), RATE, rate)
         data = wav_bytes(wave, rate)
         if i < len(bad):
-            data = b"this is not audio" * 8 if bad[i] == "garbage" else data[:len(data) // 2]
+            data = {"garbage": b"this is not audio" * 8, "truncated": data[:len(data) // 2],
+                    "silent": wav_bytes(np.zeros_like(wave), rate)}[bad[i]]
         out.append({"audio": {"bytes": data, "path": f"{prefix}{i:03d}.wav"},
                     "id": f"{prefix}{i:03d}", "speaker": i % 3, "seconds": len(wave) / rate})
     return out
