@@ -1,7 +1,8 @@
 """Small Hugging Face datasets on disk, written without `datasets`' audio encoder (which
 needs torchcodec): a parquet directory in the hub's layout (`data/<split>-*.parquet`, the
-Audio feature declared in the schema metadata) and a `save_to_disk` directory. Rows are
-voice-like WAVs at a given rate; `bad` rows hold undecodable or truncated audio."""
+Audio feature declared in the schema metadata), a `save_to_disk` directory and an
+audiofolder (`<split>/*.wav`). Rows are voice-like WAVs at a given rate; `bad` rows hold
+undecodable, truncated or silent audio."""
 import io
 import json
 import os
@@ -67,4 +68,13 @@ def write_saved_dataset(root: str, table_rows: List[dict]) -> str:
     ds = datasets.Dataset(datasets.table.InMemoryTable(table.cast(features.arrow_schema)),
                           info=datasets.DatasetInfo(features=features))
     ds.save_to_disk(root)
+    return root
+
+
+def write_audio_folder(root: str, split: str, table_rows: List[dict]) -> str:
+    """`root/<split>/<id>.wav`: the layout `datasets`' audiofolder builder reads."""
+    os.makedirs(os.path.join(root, split), exist_ok=True)
+    for row in table_rows:
+        with open(os.path.join(root, split, row["id"] + ".wav"), "wb") as f:
+            f.write(row["audio"]["bytes"])
     return root

@@ -1,8 +1,8 @@
 """Hugging Face datasets as training input and Weights & Biases beside TensorBoard, through
 the real training binary on datasets the test writes: a parquet directory in the hub's
 layout (24 kHz, with an id column and three broken rows) mixed with a `save_to_disk`
-dataset (16 kHz, a duration column), a dev split from the parquet one; the codec task at
-16 kHz decodes and resamples every row on the fly. Checked: the mixed input, bad-row
+dataset (16 kHz, a duration column) and an audiofolder (22.05 kHz WAV files), a dev split
+from the parquet one; the codec task at 16 kHz decodes and resamples every row on the fly. Checked: the mixed input, bad-row
 accounting at indexing and batch time, bitwise SIGKILL resume, a per-dataset token and
 HF_TOKEN absent from every written file (W&B's included), the offline W&B run's metrics
 and config read back, and the run continued after a resume; configuration errors as one
@@ -15,7 +15,7 @@ import random
 import pytest
 import yaml
 
-from hf_data import rows, write_parquet_dataset, write_saved_dataset
+from hf_data import rows, write_audio_folder, write_parquet_dataset, write_saved_dataset
 from tensorboard_reader import scalars
 from test_trainer_resume import assert_same_run, train_with_kills
 from train_utils import latest_payload, run_train
@@ -48,12 +48,15 @@ class Data:
         self.parquet = write_parquet_dataset(os.path.join(root, "libri_like"), {
             "train": rows("a", 12, 24000, 1, BROKEN), "dev": rows("d", 3, 24000, 2)})
         self.saved = write_saved_dataset(os.path.join(root, "saved"), rows("b", 8, 16000, 3))
+        self.folder = write_audio_folder(os.path.join(root, "folder"), "train",
+                                         rows("c", 3, 22050, 4))
         self.hf_home = os.path.join(root, "hf_home")
         config = copy.deepcopy(CONFIG)
         config["dataset"]["hf"] = {
             "train": [{"path": self.parquet, "split": "train", "id_column": "id",
                        "token": DATASET_TOKEN},
-                      {"path": self.saved, "split": "train", "duration_column": "seconds"}],
+                      {"path": self.saved, "split": "train", "duration_column": "seconds"},
+                      {"path": self.folder, "split": "train"}],
             "dev": [{"path": self.parquet, "split": "dev", "id_column": "id"}]}
         self.config = self.write_config(config)
 
@@ -94,12 +97,13 @@ def test_mixed_datasets_are_indexed_decoded_and_accounted(data, reference):
     assert "dataset.hf.train[0]: 2 of 12 rows left out: " in log
     assert "unreadable_audio=1 (e.g. libri_like:train/a000)" in log
     assert "truncated_audio=1 (e.g. libri_like:train/a001)" in log
-    assert "18 train utterances" in log
+    assert "21 train utterances" in log
     assert "skipped (silent_audio=1 (e.g. libri_like:train/a002)" in log
     # Both datasets were trained on (24 kHz rows resampled to the codec's 16 kHz).
     trained = open(os.path.join(exp, "log", "keys.rank0.txt")).read().split()
     assert any(k.startswith("libri_like:train/a0") for k in trained)
     assert any(k.startswith("saved:train/000000") for k in trained)
+    assert any(k.startswith("folder:train/000000") for k in trained)
     # Durations were read once and cached; a second opening reads no header.
     assert glob.glob(os.path.join(data.hf_home, "datasets", "toolkit_index", "*.npz"))
     assert "audio headers read" in log

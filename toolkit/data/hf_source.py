@@ -3,9 +3,11 @@ each entry names a dataset (hub name or local directory), a split and its audio 
 the entries are mixed into one input whose batches are planned like a data list's.
 
 - `datasets` only opens the tables (memory-mapped Arrow, shared by forked loader
-  workers); the audio column is read undecoded (`Audio(decode=False)`: bytes or a path)
-  and decoded here with soundfile, so no torchcodec/FFmpeg is involved. The loader
-  resamples to `dataset.sample_rate` as for every other input.
+  workers): hub datasets, local parquet/Arrow directories, `save_to_disk` output, and
+  folders of audio files (`audiofolder`, read as paths). The audio column is read
+  undecoded (`Audio(decode=False)`: bytes or a path) and decoded here with soundfile, so
+  no torchcodec/FFmpeg is involved. The loader resamples to `dataset.sample_rate` as for
+  every other input.
 - Exact resume needs every duration before the first batch: they come from a duration
   column when the entry names one, otherwise from each row's audio header, read once and
   cached beside the `datasets` cache (keyed by the table's fingerprint).
@@ -82,13 +84,10 @@ def open_table(entry, where: str):
         raise ConfigError(f"{where}: cannot open {entry.path} split {entry.split!r}: "
                           f"{_one_line(err)}") from None
     except Exception as err:     # hub and builder errors have many types
-        cause = err.__cause__ or err.__context__
-        if "torchcodec" in str(err) + str(cause):
-            raise ConfigError(f"{where}: {entry.path} would need torchcodec to be built by "
-                              "`datasets` (an audiofolder of loose files); convert it to "
-                              "parquet or save_to_disk form, whose audio is read as bytes") from None
-        raise ConfigError(f"{where}: cannot open {entry.path} split {entry.split!r}: "
-                          f"{type(err).__name__}: {_one_line(err)}") from None
+        if not _needs_torchcodec(err):
+            raise ConfigError(f"{where}: cannot open {entry.path} split {entry.split!r}: "
+                              f"{type(err).__name__}: {_one_line(err)}") from None
+        ds = _open_audio_folder(entry, where, token, datasets)
     columns = list(ds.column_names)
     for key in ("audio_column", "id_column", "duration_column", "label_column"):
         column = getattr(entry, key)
@@ -98,10 +97,35 @@ def open_table(entry, where: str):
     feature = ds.features[entry.audio_column]
     if isinstance(feature, datasets.Audio):
         ds = ds.cast_column(entry.audio_column, datasets.Audio(decode=False))
-    elif not _is_audio_struct(feature, datasets):
+    elif not (_is_audio_struct(feature, datasets) or feature == datasets.Value("string")):
         raise ConfigError(f"{where}.audio_column: column {entry.audio_column!r} of {entry.path} "
-                          f"is {feature}, not audio (an Audio feature or a bytes/path struct)")
+                          f"is {feature}, not audio (an Audio feature, a bytes/path struct or a "
+                          "path string)")
     return ds
+
+
+def _needs_torchcodec(err: BaseException) -> bool:
+    while err is not None:
+        if "torchcodec" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _open_audio_folder(entry, where: str, token, datasets):
+    """A folder of loose audio files (`audiofolder`): `datasets` would encode each file
+    through torchcodec, so the audio column is declared a plain path string instead, and
+    the files are read here. Its metadata columns are left out (their types are unknown
+    before the folder is built)."""
+    try:
+        return datasets.load_dataset(
+            entry.path, entry.name or None, split=entry.split, revision=entry.revision or None,
+            token=token, features=datasets.Features({entry.audio_column: datasets.Value("string")}),
+            drop_labels=True, drop_metadata=True)
+    except Exception as err:
+        raise ConfigError(f"{where}: cannot open {entry.path} split {entry.split!r} as a folder "
+                          f"of audio files without torchcodec: {type(err).__name__}: "
+                          f"{_one_line(err)}; convert it to parquet or save_to_disk form") from None
 
 
 def _is_audio_struct(feature, datasets) -> bool:
