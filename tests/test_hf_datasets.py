@@ -192,3 +192,18 @@ def test_configuration_errors_are_one_line(data, tmp_path, case):
     lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith(expected), result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+def test_two_ranks_build_a_fresh_cache_together(data, tmp_path):
+    """Both gloo ranks open the datasets at once into an empty cache: `datasets` builds the
+    Arrow files under its lock, each rank indexes the durations, and they agree on the plan."""
+    exp = str(tmp_path / "exp")
+    result = run_train(data.args(exp, "training.max_steps=2", "training.wandb.mode=disabled"),
+                       nproc=2, extra_env=data.env(HF_HOME=str(tmp_path / "fresh_cache")))
+    assert result.returncode == 0, result.stderr[-4000:]
+    logs = [open(os.path.join(exp, "log", f"train.rank{r}.log")).read() for r in (0, 1)]
+    assert "21 train utterances" in logs[0]
+    # The ranks stayed in step: the same parameters at the end.
+    sums = {log.split("final parameter checksum ")[1].split()[0] for log in logs}
+    assert len(sums) == 1
+    assert "training finished: 2 steps" in result.stderr

@@ -329,6 +329,7 @@ class HFSource(DataSource):
         self.bad = BadCounter()
         self.tables = []
         self.audio_columns: List[str] = []
+        self.audio_files: List[str] = []
         which, rows, durations, labels, keys = [], [], [], [], []
         for t, entry in enumerate(entries):
             where = f"dataset.hf.{split}[{t}]"
@@ -341,6 +342,10 @@ class HFSource(DataSource):
             good = self._usable_rows(index, prefix, requirements, where)
             self.tables.append(ds.select_columns([entry.audio_column]))
             self.audio_columns.append(entry.audio_column)
+            if getattr(ds.features[entry.audio_column], "dtype", None) == "string":
+                # Audio as file paths: the files themselves are what training reads.
+                column = _column(ds, entry.audio_column)
+                self.audio_files.extend(str(column[r]) for r in good)
             which.append(np.full(len(good), t, dtype=np.int32))
             rows.append(good)
             durations.append(index["durations"][good])
@@ -414,9 +419,10 @@ class HFSource(DataSource):
 
     def referenced_files(self) -> List[str]:
         """The Arrow files behind the tables (their paths carry the data's own hash when
-        `datasets` built them from parquet or the hub)."""
+        `datasets` built them from parquet or the hub), and audio files named by path."""
         files = {}
         for ds in self.tables:
             for f in ds.cache_files:
                 files[f["filename"]] = None
+        files.update(dict.fromkeys(self.audio_files))
         return list(files)
