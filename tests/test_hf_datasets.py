@@ -163,7 +163,8 @@ def test_wandb_offline_run_holds_metrics_and_continues_on_resume(data, reference
     assert [row["trainer/step"] for row in read_run(later)[0]] == [9, 10]
 
 
-@pytest.mark.parametrize("case", ["missing_column", "missing_dir", "both_inputs", "no_labels"])
+@pytest.mark.parametrize("case", ["missing_column", "missing_dir", "both_inputs", "no_labels",
+                                  "hub_unreachable"])
 def test_configuration_errors_are_one_line(data, tmp_path, case):
     config = yaml.safe_load(open(data.config))
     entry = config["dataset"]["hf"]["train"][0]
@@ -179,6 +180,9 @@ def test_configuration_errors_are_one_line(data, tmp_path, case):
         extra = [f"dataset.train_data={data.config}"]
         expected = "error: " + data.write_config(config, f"{case}.yaml") + \
             ": dataset.train_data and dataset.hf.train both name the train input"
+    elif case == "hub_unreachable":     # no network here: the token must not leak either
+        entry["path"] = "some-org/private-speech"
+        expected = "error: dataset.hf.train[0]: cannot open some-org/private-speech split 'train'"
     else:                  # a labelled task without a label column
         config["task"] = {"type": "speaker"}
         for section in ("discriminator", "loss", "optim"):
@@ -192,6 +196,9 @@ def test_configuration_errors_are_one_line(data, tmp_path, case):
     lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith(expected), result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+    assert DATASET_TOKEN not in result.stderr + result.stdout
+    for log in glob.glob(str(tmp_path / "exp" / "log" / "*")):
+        assert DATASET_TOKEN not in open(log).read()
 
 
 def test_two_ranks_build_a_fresh_cache_together(data, tmp_path):

@@ -74,7 +74,9 @@ def open_table(entry, where: str):
                                       f"{', '.join(ds)}, not {entry.split!r}")
                 ds = ds[entry.split]
         else:
-            if os.path.sep in entry.path and not os.path.exists(entry.path):
+            # A hub name is `org/name`; a local directory is named from / . or ~.
+            if entry.path.startswith(("/", ".", "~")) and not os.path.exists(
+                    os.path.expanduser(entry.path)):
                 raise MissingInputError(f"{where}.path: {entry.path} not found")
             ds = datasets.load_dataset(entry.path, entry.name or None, split=entry.split,
                                        revision=entry.revision or None, token=token)
