@@ -214,3 +214,15 @@ def test_two_ranks_build_a_fresh_cache_together(data, tmp_path):
     sums = {log.split("final parameter checksum ")[1].split()[0] for log in logs}
     assert len(sums) == 1
     assert "training finished: 2 steps" in result.stderr
+
+
+def test_wandb_online_without_login_logs_offline(data, tmp_path):
+    exp = str(tmp_path / "exp")
+    result = run_train(data.args(exp, "training.max_steps=1", "training.wandb.mode=online"),
+                       extra_env=data.env(WANDB_API_KEY="", NETRC=str(tmp_path / "no_netrc"),
+                                          WANDB_CONFIG_DIR=str(tmp_path / "wandb_config"),
+                                          WANDB_BASE_URL="http://127.0.0.1:9"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "W&B online run could not start" in result.stderr and "logging offline" in result.stderr
+    (run_file,) = glob.glob(os.path.join(exp, "wandb", "offline-run-*", "run-*.wandb"))
+    assert [row["trainer/step"] for row in read_run(run_file)[0]] == [1]

@@ -65,9 +65,10 @@ def open_table(entry, where: str):
     """The split of one entry as a `datasets.Dataset`, audio left undecoded."""
     datasets = _import_datasets()
     token = entry.token or None          # None: huggingface_hub reads HF_TOKEN itself
+    local = os.path.expanduser(entry.path)
     try:
-        if _is_saved_dataset(entry.path):
-            ds = datasets.load_from_disk(entry.path)
+        if _is_saved_dataset(local):
+            ds = datasets.load_from_disk(local)
             if isinstance(ds, datasets.DatasetDict):
                 if entry.split not in ds:
                     raise ConfigError(f"{where}.split: {entry.path} has splits "
@@ -75,10 +76,9 @@ def open_table(entry, where: str):
                 ds = ds[entry.split]
         else:
             # A hub name is `org/name`; a local directory is named from / . or ~.
-            if entry.path.startswith(("/", ".", "~")) and not os.path.exists(
-                    os.path.expanduser(entry.path)):
+            if entry.path.startswith(("/", ".", "~")) and not os.path.exists(local):
                 raise MissingInputError(f"{where}.path: {entry.path} not found")
-            ds = datasets.load_dataset(entry.path, entry.name or None, split=entry.split,
+            ds = datasets.load_dataset(local, entry.name or None, split=entry.split,
                                        revision=entry.revision or None, token=token)
     except (ConfigError, MissingInputError):
         raise
@@ -89,7 +89,7 @@ def open_table(entry, where: str):
         if not _needs_torchcodec(err):
             raise ConfigError(f"{where}: cannot open {entry.path} split {entry.split!r}: "
                               f"{type(err).__name__}: {_one_line(err)}") from None
-        ds = _open_audio_folder(entry, where, token, datasets)
+        ds = _open_audio_folder(entry, local, where, token, datasets)
     columns = list(ds.column_names)
     for key in ("audio_column", "id_column", "duration_column", "label_column"):
         column = getattr(entry, key)
@@ -99,7 +99,7 @@ def open_table(entry, where: str):
     feature = ds.features[entry.audio_column]
     if isinstance(feature, datasets.Audio):
         ds = ds.cast_column(entry.audio_column, datasets.Audio(decode=False))
-    elif not (_is_audio_struct(feature, datasets) or feature == datasets.Value("string")):
+    elif not (_is_audio_struct(feature) or feature == datasets.Value("string")):
         raise ConfigError(f"{where}.audio_column: column {entry.audio_column!r} of {entry.path} "
                           f"is {feature}, not audio (an Audio feature, a bytes/path struct or a "
                           "path string)")
@@ -114,14 +114,14 @@ def _needs_torchcodec(err: BaseException) -> bool:
     return False
 
 
-def _open_audio_folder(entry, where: str, token, datasets):
+def _open_audio_folder(entry, local: str, where: str, token, datasets):
     """A folder of loose audio files (`audiofolder`): `datasets` would encode each file
     through torchcodec, so the audio column is declared a plain path string instead, and
     the files are read here. Its metadata columns are left out (their types are unknown
     before the folder is built)."""
     try:
         return datasets.load_dataset(
-            entry.path, entry.name or None, split=entry.split, revision=entry.revision or None,
+            local, entry.name or None, split=entry.split, revision=entry.revision or None,
             token=token, features=datasets.Features({entry.audio_column: datasets.Value("string")}),
             drop_labels=True, drop_metadata=True)
     except Exception as err:
@@ -130,7 +130,7 @@ def _open_audio_folder(entry, where: str, token, datasets):
                           f"{_one_line(err)}; convert it to parquet or save_to_disk form") from None
 
 
-def _is_audio_struct(feature, datasets) -> bool:
+def _is_audio_struct(feature) -> bool:
     return isinstance(feature, dict) and {"bytes", "path"} <= set(feature)
 
 
