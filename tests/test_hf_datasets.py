@@ -201,13 +201,21 @@ def test_configuration_errors_are_one_line(data, tmp_path, case):
         assert DATASET_TOKEN not in open(log).read()
 
 
-def test_two_ranks_build_a_fresh_cache_together(data, tmp_path):
+def test_two_ranks_on_a_fresh_cache_and_wandb_online_without_login(data, tmp_path):
     """Both gloo ranks open the datasets at once into an empty cache: `datasets` builds the
-    Arrow files under its lock, each rank indexes the durations, and they agree on the plan."""
+    Arrow files under its lock, each rank indexes the durations, and they agree on the plan.
+    W&B is asked for online with no login and no server: rank 0 logs offline instead."""
     exp = str(tmp_path / "exp")
-    result = run_train(data.args(exp, "training.max_steps=2", "training.wandb.mode=disabled"),
-                       nproc=2, extra_env=data.env(HF_HOME=str(tmp_path / "fresh_cache")))
+    result = run_train(
+        data.args(exp, "training.max_steps=2", "training.wandb.mode=online"), nproc=2,
+        extra_env=data.env(HF_HOME=str(tmp_path / "fresh_cache"), WANDB_API_KEY="",
+                           NETRC=str(tmp_path / "no_netrc"),
+                           WANDB_CONFIG_DIR=str(tmp_path / "wandb_config"),
+                           WANDB_BASE_URL="http://127.0.0.1:9"))
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "W&B online run could not start" in result.stderr and "logging offline" in result.stderr
+    (run_file,) = glob.glob(os.path.join(exp, "wandb", "offline-run-*", "run-*.wandb"))
+    assert [row["trainer/step"] for row in read_run(run_file)[0]] == [1, 2]
     logs = [open(os.path.join(exp, "log", f"train.rank{r}.log")).read() for r in (0, 1)]
     assert "21 train utterances" in logs[0]
     # The ranks stayed in step: the same parameters at the end.
@@ -215,14 +223,3 @@ def test_two_ranks_build_a_fresh_cache_together(data, tmp_path):
     assert len(sums) == 1
     assert "training finished: 2 steps" in result.stderr
 
-
-def test_wandb_online_without_login_logs_offline(data, tmp_path):
-    exp = str(tmp_path / "exp")
-    result = run_train(data.args(exp, "training.max_steps=1", "training.wandb.mode=online"),
-                       extra_env=data.env(WANDB_API_KEY="", NETRC=str(tmp_path / "no_netrc"),
-                                          WANDB_CONFIG_DIR=str(tmp_path / "wandb_config"),
-                                          WANDB_BASE_URL="http://127.0.0.1:9"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "W&B online run could not start" in result.stderr and "logging offline" in result.stderr
-    (run_file,) = glob.glob(os.path.join(exp, "wandb", "offline-run-*", "run-*.wandb"))
-    assert [row["trainer/step"] for row in read_run(run_file)[0]] == [1]
