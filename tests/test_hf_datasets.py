@@ -2,11 +2,12 @@
 the real training binary on datasets the test writes: a parquet directory in the hub's
 layout (24 kHz, with an id column and three broken rows) mixed with a `save_to_disk`
 dataset (16 kHz, a duration column) and an audiofolder (22.05 kHz WAV files), a dev split
-from the parquet one; the codec task at 16 kHz decodes and resamples every row on the fly. Checked: the mixed input, bad-row
-accounting at indexing and batch time, bitwise SIGKILL resume, a per-dataset token and
-HF_TOKEN absent from every written file (W&B's included), the offline W&B run's metrics
-and config read back, and the run continued after a resume; configuration errors as one
-`error:` line."""
+from the parquet one; the codec task at 16 kHz decodes and resamples every row on the fly.
+Checked: the mixed input, bad-row accounting at indexing and batch time, bitwise SIGKILL
+resume, two gloo ranks on a fresh cache, a per-dataset token and HF_TOKEN absent from
+every written file (W&B's included), the offline W&B run's metrics and config read back,
+the run continued after a resume, online W&B without a login falling back to offline;
+configuration errors (an unreachable hub dataset among them) as one `error:` line."""
 import copy
 import glob
 import os

@@ -165,7 +165,8 @@ class SamplerConfig:
 class HFDatasetConfig:
     """One Hugging Face dataset split read as training or dev input (`datasets` reads it;
     the audio column is decoded here with soundfile, never through `datasets`' decoders)."""
-    path: str = ""                # hub name (org/name) or local directory (parquet/arrow files or save_to_disk output)
+    # hub name (org/name) or local directory (parquet/Arrow files, save_to_disk output, audio files)
+    path: str = ""
     name: str = ""                # the dataset's configuration (subset) name; empty: its default
     split: str = "train"          # split to read, e.g. train.clean.100
     audio_column: str = "audio"   # Audio feature or {bytes, path} struct column

@@ -26,7 +26,7 @@ import os
 import re
 import struct
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Tuple
 
 import numpy as np
 import soundfile as sf
@@ -37,7 +37,7 @@ from toolkit.data.audio import BadEntry, check_and_mix
 from toolkit.data.datalist import MAX_ABSURD_DURATION, BadCounter
 from toolkit.data.loader import make_loader
 from toolkit.data.plan import plan_epoch, report_duration_filter, usable_indices
-from toolkit.data.sources import SOURCES, DataSource
+from toolkit.data.sources import SOURCES, DataSource, builder_channel
 from toolkit.errors import MissingInputError
 
 logger = logging.getLogger(__name__)
@@ -361,7 +361,8 @@ class HFSource(DataSource):
                               f"{', '.join(dupes)}): give each entry an id_column of unique ids")
         self.which = np.concatenate(which) if which else np.zeros(0, np.int32)
         self.rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-        self.durations = (np.concatenate(durations) if durations else np.zeros(0)).astype(np.float32)
+        self.durations = np.concatenate(durations).astype(np.float32) if durations else \
+            np.zeros(0, np.float32)
         self.labels = (np.concatenate(labels) if labels else np.zeros(0)).astype(np.int32)
         # Keys as one blob (forked workers share its pages; no per-string refcounts).
         encoded = [k.encode("utf-8") for k in keys]
@@ -414,9 +415,7 @@ class HFSource(DataSource):
         return plan_epoch(self.frames, self.keep, dataset_cfg, seed, epoch, train, self.labels)
 
     def loader(self, batches, builder, epoch, start, num_workers, prefetch_factor, seed):
-        pipeline = getattr(builder, "pipeline", None)
-        channel = pipeline.cfg.channel if pipeline is not None else -1
-        return make_loader(HFBatchDataset(self, batches, builder, epoch, channel),
+        return make_loader(HFBatchDataset(self, batches, builder, epoch, builder_channel(builder)),
                            start, num_workers, prefetch_factor, seed)
 
     def referenced_files(self) -> List[str]:
