@@ -165,7 +165,7 @@ def test_wandb_offline_run_holds_metrics_and_continues_on_resume(data, reference
 
 
 @pytest.mark.parametrize("case", ["missing_column", "missing_dir", "both_inputs", "no_labels",
-                                  "hub_unreachable"])
+                                  "hub_unreachable", "repeated_ids"])
 def test_configuration_errors_are_one_line(data, tmp_path, case):
     config = yaml.safe_load(open(data.config))
     entry = config["dataset"]["hf"]["train"][0]
@@ -181,6 +181,10 @@ def test_configuration_errors_are_one_line(data, tmp_path, case):
         extra = [f"dataset.train_data={data.config}"]
         expected = "error: " + data.write_config(config, f"{case}.yaml") + \
             ": dataset.train_data and dataset.hf.train both name the train input"
+    elif case == "repeated_ids":       # ids must name utterances, not speakers
+        entry["id_column"] = "speaker"
+        expected = ("error: dataset.hf.train: utterance keys repeat (e.g. libri_like:train/0, "
+                    "libri_like:train/1, libri_like:train/2)")
     elif case == "hub_unreachable":     # no network here: the token must not leak either
         entry["path"] = "some-org/private-speech"
         expected = "error: dataset.hf.train[0]: cannot open some-org/private-speech split 'train'"

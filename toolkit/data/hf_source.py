@@ -26,6 +26,7 @@ import os
 import re
 import struct
 import time
+from collections import Counter
 from typing import Callable, List, Tuple
 
 import numpy as np
@@ -356,7 +357,7 @@ class HFSource(DataSource):
             logger.info("%s: %s, %d of %d rows usable (%.2f h)", where, describe(entry),
                         len(good), len(ds), float(np.sum(durations[-1])) / 3600)
         if len(set(keys)) != len(keys):
-            dupes = sorted({k for k in keys if keys.count(k) > 1})[:3]
+            dupes = sorted(k for k, n in Counter(keys).items() if n > 1)[:3]
             raise ConfigError(f"dataset.hf.{split}: utterance keys repeat (e.g. "
                               f"{', '.join(dupes)}): give each entry an id_column of unique ids")
         self.which = np.concatenate(which) if which else np.zeros(0, np.int32)
