@@ -54,7 +54,7 @@ def run_recipe(tmp, server, checksums, *args, timeout=600):
            "--download-dir", tmp / "downloads", "--corpus-dir", tmp / "corpus",
            "--checksum-file", checksums, "--data", tmp / "data", "--nj", "1",
            "--num-procs", "1", "--dev-utts", "3", "--average-num", "2", "--eval-n-q", "2",
-           "--eval-max-utts", "2", *args]
+           "--eval-max-utts", "2", "--baselines", "mulaw:1200:2", *args]
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
                           timeout=timeout, env=ENV)
 
@@ -120,20 +120,24 @@ def test_training_export_and_evaluation_at_24k(recipe_run):
     assert meta["sample_rate"] == 24000 and meta["bitrate"] == 3600.0   # 75 x 8 x 6 bits
     rows = [l for l in (exp / "eval" / "results.md").read_text().splitlines()
             if l.startswith("| ") and "---" not in l][1:]
-    assert [r.split("|")[1].strip() for r in rows][:2] == ["codec", "codec n_q=2"]
-    assert [r.split("|")[2].strip() for r in rows][:2] == ["3.6", "0.9"]
+    assert [r.split("|")[1].strip() for r in rows] == ["codec", "codec n_q=2",
+                                                       "mu-law 1.2 kHz 2 bit"]
+    assert [r.split("|")[2].strip() for r in rows] == ["3.6", "0.9", "2.4"]
     assert all(r in result.stdout for r in rows)
 
 
 def test_rerun_downloads_nothing_and_16k_variant_trains(served, recipe_run):
     tmp, kept, checksums, server = served
     before = len(server.requests)
+    again = run_recipe(tmp, server, checksums, "--stop-stage", "-1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(server.requests) == before
+    assert again.stderr.count("nothing to download") == len(LAYOUT)
     result = run_recipe(tmp, server, checksums, "--exp", tmp / "exp16", "--config",
-                        "conf/codec_16k.yaml", "--stop-stage", "2", "--train-overrides",
+                        "conf/codec_16k.yaml", "--stage", "2", "--stop-stage", "2",
+                        "--train-overrides",
                         TINY.replace("training.max_steps=4", "training.max_steps=2"))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    assert len(server.requests) == before
-    assert result.stderr.count("nothing to download") == len(LAYOUT)
     log = (tmp / "exp16" / "log" / "train.rank0.log").read_text()
     assert "50 frames/s" in log and "12 x 64 codes" in log
     assert "training finished: 2 steps" in log
