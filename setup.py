@@ -30,5 +30,10 @@ setup(
         "tts": ["espeakng-loader>=0.2"],
         # STOI in codec evaluation; recipes install it so their tables never read "n/a".
         "codec": ["pystoi>=0.4"],
+        # Hugging Face datasets as input (dataset.hf); audio is decoded with soundfile, so
+        # neither torchcodec nor torchaudio is needed (and none is pulled in).
+        "hf": ["datasets>=4.0,<6"],
+        # Weights & Biases logging (training.wandb).
+        "wandb": ["wandb>=0.19"],
     },
 )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates tools/venv (once) with the toolkit installed in editable mode, plus the
-# test, TTS and codec-metric extras. Safe to rerun: it does nothing when the install is current.
+# test, TTS, codec-metric, Hugging Face datasets and W&B extras. Safe to rerun: it does
+# nothing when the install is current.
 # TOOLKIT_EXTRAS=oww also installs openWakeWord's front end (tools/install_oww.sh; opt-in,
 # its models are CC BY-NC-SA 4.0); nothing by default needs it.
 set -euo pipefail
@@ -28,7 +29,7 @@ fi
 "$venv/bin/python" -m pip install -q --upgrade pip
 # Pin torch first: torch==2.13.0 is a local CPU wheel here; an open range would fetch CUDA.
 "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
-"$venv/bin/python" -m pip install -q -e "$root[test,tts,codec]"
+"$venv/bin/python" -m pip install -q -e "$root[test,tts,codec,hf,wandb]"
 echo "$want" > "$stamp"
 echo "[install] toolkit installed in $venv" >&2
 extras

@@ -99,6 +99,12 @@ def reference_rows(cls, path: str) -> List[Tuple[str, str, str, str]]:
         if dataclasses.is_dataclass(tp) and tp is not Ramp:
             rows.extend(reference_rows(tp, key))
             continue
+        item = (typing.get_args(tp) or (None,))[0]
+        if typing.get_origin(tp) in (list, List) and dataclasses.is_dataclass(item):
+            # A list of sections: the list itself, then the keys of each item.
+            rows.append((key, "list", "[]", docs.get(f.name, "")))
+            rows.extend(reference_rows(item, key + "[]"))
+            continue
         type_text = "number or ramp" if tp is Ramp else type_name(tp).replace("typing.", "")
         rows.append((key, type_text, _default_text(f), docs.get(f.name, "")))
     return rows

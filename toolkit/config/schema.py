@@ -70,10 +70,37 @@ class SamplerConfig:
 
 
 @dataclass
+class HFDatasetConfig:
+    """One Hugging Face dataset split read as training or dev input (`datasets` reads it;
+    the audio column is decoded here with soundfile, never through `datasets`' decoders)."""
+    # hub name (org/name) or local directory (parquet/Arrow files, save_to_disk output, audio files)
+    path: str = ""
+    name: str = ""                # the dataset's configuration (subset) name; empty: its default
+    split: str = "train"          # split to read, e.g. train.clean.100
+    audio_column: str = "audio"   # Audio feature or {bytes, path} struct column
+    id_column: str = ""           # column of utterance ids; empty: row numbers
+    # column of durations in seconds, read instead of decoding every audio header once
+    duration_column: str = ""
+    label_column: str = ""        # integer class column, for tasks that need labels
+    revision: str = ""            # hub commit, tag or branch (pin it: the data then cannot change)
+    # hub access token of this dataset (redacted from every saved copy); empty: HF_TOKEN
+    token: str = ""
+
+
+@dataclass
+class HFDataConfig:
+    # Hugging Face datasets mixed into one training input (instead of dataset.train_data)
+    train: List[HFDatasetConfig] = field(default_factory=list)
+    # datasets mixed into the validation input (instead of dataset.dev_data)
+    dev: List[HFDatasetConfig] = field(default_factory=list)
+
+
+@dataclass
 class DatasetConfig:
     data_type: str = "auto"       # raw: JSON-lines data list; shard: tar shard list; auto: look
     train_data: str = ""          # training data list or shard list
     dev_data: str = ""            # validation list; empty: no validation
+    hf: HFDataConfig = field(default_factory=HFDataConfig)   # Hugging Face datasets as input
     # Bearer token for http(s) shard URLs; never written to any file. Falls back to the
     # TOOLKIT_DATA_TOKEN environment variable.
     auth_token: str = ""
@@ -129,6 +156,20 @@ class OptimConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases logging beside TensorBoard (rank 0; the config it records and the
+    values it logs carry no secret)."""
+    mode: str = "disabled"        # disabled | online | offline (no network: `wandb sync` later)
+    project: str = ""             # W&B project; empty: wandb's default
+    entity: str = ""              # team or user; empty: the logged-in user's default
+    name: str = ""                # run name; empty: the exp dir's name
+    group: str = ""               # run group (e.g. a sweep or recipe)
+    tags: List[str] = field(default_factory=list)  # run tags
+    notes: str = ""               # run description
+    dir: str = ""                 # where wandb writes its files; empty: the exp dir
+
+
+@dataclass
 class TrainingConfig:
     seed: int = 777               # seeds weights, batch plans and augmentation
     max_epoch: int = 10           # epochs; with the data length this gives max_steps
@@ -157,6 +198,8 @@ class TrainingConfig:
     # (20 steps: a quarter of the system time of 1, for more RSS; egs/wake_word/s0/RESULTS.md).
     malloc_trim_interval: int = 20
     trace_keys: bool = False      # write log/keys.rank<r>.txt: the keys of every trained batch
+    # Weights & Biases; the run id is kept in the exp dir, so a resumed run continues it
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 class OptimizerConfigs(dict):

@@ -194,10 +194,39 @@ def check_generic(cfg: Config) -> None:
             raise ConfigError(f"{where}.grad_clip must be >= 0 (0: training.grad_clip)")
         if len(o.betas) != 2:
             raise ConfigError(f"{where}.betas: expected [beta1, beta2], got {o.betas}")
+    if t.wandb.mode not in WANDB_MODES:
+        raise ConfigError(f"training.wandb.mode: expected one of {', '.join(WANDB_MODES)}, "
+                          f"got {t.wandb.mode!r}")
     check_dataset(cfg.dataset)
 
 
+WANDB_MODES = ("disabled", "online", "offline")
+
+
+def _check_hf(d: DatasetConfig) -> None:
+    for split in ("train", "dev"):
+        entries = getattr(d.hf, split)
+        if entries and getattr(d, f"{split}_data"):
+            raise ConfigError(f"dataset.{split}_data and dataset.hf.{split} both name the {split} "
+                              "input: give one of them")
+        if entries and d.data_type != "auto":
+            raise ConfigError(f"dataset.data_type={d.data_type} describes dataset.{split}_data; "
+                              f"Hugging Face datasets (dataset.hf.{split}) need data_type auto")
+        seen = set()
+        for i, e in enumerate(entries):
+            where = f"dataset.hf.{split}[{i}]"
+            if not e.path:
+                raise ConfigError(f"{where}.path: a hub name or local directory is required")
+            if not e.audio_column:
+                raise ConfigError(f"{where}.audio_column must name the audio column")
+            ident = (e.path, e.name, e.split, e.revision)
+            if ident in seen:
+                raise ConfigError(f"{where}: {e.path} {e.name} split {e.split} is listed twice")
+            seen.add(ident)
+
+
 def check_dataset(d: DatasetConfig) -> None:
+    _check_hf(d)
     if d.data_type not in ("auto", "raw", "shard"):
         raise ConfigError(f"dataset.data_type: expected auto, raw or shard, got {d.data_type!r}")
     if d.batch_size < 1 and d.max_frames_in_batch < 1:
