@@ -3,6 +3,7 @@ the test writes), Kokoro itself when it is installed, blends and reserved voices
 clip cache, and Debian's opt-in engines when they are installed."""
 import hashlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -174,6 +175,7 @@ def test_blends_are_seeded_and_never_reserved():
         assert sum(w for _, w in v.mix) == pytest.approx(1.0, abs=1e-12)
         assert all(w >= 0.05 - 1e-4 for _, w in v.mix)
         assert blend_voice(v.mix) == v                  # the name is the exact recipe
+        assert Voice.from_dict(json.loads(json.dumps(v.as_dict()))) == v
         assert v.identity().startswith(f"kokoro:{v.name}=")
     with pytest.raises(SynthError, match="af_heart is reserved for evaluation"):
         blend_voice([("af_bella", 0.6), ("af_heart", 0.4)])

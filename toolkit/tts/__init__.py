@@ -40,6 +40,20 @@ class Voice:
         """The engine voices this voice is made of: its mix's, else its own name."""
         return tuple(name for name, _ in self.mix) if self.mix else (self.name,)
 
+    def as_dict(self) -> dict:
+        """JSON-ready fields (stamps, inventories); from_dict reads them back."""
+        out = {"spk": self.spk, "engine": self.engine, "name": self.name}
+        if self.variant:
+            out["variant"] = self.variant
+        if self.mix:
+            out["mix"] = [[name, weight] for name, weight in self.mix]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Voice":
+        return cls(d["spk"], d["engine"], d["name"], d.get("variant"),
+                   tuple((str(n), float(w)) for n, w in d.get("mix", ())))
+
     def identity(self) -> str:
         """Exact, printable identity (inventories, clip cache keys): engine, name, and a
         procedural voice's variant file or a blend's weights."""

