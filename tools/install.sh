@@ -2,7 +2,8 @@
 # Creates tools/venv (once) with the toolkit installed in editable mode, plus the
 # test, TTS and codec-metric extras. Safe to rerun: it does nothing when the install is current.
 # TOOLKIT_EXTRAS=oww also installs openWakeWord's front end (tools/install_oww.sh; opt-in,
-# its models are CC BY-NC-SA 4.0); nothing by default needs it.
+# its models are CC BY-NC-SA 4.0); nothing by default needs it. TOOLKIT_VOICES="kokoro
+# rhvoice ..." also installs those TTS engines (tools/install_voices.sh; opt-in).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TOOLKIT_VENV:-$root/tools/venv}
@@ -14,6 +15,10 @@ extras() {
   case ",${TOOLKIT_EXTRAS:-}," in
     *,oww,*) TOOLKIT_VENV=$venv bash "$root/tools/install_oww.sh" ;;
   esac
+  if [ -n "${TOOLKIT_VOICES:-}" ]; then
+    # shellcheck disable=SC2086  # a list of engine names
+    TOOLKIT_VENV=$venv bash "$root/tools/install_voices.sh" $TOOLKIT_VOICES
+  fi
 }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && (cd / && "$venv/bin/python" -c "import toolkit.bin" 2>/dev/null); then

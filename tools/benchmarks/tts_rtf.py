@@ -43,15 +43,25 @@ def texts(n: int, seed: int = 5):
 
 
 def time_engine(engine, voices, sentences):
-    """(audio seconds, synthesis seconds) over the sentences, voices in turn."""
-    audio_s = wall = 0.0
+    """(audio seconds, synthesis wall seconds, CPU seconds of this process and its
+    children: every thread, and the engines that run a binary per clip) over the
+    sentences, voices in turn."""
+    audio_s = wall = cpu = 0.0
     for i, text in enumerate(sentences):
         voice = voices[i % len(voices)]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), _cpu_s()
         speech = engine.synth(text, voice)
         wall += time.perf_counter() - t
+        cpu += _cpu_s() - c
         audio_s += len(speech.audio) / speech.sample_rate
-    return audio_s, wall
+    return audio_s, wall, cpu
+
+
+def _cpu_s() -> float:
+    import resource
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), \
+        resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def engine_rtf(name, sentences, work):
@@ -63,8 +73,7 @@ def engine_rtf(name, sentences, work):
         t = time.perf_counter()
         engine.synth("hello", voices[0])             # loads models, warms up
         load = time.perf_counter() - t
-        audio_s, wall = time_engine(engine, voices, sentences)
-        return audio_s, wall, load
+        return time_engine(engine, voices, sentences) + (load,)
     return run_forked(run, [None], 1, work)[0]
 
 
@@ -86,8 +95,7 @@ def kokoro_variant(graph, threads, spin, sentences, work):
         engine.synth("hello", K.kokoro_voice("af_bella"))
         load = time.perf_counter() - t
         voices = training_voices(K.kokoro_voices())[:4]
-        audio_s, wall = time_engine(engine, voices, sentences)
-        return audio_s, wall, load
+        return time_engine(engine, voices, sentences) + (load,)
     return run_forked(run, [None], 1, work)[0]
 
 
@@ -98,11 +106,13 @@ def kokoro_forked(graph, sentences, work, nj=2):
         from toolkit.tts import kokoro as K
         engine = K.KokoroEngine(work, graph=graph, threads=1)
         voices = training_voices(K.kokoro_voices())[:4]
-        return time_engine(engine, voices, chunk)[0]
+        c = _cpu_s()
+        audio_s = time_engine(engine, voices, chunk)[0]
+        return audio_s, _cpu_s() - c
     chunks = [sentences[i::nj] for i in range(nj)]
     t = time.perf_counter()
-    audio = sum(run_forked(run, chunks, nj, work))
-    return audio, time.perf_counter() - t
+    done = run_forked(run, chunks, nj, work)
+    return sum(a for a, _ in done), time.perf_counter() - t, sum(c for _, c in done)
 
 
 def kokoro_batch_check(work):
@@ -168,18 +178,22 @@ def main():
             print("kokoro batching:", kokoro_batch_check(work))
         for r in range(args.rounds):
             for label, fn in variants:
-                audio_s, wall, load = fn()
+                audio_s, wall, cpu, load = fn()
                 best = rows.get(label)
                 if best is None or wall / audio_s < best[1] / best[0]:
-                    rows[label] = (audio_s, wall, load)
-                print(f"  round {r + 1}: {label}: RTF {wall / audio_s:.3f}", flush=True)
+                    rows[label] = (audio_s, wall, cpu, load)
+                print(f"  round {r + 1}: {label}: RTF {wall / audio_s:.3f}, CPU "
+                      f"{cpu / audio_s:.3f}", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
-    print("\n| engine | audio s | RTF (wall / audio) | audio s per wall s | load s |")
-    print("|---|---|---|---|---|")
-    for label, (audio_s, wall, load) in rows.items():
+    # Under other load, wall time overstates; CPU seconds per audio second do not
+    # (for one thread), and audio per wall second is the throughput actually had.
+    print("\n| engine | audio s | RTF (wall / audio) | CPU s per audio s | audio s per wall s "
+          "| load s |")
+    print("|---|---|---|---|---|---|")
+    for label, (audio_s, wall, cpu, load) in rows.items():
         load_text = f"{load:.2f}" if load is not None else "incl."
-        print(f"| {label} | {audio_s:.1f} | {wall / audio_s:.3f} | {audio_s / wall:.2f} | "
-              f"{load_text} |")
+        print(f"| {label} | {audio_s:.1f} | {wall / audio_s:.3f} | {cpu / audio_s:.3f} | "
+              f"{audio_s / wall:.2f} | {load_text} |")
 
 
 if __name__ == "__main__":
