@@ -199,6 +199,31 @@ def test_is_reserved():
     assert is_reserved(sneaky) and training_voices([sneaky]) == []
 
 
+def test_kokoro_word_onsets_from_phoneme_timings():
+    from collections import namedtuple
+    from toolkit.tts.kokoro import _word_onsets
+    timing = namedtuple("Timing", "phoneme start end")
+
+    def timings(phonemes):           # 0.1 s a token
+        return [timing(p, i / 10, (i + 1) / 10) for i, p in enumerate(phonemes)]
+
+    # one phoneme word per text word: stress marks count as the word's start
+    got = _word_onsets("hey jarvis", timings("hˈeɪ dʒˈɑːɹvɪs"), ["heɪ", "dʒɑːɹvɪs"], 100, 10**6)
+    assert got == [(1, 0), (5, 50)]
+    # "on the" said as one phoneme word: laid over it by the isolated lengths
+    got = _word_onsets("turn on the lights", timings("tˈɜːn ɔnðə lˈaɪts."),
+                       ["tɜːn", "ɔn", "ðə", "laɪts"], 100, 10**6)
+    assert got == [(1, 0), (6, 60), (9, 80), (13, 110)]
+    # a number said as several words, or phonemes that do not add up: no onsets
+    assert _word_onsets("cost 192", timings("kˈɔst wˈʌnhˈʌndɹɪd nˈaɪnti tˈuː"),
+                        ["kɔst", "wʌnhʌndɹɪd naɪnti tuː"], 100, 10**6) is None
+    assert _word_onsets("turn on the", timings("tˈɜːn ɔnðə"), ["tɜːn", "ɑːn", "ðiː"],
+                        100, 10**6) is None
+    # clipped to the audio
+    assert _word_onsets("hey jarvis", timings("hˈeɪ dʒˈɑːɹvɪs"), ["heɪ", "dʒɑːɹvɪs"], 100,
+                        30)[1] == (5, 29)
+
+
 # --------------------------------------------------------------------------------------
 # Clip cache (with the real espeak-ng engine made to keep clips)
 # --------------------------------------------------------------------------------------

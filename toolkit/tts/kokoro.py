@@ -24,8 +24,12 @@ words (it joins some, e.g. "in the"), else None.
 
 Speed: one ONNX Runtime session per process, one intra-op thread by default (corpus
 renderers fork nj children that fill the cores; TOOLKIT_KOKORO_THREADS overrides), the
-graph in kokoro_assets.DEFAULT_GRAPH (TOOLKIT_KOKORO_GRAPH: int8 or float32); see
-tools/benchmarks/tts_rtf.py for the measurements behind both.
+graph in kokoro_assets.DEFAULT_GRAPH (TOOLKIT_KOKORO_GRAPH: int8 or float32). Measured
+with tools/benchmarks/tts_rtf.py on this 2-core AVX2 machine: CPU seconds per audio
+second 0.49 (int8, 1 thread), 0.51 (float32, 1 thread), 0.51 / 0.55 with 2 threads, and
+0.75 / 0.83 when idle threads spin; so int8, which is also bit-identical whatever the
+thread count (float32 is not) and a quarter of the size, with one thread, not spinning.
+The graph takes one utterance at a time (its inputs are declared with batch 1).
 """
 import hashlib
 import importlib.util
@@ -322,9 +326,10 @@ class KokoroEngine(Engine):
         return Speech(audio, SAMPLE_RATE, onsets)
 
     def _bare_phonemes(self, word: str, lang: str) -> str:
-        """A word's phonemes said alone, without stress, punctuation or spaces."""
+        """A word's phonemes said alone, without stress or punctuation (a number may
+        become several words)."""
         return "".join(p for p in self.phonemes(word, lang)
-                       if p not in _PUNCTUATION and p not in _STRESS and p != " ")
+                       if p not in _PUNCTUATION and p not in _STRESS).strip()
 
 
 def _speed(rate: float) -> float:
@@ -367,29 +372,39 @@ _STRESS = set("ˈˌ")
 
 def _word_onsets(text: str, timings, isolated: Sequence[str], rate: float, n_samples: int):
     """(1-based character of each text word, its first sample) from the phoneme timings
-    (seconds in the model's audio; `rate` output samples a second of it). espeak-ng
-    joins some words ("on the" -> "ɔnðə"), so the text's words are laid over the
-    utterance's phonemes by the lengths of their phonemes said alone (`isolated`, stress
-    and punctuation dropped): word i starts where the phonemes of words < i end. None
-    when that does not tile the utterance exactly, or an utterance word would start
-    inside a text word (context changed a word's phonemes)."""
+    (seconds in the model's audio; `rate` output samples a second of it) and each text
+    word's phonemes said alone (`isolated`: stress and punctuation dropped, spaces kept).
+    When every text word is one phoneme word alone and the utterance has as many phoneme
+    words, word i starts with phoneme word i. espeak-ng joins some words ("on the" ->
+    "ɔnðə"), so otherwise the text's words are laid over the utterance's phonemes by the
+    lengths of their isolated phonemes: word i starts where the phonemes of words < i end.
+    None when neither fits (context changed a word's phonemes, or a number became words)."""
     stream: List[Tuple[float, bool]] = []        # (start, first phoneme of a word)
+    word_starts: List[float] = []                # stress marks included: they take time
     new_word = True
     for t in timings:
         if t.phoneme == " ":
             new_word = True
-        elif t.phoneme not in _PUNCTUATION and t.phoneme not in _STRESS:
-            stream.append((t.start, new_word))
+        elif t.phoneme not in _PUNCTUATION:
+            if new_word:
+                word_starts.append(t.start)
+            if t.phoneme not in _STRESS:
+                stream.append((t.start, new_word))
             new_word = False
     chars = word_char_starts(text)
-    lengths = [len(p) for p in isolated]
-    if len(lengths) != len(chars) or sum(lengths) != len(stream) or 0 in lengths:
+    limit = max(n_samples - 1, 0)
+    if len(isolated) != len(chars):
+        return None
+    if len(word_starts) == len(chars) and not any(" " in p for p in isolated):
+        return [(c, min(int(round(s * rate)), limit)) for c, s in zip(chars, word_starts)]
+    lengths = [len(p.replace(" ", "")) for p in isolated]
+    if sum(lengths) != len(stream) or 0 in lengths:
         return None
     starts = set(np.cumsum([0] + lengths[:-1]).tolist())
     if any(first and i not in starts for i, (_, first) in enumerate(stream)):
         return None
     onsets, at = [], 0
     for c, n in zip(chars, lengths):
-        onsets.append((c, min(int(round(stream[at][0] * rate)), max(n_samples - 1, 0))))
+        onsets.append((c, min(int(round(stream[at][0] * rate)), limit)))
         at += n
     return onsets
