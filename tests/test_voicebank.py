@@ -139,6 +139,48 @@ def test_pinned_sources_are_consistent():
     assert {n[:3] for n in A.ENGLISH_VOICES} == {"af_", "am_", "bf_", "bm_"}
 
 
+def test_dequantized_graph_computes_the_float_model(tmp_path):
+    """The float32 derivation on a small model quantized by ONNX Runtime's own dynamic
+    quantizer (the tool behind Kokoro's int8 graph): no integer operator is left, and the
+    outputs are closer to the float model's than the quantized model's are."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    rng = np.random.default_rng(0)
+    weights = {"W": rng.standard_normal((16, 8)), "C": rng.standard_normal((8, 16, 3)),
+               "Cb": rng.standard_normal(8), "LW": rng.standard_normal((1, 24, 8)),
+               "LR": rng.standard_normal((1, 24, 6))}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"]),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             helper.make_node("Conv", ["xt", "C", "Cb"], ["c"], pads=[1, 1]),
+             helper.make_node("Transpose", ["m"], ["ms"], perm=[1, 0, 2]),
+             helper.make_node("LSTM", ["ms", "LW", "LR"], ["h"], hidden_size=6)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", 16])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("m", "c", "h")],
+        [numpy_helper.from_array((0.3 * w).astype(np.float32), n) for n, w in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              str(tmp_path / "float.onnx"))
+    quantize_dynamic(str(tmp_path / "float.onnx"), str(tmp_path / "int8.onnx"),
+                     weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Conv", "LSTM"])
+    model = onnx.load(str(tmp_path / "int8.onnx"))
+    assert {"MatMulInteger", "ConvInteger", "DynamicQuantizeLSTM"} <= \
+        {n.op_type for n in model.graph.node}
+    assert A._dequantize(model.graph) == 3
+    ops = {n.op_type for n in model.graph.node}
+    assert not ops & {"MatMulInteger", "ConvInteger", "DynamicQuantizeLSTM",
+                      "DynamicQuantizeLinear", "Cast"}
+    onnx.save(model, str(tmp_path / "dequantized.onnx"))
+    x = {"x": rng.standard_normal((1, 20, 16)).astype(np.float32)}
+    ref, int8, back = (ort.InferenceSession(str(tmp_path / f)).run(None, x)
+                       for f in ("float.onnx", "int8.onnx", "dequantized.onnx"))
+    for r, q, b in zip(ref, int8, back):
+        assert b.shape == r.shape
+        assert np.abs(b - r).max() < np.abs(q - r).max() and np.abs(b - r).max() < \
+            0.02 * np.abs(r).max()
+
+
 def test_install_binary_and_script_errors(tmp_path):
     res = subprocess.run([sys.executable, "-m", "toolkit.bin.install_kokoro", "--dir",
                           str(tmp_path), "--graphs", "int4"], capture_output=True, text=True)

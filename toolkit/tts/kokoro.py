@@ -40,8 +40,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.tts import (RESERVED_VOICES, Speech, SynthError, Voice, is_reserved,
-                         pitch_ratio, word_char_starts)
+from toolkit.tts import (RESERVED_VOICES, Speech, SynthError, Voice, pitch_ratio,
+                         word_char_starts)
 from toolkit.tts import kokoro_assets as assets
 from toolkit.tts.engines import ENGINES, Engine
 

