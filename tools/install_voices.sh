@@ -36,27 +36,31 @@ apt_updated=0
 # Enables contrib and non-free in Debian's deb822 sources (rhvoice, pico and mbrola live there).
 enable_nonfree() {
   local src=/etc/apt/sources.list.d/debian.sources
-  if [ -f "$src" ] && grep -q '^Components:' "$src" \
-     && ! grep -E '^Components:' "$src" | grep -vE ' contrib( |$)' | grep -q . \
-     && ! grep -E '^Components:' "$src" | grep -vE ' non-free( |$)' | grep -q .; then
-    return 0     # every Components line already has both
-  fi
-  if [ -f "$src" ]; then
+  local lines
+  if [ -f "$src" ] && grep -q '^Components:' "$src"; then
+    lines=$(grep -E '^Components:' "$src")
+    if ! echo "$lines" | grep -vE ' contrib( |$)' | grep -q . \
+       && ! echo "$lines" | grep -vE ' non-free( |$)' | grep -q .; then
+      return 0     # every Components line already has both
+    fi
     echo "[voices] enabling contrib non-free in $src" >&2
-    as_root sed -i -E '/^Components:/{/ contrib( |$)/!s/$/ contrib/; / non-free( |$)/!s/$/ non-free/}' "$src"
+    as_root sed -i -E \
+      '/^Components:/{/ contrib( |$)/!s/$/ contrib/; / non-free( |$)/!s/$/ non-free/}' "$src"
     apt_updated=0      # the package lists must be fetched again
   elif ! grep -rqsE '^deb .* contrib' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    die "no Debian sources with contrib/non-free found (expected $src): enable them, then rerun"
+    die "no Debian sources with contrib/non-free (expected $src): enable them, then rerun"
   fi
 }
 
 apt_install() {       # packages...: installs those not installed yet
   local missing=()
   for p in "$@"; do
-    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
+      || missing+=("$p")
   done
   [ ${#missing[@]} -gt 0 ] || return 0
-  command -v apt-get >/dev/null || die "apt-get not found: install ${missing[*]} with your package manager"
+  command -v apt-get >/dev/null \
+    || die "apt-get not found: install ${missing[*]} with your package manager"
   if [ $apt_updated = 0 ]; then
     as_root apt-get update -qq || die "apt-get update failed (no network?)"
     apt_updated=1
@@ -66,23 +70,27 @@ apt_install() {       # packages...: installs those not installed yet
     "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
 }
 
+venv_version() {      # version of a distribution in the venv, "" when absent
+  "$venv/bin/python" -c 'import sys; from importlib.metadata import version
+print(version(sys.argv[1]))' "$1" 2>/dev/null || true
+}
+
 install_kokoro() {
+  local runtime=0.6.1 torch_before torch_after constraints
   [ -x "$venv/bin/python" ] || die "no toolkit venv at $venv: run bash tools/install.sh first"
-  local torch_before
-  torch_before=$("$venv/bin/python" -c 'from importlib.metadata import version; print(version("torch"))' 2>/dev/null || true)
-  if ! "$venv/bin/python" -c 'from importlib.metadata import version; import sys; sys.exit(version("kokoro-onnx") != "0.6.1")' 2>/dev/null; then
-    echo "[voices] kokoro-onnx==0.6.1 into $venv" >&2
-    local constraints
+  torch_before=$(venv_version torch)
+  if [ "$(venv_version kokoro-onnx)" != "$runtime" ]; then
+    echo "[voices] kokoro-onnx==$runtime into $venv" >&2
     constraints=$(mktemp)
     # Hold torch where it is: the runtime must never move the toolkit's torch build.
     [ -z "$torch_before" ] || echo "torch==$torch_before" > "$constraints"
-    "$venv/bin/python" -m pip install -q -c "$constraints" "kokoro-onnx==0.6.1" \
-      || { rm -f "$constraints"; die "pip install kokoro-onnx==0.6.1 failed"; }
+    "$venv/bin/python" -m pip install -q -c "$constraints" "kokoro-onnx==$runtime" \
+      || { rm -f "$constraints"; die "pip install kokoro-onnx==$runtime failed"; }
     rm -f "$constraints"
   fi
-  local torch_after
-  torch_after=$("$venv/bin/python" -c 'from importlib.metadata import version; print(version("torch"))' 2>/dev/null || true)
-  [ "$torch_before" = "$torch_after" ] || die "installing kokoro-onnx changed torch $torch_before -> $torch_after"
+  torch_after=$(venv_version torch)
+  [ "$torch_before" = "$torch_after" ] \
+    || die "installing kokoro-onnx changed torch $torch_before -> $torch_after"
   # Download, verify and assemble (toolkit/tts/kokoro_assets.py); does nothing when current.
   "$venv/bin/python" -m toolkit.bin.install_kokoro
 }
@@ -93,7 +101,8 @@ for e in "$@"; do
     rhvoice) enable_nonfree; apt_install rhvoice rhvoice-english ;;
     pico) enable_nonfree; apt_install libttspico-utils ;;
     # espeak-ng's CLI turns text into MBROLA phonemes and runs the mbrola binary.
-    mbrola) enable_nonfree; apt_install espeak-ng mbrola mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1 ;;
+    mbrola) enable_nonfree
+            apt_install espeak-ng mbrola mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1 ;;
     festival) apt_install festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts ;;
     flite) apt_install flite ;;
   esac
