@@ -7,7 +7,7 @@ synthesizing, sample for sample and with the same word onsets.
 Where: $TOOLKIT_TTS_CACHE, else <toolkit cache>/tts_clips ($TOOLKIT_CACHE or
 ~/.cache/toolkit); TOOLKIT_TTS_CACHE=off turns it off. Engines opt in with
 `Engine.cache_clips` (Kokoro and the Debian engines; espeak-ng at ~1 ms a clip does not).
-Nothing is evicted: delete the directory to reclaim the space (about 50 KB a second of
+Nothing is evicted: delete the directory to reclaim the space (about 40 KB a second of
 24 kHz audio, compressed).
 
 Files are written to a private temporary name and renamed into place, so forked
