@@ -1,6 +1,6 @@
 """Real-time factor of every TTS engine installed here, and Kokoro's speed options.
 
-Each engine speaks the same sentences (the read-speech grammar of toolkit.tts.speech,
+Each engine speaks the same sentences (the read-speech grammar of toolkit.tasks.codec.corpus,
 fixed seed) with its first voices, the clip cache off; RTF = synthesis wall time / audio
 seconds, model loading excluded (reported apart). Engines that are not installed are
 listed as such. For Kokoro it also measures:
@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from toolkit.tts import training_voices  # noqa: E402
 from toolkit.tts.engines import ENGINES, engine_class  # noqa: E402
 from toolkit.tts.pool import run_forked  # noqa: E402
-from toolkit.tts.speech import sentence  # noqa: E402
+from toolkit.tasks.codec.corpus import sentence  # noqa: E402
 
 ENGINE_ORDER = ["espeak", "flite", "festival", "rhvoice", "pico", "mbrola", "kokoro"]
 
