@@ -28,6 +28,8 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5"],
         "tts": ["espeakng-loader>=0.2"],
+        # Kokoro's runtime (tools/install_voices.sh kokoro installs it with torch held).
+        "kokoro": ["kokoro-onnx==0.6.1"],
         # STOI in codec evaluation; recipes install it so their tables never read "n/a".
         "codec": ["pystoi>=0.4"],
         # Hugging Face datasets as input (dataset.hf); audio is decoded with soundfile, so

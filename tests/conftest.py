@@ -1,6 +1,10 @@
 """Suite-wide pytest setup: the slowest test files are collected first, so that pytest-xdist
 (--dist loadfile, tools/test.sh) hands them out before the short ones and the workers
-finish together instead of one running a long recipe test alone at the end."""
+finish together instead of one running a long recipe test alone at the end; and the TTS
+clip cache (toolkit.tts.cache) is a directory of this run, not the user's."""
+import os
+import shutil
+import tempfile
 
 # Seconds per file on 2 cores (fresh clone, `bash tools/test.sh --durations=60`), longest
 # first; files not listed keep their order after these.
@@ -17,3 +21,16 @@ SLOWEST_FIRST = [
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def pytest_configure(config):
+    # Set before xdist starts its workers, so they and every subprocess share it.
+    if "TOOLKIT_TTS_CACHE" not in os.environ:
+        config._tts_clip_dir = tempfile.mkdtemp(prefix="toolkit-tts-clips-")
+        os.environ["TOOLKIT_TTS_CACHE"] = config._tts_clip_dir
+
+
+def pytest_unconfigure(config):
+    path = getattr(config, "_tts_clip_dir", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)

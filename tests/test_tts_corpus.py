@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 
 import pytest
 
@@ -278,11 +277,16 @@ def test_the_inventory_lists_every_voice_that_speaks(family, tmp_path):
 
 
 def test_blend_weights_in_the_inventory():
-    blended = types.SimpleNamespace(spk="bank_mix0001", engine="kokoro", name="mix0001",
-                                    blend=(("af_bella", 0.6), ("am_adam", 0.4)))
+    from toolkit.tts.kokoro import blend_voice
+    blended = blend_voice([("af_bella", 0.6), ("am_adam", 0.4)])
     assert C._blend_text(blended) == "af_bella:0.6,am_adam:0.4"
-    assert C._blend_text(types.SimpleNamespace(blend={"bf_alice": 1.0})) == "bf_alice:1"
+    assert C._blend_text(blend_voice([("bf_alice", 3), ("bm_lewis", 1)])) == \
+        "bf_alice:0.75,bm_lewis:0.25"
     assert C._blend_text(espeak_voices()[0]) == "-"
+    # a blend with a reserved voice in it is reserved like the voice
+    assert C.reserved_for_evaluation(Voice("x", "kokoro", "m", mix=(("af_bella", 0.5),
+                                                                   ("af_heart", 0.5))))
+    assert not C.reserved_for_evaluation(blended)
 
 
 # ------------------------------------------------------------------------ test-only corpora

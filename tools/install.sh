@@ -3,7 +3,8 @@
 # test, TTS, codec-metric, Hugging Face datasets and W&B extras. Safe to rerun: it does
 # nothing when the install is current.
 # TOOLKIT_EXTRAS=oww also installs openWakeWord's front end (tools/install_oww.sh; opt-in,
-# its models are CC BY-NC-SA 4.0); nothing by default needs it.
+# its models are CC BY-NC-SA 4.0); nothing by default needs it. TOOLKIT_VOICES="kokoro
+# rhvoice ..." also installs those TTS engines (tools/install_voices.sh; opt-in).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TOOLKIT_VENV:-$root/tools/venv}
@@ -15,6 +16,10 @@ extras() {
   case ",${TOOLKIT_EXTRAS:-}," in
     *,oww,*) TOOLKIT_VENV=$venv bash "$root/tools/install_oww.sh" ;;
   esac
+  if [ -n "${TOOLKIT_VOICES:-}" ]; then
+    # shellcheck disable=SC2086  # a list of engine names
+    TOOLKIT_VENV=$venv bash "$root/tools/install_voices.sh" $TOOLKIT_VOICES
+  fi
 }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && (cd / && "$venv/bin/python" -c "import toolkit.bin" 2>/dev/null); then

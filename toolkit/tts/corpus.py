@@ -49,7 +49,7 @@ import numpy as np
 from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
 from toolkit.progress import Progress
-from toolkit.tts import SynthError, Voice
+from toolkit.tts import RESERVED_ENGINES, SynthError, Voice, is_reserved
 from toolkit.tts.engines import engine_class
 from toolkit.tts.espeak import ACCENTS, Espeak, espeak_fingerprint, loaded_in_this_process
 from toolkit.tts.pool import run_forked, single_thread_blas
@@ -62,7 +62,7 @@ SPLITS = ("train", "dev", "test")
 # they have a handful of voices each against espeak-ng's hundreds.
 OTHER_ENGINES_SHARE = 0.2
 # Engines no training set hears, so that a test on them measures unseen-engine speech.
-TEST_ONLY_ENGINES = ("festival",)
+TEST_ONLY_ENGINES = tuple(sorted(RESERVED_ENGINES))
 INVENTORY_NAME = "voices.tsv"
 INVENTORY_COLUMNS = ("speaker", "split", "engine", "voice", "blend", "engine_version")
 WAVS_NAME = "wavs"
@@ -75,8 +75,9 @@ TMP_NAME = ".synth_tmp"
 
 def reserved_for_evaluation(voice: Voice) -> bool:
     """True for a voice kept for evaluation: it never speaks in train or dev (nor in any
-    blend), only in test-only corpora. The one place that decides it."""
-    return voice.engine in TEST_ONLY_ENGINES
+    blend), only in test-only corpora. Decided by toolkit.tts.is_reserved (festival, seven
+    Kokoro voices, and any blend with one of those in it)."""
+    return is_reserved(voice)
 
 
 def check_engines(engines: Sequence[str]) -> List[str]:
@@ -178,12 +179,16 @@ _VERSION_PROBES: Dict[str, Callable[[], str]] = {
 @functools.lru_cache(maxsize=None)
 def engine_version(name: str) -> str:
     """The engine's build as one word (recorded in the stamp and the inventory: a new
-    build makes a corpus stale)."""
-    own = getattr(engine_class(name), "version", None)
+    build makes a corpus stale): its own version(), a probe above, else the engine's
+    clip-cache fingerprint (packages and model files: Kokoro, the Debian engines)."""
+    cls = engine_class(name)
+    own = getattr(cls, "version", None)
     if callable(own):
         return str(own())
     probe = _VERSION_PROBES.get(name)
-    return probe() if probe else "unknown"
+    if probe:
+        return probe()
+    return cls.fingerprint() or "unknown"
 
 
 def _espeak_probe(voices: Sequence[Voice], espeak_data: Optional[str]) -> dict:
@@ -416,12 +421,10 @@ class CorpusDir:
 
 
 def _blend_text(voice: Voice) -> str:
-    """`name:weight,...` of a blended voice (Voice.blend, pairs or a mapping), else -."""
-    blend = getattr(voice, "blend", None)
-    if not blend:
+    """`name:weight,...` of a blended voice (Voice.mix), else -."""
+    if not voice.mix:
         return "-"
-    pairs = blend.items() if isinstance(blend, Mapping) else blend
-    return ",".join(f"{name}:{float(weight):g}" for name, weight in pairs)
+    return ",".join(f"{name}:{float(weight):g}" for name, weight in voice.mix)
 
 
 def corpus_stamp(format_version: int, settings: Mapping, engines: Engines,
