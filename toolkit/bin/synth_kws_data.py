@@ -60,10 +60,17 @@ def get_args(argv=None):
                         "confusable category in turn (default %(default)s)")
     p.add_argument("--engines", default="espeak", metavar="LIST",
                    help=f"comma-separated TTS engines that speak, of {','.join(ENGINES.names())}; "
-                        f"those besides espeak share {OTHER_ENGINES_SHARE:g} of the utterances. "
+                        "those besides espeak share --other-share of the utterances. "
                         "One asked for but not installed is an error; "
                         f"{','.join(TEST_ONLY_ENGINES)} (reserved for evaluation) only with "
                         "--test-only (default %(default)s)")
+    p.add_argument("--other-share", type=float, default=OTHER_ENGINES_SHARE, metavar="F",
+                   help="fraction of the utterances spoken by the engines besides espeak-ng, "
+                        "shared alike among them (default %(default)s)")
+    p.add_argument("--blends", type=int, default=0, metavar="N",
+                   help="N blended voices of each named engine whose voices mix (kokoro): "
+                        "the voices they are made of then all train, the blends are split "
+                        "across train/dev/test like other voices (default %(default)s)")
     p.add_argument("--test-only", action="store_true",
                    help="write <out-dir>/test alone (and dict/): an evaluation set from "
                         "--engines, on the test voices the full corpus of this --seed holds "
@@ -87,6 +94,7 @@ def main(argv=None):
                               engines=args.engines.split(","),
                               train_conf_share=args.train_conf_share,
                               train_hard_share=args.train_hard_share,
+                              other_share=args.other_share, blends=args.blends,
                               test_only=args.test_only)
     for split, info in summary.items():
         kinds = ", ".join(f"{k} {h:.2f} h" for k, h in info["hours_by_kind"].items())

@@ -50,7 +50,7 @@ from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
 from toolkit.progress import Progress
 from toolkit.tts import RESERVED_ENGINES, SynthError, Voice, is_reserved
-from toolkit.tts.engines import engine_class
+from toolkit.tts.engines import Engine, engine_class
 from toolkit.tts.espeak import ACCENTS, Espeak, espeak_fingerprint, loaded_in_this_process
 from toolkit.tts.pool import run_forked, single_thread_blas
 from toolkit.tts.render import Renderer
@@ -147,6 +147,34 @@ def open_engines(engines: Sequence[str], test_only: bool = False,
                     f"train or dev. Write its evaluation set alone with --test-only (and an "
                     f"--out-dir of its own)")
     return Engines(tuple(names), tuple(voices), bool(test_only))
+
+
+def engine_blends(names: Sequence[str], n: int, seed: int) -> List[Voice]:
+    """`n` blended voices of each named engine whose voices mix (Kokoro's style vectors),
+    a pure function of the arguments; SynthError when `n` > 0 and none of them can."""
+    if n <= 0:
+        return []
+    able = [name for name in names if name != "espeak" and
+            engine_class(name).blends.__func__ is not Engine.blends.__func__]
+    if not able:
+        raise SynthError(f"{n} blended voices asked for, but none of the engines "
+                         f"{','.join(names)} mixes voices (kokoro does)")
+    return [v for name in able for v in engine_class(name).blends(n, seed)]
+
+
+def split_with_blends(voices: Sequence[Voice], blends: Sequence[Voice], seed: int,
+                      held_out: Mapping[str, float],
+                      split: Callable[[Sequence[Voice]], Dict[str, List[Voice]]]
+                      ) -> Dict[str, List[Voice]]:
+    """`split(voices)`, except that the voices blends are made of all train (a held-out
+    voice inside a training blend would not be unheard), and the blends, voices of their
+    own, are shared out by the `held_out` fractions."""
+    blended = {(b.engine, name) for b in blends for name in b.components}
+    bases = [v for v in voices if not v.mix and (v.engine, v.name) in blended]
+    out = split([v for v in voices if v not in bases])
+    mixed = split_by_stratum(blends, seed, held_out) if blends else {s: [] for s in SPLITS}
+    out["train"] = list(out["train"]) + bases
+    return {s: sorted(list(out[s]) + mixed[s], key=lambda v: v.spk) for s in SPLITS}
 
 
 def _dist_version(dist: str) -> str:

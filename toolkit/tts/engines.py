@@ -64,6 +64,14 @@ class Engine:
         every cached clip's key, so an upgrade never returns an old clip."""
         return ""
 
+    @classmethod
+    def blends(cls, n: int, seed: int) -> List[Voice]:
+        """`n` new voices mixed from this engine's unreserved voices, a pure function of
+        the arguments (an engine whose voices cannot be mixed refuses any)."""
+        if n:
+            raise SynthError(f"{cls.name} voices cannot be blended (asked for {n} blends)")
+        return []
+
     def effective_args(self, rate: int, pitch: int, prange: int, seed: int,
                        time_words: bool) -> Dict[str, Any]:
         """The synth arguments that change this engine's output (the clip key's part):

@@ -245,6 +245,10 @@ class KokoroEngine(Engine):
         return kokoro_voices() if cls.available() else []
 
     @classmethod
+    def blends(cls, n: int, seed: int) -> List[Voice]:
+        return kokoro_blends(n, seed)
+
+    @classmethod
     def fingerprint(cls) -> str:
         """Model, voices and graph hashes from the manifest, the runtime packages
         (kokoro-onnx, onnxruntime, and espeak-ng's phonemes through phonemizer and

@@ -36,8 +36,8 @@ from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
 from toolkit.tts import SynthError, Voice, word_char_starts
 from toolkit.tts.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
-                                corpus_stamp, data_dir_summary, engine_shares, open_engines,
-                                split_by_stratum)
+                                corpus_stamp, data_dir_summary, engine_blends, engine_shares,
+                                open_engines, split_by_stratum, split_with_blends)
 from toolkit.tts.espeak import ACCENTS, INSTALL_HINT, Espeak, espeak_voices
 from toolkit.tts.pool import run_forked
 from toolkit.tts.render import Clip, Renderer
@@ -595,12 +595,16 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     engines: Sequence[str] = ("espeak",),
                     train_conf_share: float = TRAIN_CONF_SHARE,
                     train_hard_share: float = TRAIN_HARD_SHARE,
+                    other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
                     test_only: bool = False) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
     `train_conf_share` and `train_hard_share` shape the training negatives only (see
     TRAIN_CONF_SHARE). `engines`: the TTS engines that speak (toolkit.tts.engines names;
-    see OTHER_ENGINES_SHARE). `test_only` writes the test split alone: the same held-out
+    `other_share` of the utterances go to those besides espeak-ng). `blends`: that many
+    blended voices of each engine that mixes voices (Kokoro) join the voices; the voices
+    they are made of then all train, the blends are shared out like other voices.
+    `test_only` writes the test split alone: the same held-out
     voices as the full corpus of this seed plus every reserved voice of the engines (all
     of festival's): an evaluation set from other voices and engines."""
     keywords = [normalize_keyword(k) for k in keywords]
@@ -624,11 +628,15 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                          f"[0, {1.0 - NEG_MIX['noise']}] (the rest holds the noise-only share)")
     if not 0.0 <= train_hard_share <= 1.0:
         raise SynthError(f"train hard-confusable share {train_hard_share} is outside [0, 1]")
+    if not 0.0 <= other_share <= 1.0:
+        raise SynthError(f"other-engine share {other_share} is outside [0, 1]")
+    if blends < 0:
+        raise SynthError(f"blends must be >= 0, got {blends}")
     splits = ("test",) if test_only else SPLITS
     named = open_engines(engines, test_only, needs_espeak=True)
     settings = {"keywords": list(keywords), "seed": int(seed), "sizes": asdict(sizes),
                 "sample_rate": int(sample_rate), "snr_db": [float(snr_db[0]), float(snr_db[1])],
-                "engine_shares": engine_shares(named.names),
+                "engine_shares": engine_shares(named.names, other_share), "blends": int(blends),
                 "train_conf_share": float(train_conf_share),
                 "train_hard_share": float(train_hard_share)}
     config = corpus_stamp(FORMAT_VERSION, settings, named, tools=("espeak",))
@@ -641,7 +649,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     t0 = time.time()
     with out.workspace() as tmp_dir:
         groups, by_split = plan_corpus(keywords, seed, sizes, snr_db, named, tmp_dir,
-                                       TrainMix(train_conf_share, train_hard_share), splits)
+                                       TrainMix(train_conf_share, train_hard_share), splits,
+                                       other_share, blends)
         logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
                     sum(len(g.specs) for g in groups), len(groups), time.time() - t0, nj)
         results = out.render(groups, lambda g, tts, rng: _render_group(
@@ -655,7 +664,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     atomic_write_text(os.path.join(out_dir, "dict", "keywords.txt"),
                       "".join(k + "\n" for k in keywords))
     kaldi.write_table(os.path.join(out_dir, "dict", ENGINES_FILE),
-                      {e: f"{share:g}" for e, share in engine_shares(named.names).items()})
+                      {e: f"{share:g}" for e, share in
+                       engine_shares(named.names, other_share).items()})
     out.write_inventory(by_split, {s.spk for g in groups for s in g.specs},
                         config["engine_versions"])
     out.write_stamp(config)
@@ -665,19 +675,22 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
 
 def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[float, float],
                 engines: Engines, tmp_dir: str,
-                train_mix: TrainMix = TrainMix(), splits: Sequence[str] = SPLITS
+                train_mix: TrainMix = TrainMix(), splits: Sequence[str] = SPLITS,
+                other_share: float = OTHER_ENGINES_SHARE, blends: int = 0
                 ) -> Tuple[List[Group], Dict[str, List[Voice]]]:
     """Every group of `splits` and the voices of every split. The speakers: espeak-ng's
     fixed voices when it speaks, and the other engines' voices; reserved voices join the
     test split of a test-only corpus. espeak is only asked (in a forked probe) which voices
     exist and how words sound; the plan itself is pure numpy randomness from `seed`."""
     voices = (espeak_voices() if "espeak" in engines.names else []) + list(engines.voices)
+    mixed = engine_blends(engines.names, blends, seed)
     words = lexicon_words(keywords)
     probe = run_forked(lambda _: _probe(words, voices), [None], 1, tmp_dir)[0]
     if not probe["phonemes"]:
         raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: {INSTALL_HINT}")
     free, reserved = engines.usable(probe["voices"])
-    by_split = split_voices(free, seed)
+    by_split = split_with_blends(free, mixed, seed, VOICE_SPLIT,
+                                 lambda vs: split_voices(vs, seed))
     if reserved:
         by_split["test"] = sorted(by_split["test"] + reserved, key=lambda v: v.spk)
     for split in splits:
@@ -689,7 +702,7 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     for split in splits:
         mix = asdict(train_mix) if split == "train" else {}
         groups += plan_split(split, *sizes.of(split), keywords, by_split[split], filt, cats,
-                             seed, snr_db, **mix)
+                             seed, snr_db, other_share, **mix)
     return groups, by_split
 
 
