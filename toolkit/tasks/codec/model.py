@@ -403,9 +403,12 @@ class InverseSTFT(nn.Module):
             frames = torch.matmul(self.basis.t(), torch.cat([real, imag], dim=1))
         audio = self._overlap_add(frames)
         envelope = self._overlap_add(torch.zeros_like(frames[:1]) + self.window_sq[None, :, None])
-        audio = audio / envelope
-        # trim_right >= 1 (n_fft >= 2 hop): a negative end keeps traced graphs length-free.
-        return audio[:, None, self.trim_left:-self.trim_right]
+        # Trimmed before the division: the untrimmed ends hold zeros of the window envelope
+        # (0 / 0 there would put NaN into the gradient). trim_right >= 1 (n_fft >= 2 hop): a
+        # negative end keeps traced graphs length-free.
+        audio = audio[:, self.trim_left:-self.trim_right]
+        envelope = envelope[:, self.trim_left:-self.trim_right]
+        return (audio / envelope)[:, None]
 
 
 class ConvNeXtBlock(nn.Module):
