@@ -155,6 +155,42 @@ def test_distillation_and_perceptual_losses():
     assert fake.grad is not None
 
 
+@pytest.mark.parametrize("source", ["encoder", "first_stage"])
+def test_step_with_teachers_under_bf16_keeps_them_frozen(source, tmp_path):
+    """One step of the third phase under bf16 autocast: distillation (ONNX teacher) and
+    perceptual (TorchScript teacher) terms are finite fp32 losses, the head gets a
+    gradient, the teachers none and stay in eval mode."""
+    import toolkit.tasks  # noqa: F401
+    from toolkit.config import load_config
+    from toolkit.tasks.codec.task import CodecTask
+    from test_codec_task import RecordingContext
+    paths = write_teachers(str(tmp_path))
+    cfg = load_config(PHASES_CONFIG, [o for o in TINY] + [
+        f"teachers.distillation.model={paths['onnx']}", f"teachers.distillation.source={source}",
+        f"teachers.perceptual.model={paths['torchscript']}"])
+    task = CodecTask(cfg)
+    torch.manual_seed(0)
+    modules = task.build_modules()
+    rng = np.random.default_rng(0)
+    batch = task.batch_of(0.1 * rng.standard_normal((2, task.segment)).astype(np.float32),
+                          ["a", "b"])
+    ctx = RecordingContext(modules, 5, 6)
+    grads = {}
+    for name in ("generator", "distill_head"):
+        params = list(modules[name].parameters())
+        params[0].register_hook(lambda g, name=name: grads.setdefault(name, g.clone()))
+    stats = task.train_step(batch, ctx)
+    assert set(stats) == set(task.train_metric_names())
+    assert {"distill", "perceptual", "adv_g"} <= set(stats)
+    assert all(np.isfinite(v) for v in stats.values())
+    assert ctx.losses == {"discriminator": torch.float32, "generator": torch.float32}
+    assert set(grads) == {"generator", "distill_head"}
+    teacher = task.teacher("perceptual", torch.device("cpu"))
+    assert not teacher.module.training
+    assert all(p.grad is None and not p.requires_grad for p in teacher.module.parameters())
+    assert task.teacher("distillation", torch.device("cpu")).onnx
+
+
 # --------------------------------------------------------------------------- the phases
 
 @pytest.fixture(scope="module")

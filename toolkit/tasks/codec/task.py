@@ -606,8 +606,9 @@ class CodecTask(Task):
         return {k: v / max(1, len(batch)) for k, v in sums.items()}
 
     def train_metric_names(self) -> Tuple[str, ...]:
-        return ("total", "mel", "commit", "codebook", "adv_g", "fm", "d_loss", "distill",
-                "perceptual")
+        teachers = (("distill",) if self.distill_on else ()) + \
+            (("perceptual",) if self.perceptual_on else ())
+        return ("total", "mel", "commit", "codebook", "adv_g", "fm", "d_loss") + teachers
 
     def eval_metric_names(self) -> Tuple[str, ...]:
         return ("mel_distance", "stft_distance", "si_sdr")

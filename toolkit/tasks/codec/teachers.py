@@ -54,12 +54,19 @@ class DistillationTeacherConfig(TeacherConfig):
 
 
 @dataclass
+class PerceptualTeacherConfig(TeacherConfig):
+    # local TorchScript (.pt, .zip) file (the loss backpropagates through it, which ONNX
+    # Runtime cannot); empty: no teacher
+    model: str = ""
+
+
+@dataclass
 class TeachersConfig:
     # semantic distillation target: features of the input audio (weight: loss.distillation)
     distillation: DistillationTeacherConfig = field(default_factory=DistillationTeacherConfig)
     # perceptual loss model: features of decoded vs reference audio (weight: loss.perceptual);
     # TorchScript only, as the gradient flows through it
-    perceptual: TeacherConfig = field(default_factory=TeacherConfig)
+    perceptual: PerceptualTeacherConfig = field(default_factory=PerceptualTeacherConfig)
 
 
 DISTILLATION_SOURCES = ("encoder", "first_stage")
