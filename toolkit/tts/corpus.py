@@ -10,7 +10,8 @@ espeak-ng's voices follow from toolkit.tts.espeak; the other engines list theirs
 Reserved voices. A voice kept for evaluation (`reserved_for_evaluation`) never speaks in
 train or dev: only in a test-only corpus, whose test split is the test voices the full
 corpus of the same seed holds out plus every reserved voice of the named engines. A full
-corpus that names an engine with nothing but reserved voices is refused.
+corpus that names an engine with nothing but reserved voices is refused. A test-only
+corpus hears an engine that reserves voices (Kokoro) through those alone.
 
 Voice splits. Train, dev and test never share a voice. Two rules: `split_by_stratum` (each
 espeak-ng accent and each other engine is shared out by fixed fractions, so every split
@@ -123,6 +124,14 @@ class Engines:
         free = [v for v in voices if not reserved_for_evaluation(v)]
         kept = [v for v in voices if reserved_for_evaluation(v)] if self.test_only else []
         return free, kept
+
+    @staticmethod
+    def outside_test(test: Sequence[Voice], reserved: Sequence[Voice]) -> List[Voice]:
+        """The test voices of a test-only corpus: the reserved voices, and the held-out
+        `test` voices of the engines that reserve none (espeak-ng, flite): an engine with
+        reserved voices (Kokoro) is heard through those alone."""
+        reserving = {v.engine for v in reserved}
+        return [v for v in test if v.engine not in reserving] + list(reserved)
 
 
 def open_engines(engines: Sequence[str], test_only: bool = False,

@@ -329,7 +329,8 @@ def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: E
         voices += fixed
     free, reserved = engines.usable(voices)
     by_split = split_voices(free, seed, max_voices)
-    by_split["test"] += reserved
+    if reserved:
+        by_split["test"] = engines.outside_test(by_split["test"], reserved)
     for split in splits:
         if not by_split[split]:
             raise SynthError(f"no voices left for {split} ({len(voices)} voices in all)")

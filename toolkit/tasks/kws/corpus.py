@@ -439,11 +439,14 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             spec = UttSpec(f"{spk}-{kind}-{i:0{width}d}", spk, kind, text, **p,
                            kw_words=kw_words)
         specs.append(spec)
+    # Babble is noise: espeak-ng speaks it when it can (~1 ms a sentence, where a neural
+    # engine takes a second), so its cost does not grow with the other engines' share.
+    talkers = [v for v in voices if v.engine == "espeak"] or list(voices)
     groups = []
     for g, start in enumerate(range(0, len(specs), GROUP_SIZE)):
         babble = []
         for _ in range(BABBLE_POOL):
-            p = _sample_params(rng, voices, snr, other_share)
+            p = _sample_params(rng, talkers, snr, other_share)
             text = _negative_text(rng, filt, 8, 14)
             babble.append(UttSpec("babble", p["voice"].spk, "babble", text, **p))
         groups.append(Group(split, g, (int(seed), 2, si, g), specs[start:start + GROUP_SIZE], babble))
@@ -692,7 +695,8 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     by_split = split_with_blends(free, mixed, seed, VOICE_SPLIT,
                                  lambda vs: split_voices(vs, seed))
     if reserved:
-        by_split["test"] = sorted(by_split["test"] + reserved, key=lambda v: v.spk)
+        by_split["test"] = sorted(engines.outside_test(by_split["test"], reserved),
+                                  key=lambda v: v.spk)
     for split in splits:
         if not by_split[split]:
             raise SynthError(f"no voices left for {split}")
