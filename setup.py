@@ -28,7 +28,12 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5"],
         "tts": ["espeakng-loader>=0.2"],
-        # STOI in codec evaluation; recipes install it so their tables never read "n/a".
-        "codec": ["pystoi>=0.4"],
+        # Codec evaluation (toolkit.tasks.codec.metrics / baselines), pinned so that a table
+        # never depends on the host: STOI; PESQ (an sdist: builds with a C compiler and the
+        # Python headers, which tools/install.sh provides); ViSQOL with its lattice MOS
+        # mapping (TFLite runtime) and numba (~30x faster, identical scores); Codec2 (a
+        # wheel bundling libcodec2 1.2); Opus through PyAV's wheel, which bundles libopus.
+        "codec": ["pystoi>=0.4", "pesq==0.0.4", "visqol-python[lattice,accel]==3.8.0",
+                  "pycodec2==4.1.1", "av==18.1.0"],
     },
 )
