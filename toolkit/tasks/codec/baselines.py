@@ -18,7 +18,11 @@ Each codec takes a 1-D float waveform in [-1, 1] and returns (decoded float32 of
 length, bitrate in bit/s). The decoded signal keeps the codec's own delay: the evaluation
 estimates and removes it for every system alike (toolkit.tasks.codec.delay).
 """
+import ctypes
 import math
+import os
+import pickle
+import sys
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
@@ -180,27 +184,73 @@ def _to_int16(x: np.ndarray) -> np.ndarray:
         np.int16)
 
 
-def codec2_codec(x, sr: int, mode: str) -> Tuple[np.ndarray, float]:
-    """Codec2 in `mode` (a key of CODEC2_MODES) at 8 kHz: resample, encode frame by frame
-    (the last one zero-padded), decode, resample back. Bitrate: the mode's bits per frame
-    over its frame duration (2400: 48 bits per 20 ms)."""
-    x = _check_wave(x)
-    if mode not in CODEC2_MODES:
-        raise ValueError(f"Codec2 mode {mode!r}: expected one of {', '.join(CODEC2_MODES)}")
-    pycodec2 = import_optional("pycodec2", CODEC2_REQUIREMENT, f"baseline codec2:{mode}")
+def _in_fresh_process(fn: Callable, *args):
+    """fn(*args) in a forked child, its result pickled back through a pipe. A child starts
+    from the parent's library state; the parent never calls the library itself."""
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:                    # child: never returns into the caller's code
+        try:
+            os.close(read_fd)
+            try:
+                payload = pickle.dumps(("ok", fn(*args)))
+            except BaseException as err:    # report everything, Ctrl-C included
+                payload = pickle.dumps(("err", f"{type(err).__name__}: {err}"))
+            with os.fdopen(write_fd, "wb") as pipe:
+                pipe.write(payload)
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd, "rb") as pipe:
+            data = pipe.read()
+    finally:
+        _, status = os.waitpid(pid, 0)
+    if not data:
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)} died in its child process "
+                           f"(wait status {status})")
+    kind, value = pickle.loads(data)
+    if kind != "ok":
+        raise RuntimeError(value)
+    return value
+
+
+def _codec2_frames(pcm: np.ndarray, mode_number: int) -> Tuple[np.ndarray, int, int]:
+    """int16 PCM at 8 kHz through a Codec2 encoder and decoder -> (decoded int16, bits per
+    frame, samples per frame); the last frame zero-padded."""
+    import pycodec2
+    ctypes.CDLL(None).srand(1)      # libc's generator, in case the library draws from it
     # Separate encoder and decoder states, as between a sender and a receiver.
-    encoder = pycodec2.Codec2(CODEC2_MODES[mode])
-    decoder = pycodec2.Codec2(CODEC2_MODES[mode])
+    encoder = pycodec2.Codec2(mode_number)
+    decoder = pycodec2.Codec2(mode_number)
     frame = encoder.samples_per_frame()
-    pcm = _to_int16(resample(x, sr, CODEC2_RATE))
     pcm = np.pad(pcm, (0, -len(pcm) % frame))
     out = np.empty(len(pcm), np.int16)
     for start in range(0, len(pcm), frame):
         # pycodec2's encode/decode handle one frame per call (codec2_encode's contract).
         out[start:start + frame] = decoder.decode(encoder.encode(pcm[start:start + frame]))
+    return out, encoder.bits_per_frame(), frame
+
+
+def codec2_codec(x, sr: int, mode: str) -> Tuple[np.ndarray, float]:
+    """Codec2 in `mode` (a key of CODEC2_MODES) at 8 kHz: resample, encode frame by frame
+    (the last one zero-padded), decode, resample back. Bitrate: the mode's bits per frame
+    over its frame duration (2400: 48 bits per 20 ms).
+
+    libcodec2 draws the phases of unvoiced speech from a process-wide generator that
+    nothing resets, so in one process each utterance's output would depend on every call
+    before it (and on the order of the systems); each call runs in a freshly forked child
+    instead, which makes the output a function of the input alone."""
+    x = _check_wave(x)
+    if mode not in CODEC2_MODES:
+        raise ValueError(f"Codec2 mode {mode!r}: expected one of {', '.join(CODEC2_MODES)}")
+    import_optional("pycodec2", CODEC2_REQUIREMENT, f"baseline codec2:{mode}")
+    pcm = _to_int16(resample(x, sr, CODEC2_RATE))
+    out, bits, frame = _in_fresh_process(_codec2_frames, pcm, CODEC2_MODES[mode])
     back = resample(out.astype(np.float32) / 32768.0, CODEC2_RATE, sr)
-    return _fit_length(back, len(x)).astype(np.float32), \
-        encoder.bits_per_frame() * CODEC2_RATE / frame
+    return _fit_length(back, len(x)).astype(np.float32), bits * CODEC2_RATE / frame
 
 
 # --------------------------------------------------------------------------- Opus

@@ -14,11 +14,9 @@ from functools import lru_cache
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 
 from toolkit.errors import UserError
 from toolkit.registry import Registry
-from toolkit.tasks.codec.losses import MultiResolutionMelLoss, MultiResolutionSTFTLoss
 from toolkit.tasks.codec.packages import import_optional
 
 
@@ -44,22 +42,27 @@ def align(reference, decoded) -> Tuple[np.ndarray, np.ndarray]:
     return ref[:n], dec[:n]
 
 
+# torch is imported where a loss is built, so that listing the metrics (--help) stays light.
 @lru_cache(maxsize=4)
-def _mel_loss(sample_rate: int) -> MultiResolutionMelLoss:
+def _mel_loss(sample_rate: int):
+    from toolkit.tasks.codec.losses import MultiResolutionMelLoss
     return MultiResolutionMelLoss(sample_rate)
 
 
 @lru_cache(maxsize=1)
-def _stft_loss() -> MultiResolutionSTFTLoss:
+def _stft_loss():
+    from toolkit.tasks.codec.losses import MultiResolutionSTFTLoss
     return MultiResolutionSTFTLoss()
 
 
-def _tensor(x: np.ndarray) -> torch.Tensor:
+def _tensor(x: np.ndarray):
+    import torch
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None]
 
 
 def mel_distance(reference, decoded, sample_rate: int) -> float:
     """DAC's multi-resolution log-mel L1 (MultiResolutionMelLoss defaults)."""
+    import torch
     ref, dec = align(reference, decoded)
     with torch.no_grad():
         return float(_mel_loss(int(sample_rate))(_tensor(dec), _tensor(ref)))
@@ -67,6 +70,7 @@ def mel_distance(reference, decoded, sample_rate: int) -> float:
 
 def stft_distance(reference, decoded) -> float:
     """Spectral convergence + log-magnitude L1 (MultiResolutionSTFTLoss defaults)."""
+    import torch
     ref, dec = align(reference, decoded)
     with torch.no_grad():
         sc, mag = _stft_loss()(_tensor(dec), _tensor(ref))
@@ -164,6 +168,16 @@ def visqol(reference, decoded, sample_rate: int) -> float:
         return float(api.measure_from_arrays(ref, dec, 16000).moslqo)
     except (ValueError, IndexError, ZeroDivisionError, FloatingPointError) as err:
         raise MetricError(f"ViSQOL failed: {err} ({len(ref) / 16000:.2f} s)") from err
+
+
+def warm_up_visqol() -> float:
+    """Scores one second of a synthetic vowel against itself, so that ViSQOL's numba
+    kernels compile and land in numba's on-disk cache (tools/install.sh runs this once):
+    the first evaluation then does not spend a minute compiling. Returns the score."""
+    t = np.arange(16000) / 16000.0
+    vowel = sum(np.sin(2 * np.pi * k * 140.0 * t) / k for k in range(1, 12))
+    vowel *= 0.2 * (0.6 + 0.4 * np.sin(2 * np.pi * 4.0 * t))
+    return visqol(vowel, vowel, 16000)
 
 
 # --------------------------------------------------------------------------- registry
