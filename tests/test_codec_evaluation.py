@@ -224,7 +224,7 @@ def test_evaluate_codec_baselines_only(speech, tmp_path):
     out = tmp_path / "eval"
     cmd = [sys.executable, "-m", "toolkit.bin.evaluate_codec", "--sample-rate", "16000",
            "--test-data", speech[1], "--out-dir", str(out), "--baseline", "codec2:2400",
-           "--baseline", "opus:8", "--metrics", "mel_distance,stoi,pesq_nb"]
+           "--baseline", "opus:8", "--metrics", "mel_distance,stoi,pesq_nb", "--jobs", "2"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     table = (out / "results.md").read_text()
@@ -244,6 +244,12 @@ def test_evaluate_codec_baselines_only(speech, tmp_path):
     seconds = summary["timing"]["seconds_per_utterance"]
     assert set(seconds["metric_per_system"]) == {"mel_distance", "stoi", "pesq_nb"}
     assert all(v > 0 for v in seconds["decode"].values())
+    # Metric workers (--jobs 2) change nothing: the same rows computed in this process.
+    from toolkit.tasks.codec.evaluate import evaluate_list
+    alone = evaluate_list(None, speech[1], [parse_baseline("codec2:2400"),
+                                            parse_baseline("opus:8")],
+                          metrics=["mel_distance", "stoi", "pesq_nb"], sample_rate=SR)
+    assert alone["systems"] == summary["systems"]
 
 
 def test_help_lists_the_systems_and_metrics():

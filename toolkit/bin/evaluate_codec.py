@@ -86,7 +86,11 @@ def get_args(argv=None):
                    help="largest delay searched, either way (default: 100 ms)")
     p.add_argument("--plot-key", default="", help="utterance for the spectrogram figure "
                    "(default: the first evaluated)")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads (default: 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads of the codec model (default: 1)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="processes computing the metrics beside the decoding (default: 1; "
+                   "the table is the same for any number)")
     args = p.parse_args(argv)
     if not args.model and not args.sample_rate:
         p.error("without --model, give --sample-rate")
@@ -106,7 +110,7 @@ def main(argv=None):
     codec = ExportedCodec(args.model, args.backend, args.threads) if args.model else None
     result = evaluate_list(codec, args.test_data, args.baseline, args.max_utts, args.plot_key,
                            args.n_q, args.metrics, args.sample_rate or None,
-                           args.calibration_utts, args.max_delay_ms)
+                           args.calibration_utts, args.max_delay_ms, args.jobs)
     paths = write_report(result, args.out_dir)
     sys.stdout.write(markdown_table(result))
     seconds = result["timing"]["seconds_per_utterance"]

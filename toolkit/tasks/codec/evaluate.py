@@ -68,45 +68,115 @@ class _Systems:
         return out
 
 
+class PairMetricError(MetricError):
+    """A metric that cannot score one pair: args (metric name, reason), which the
+    evaluation turns into a message naming the system and the utterance too."""
+
+
+def score_pair(reference: np.ndarray, decoded: np.ndarray, sample_rate: int,
+               metric_names: Sequence[str]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """(value, seconds) of each metric on one aligned pair; a module-level function so that
+    metric workers can run it."""
+    values, seconds = {}, {}
+    for metric in get_metrics(metric_names):
+        start = time.perf_counter()
+        try:
+            value = metric.compute(reference, decoded, sample_rate)
+        except MetricError as err:
+            raise PairMetricError(metric.name, str(err)) from None
+        seconds[metric.name] = time.perf_counter() - start
+        if not np.isfinite(value):
+            raise PairMetricError(metric.name, f"the score is {value}")
+        values[metric.name] = value
+    return values, seconds
+
+
+def _one_thread() -> None:
+    """Metric workers: one torch thread each, as `jobs` of them share the cores."""
+    torch.set_num_threads(1)
+
+
+def _named(err: PairMetricError, system: str, key: str) -> MetricError:
+    metric, reason = err.args
+    return MetricError(f"{metric} of {system} on utterance {key}: {reason}")
+
+
 class _Scores:
     """Per-system sums of the metrics on delay-compensated pairs, of bitrate x duration,
-    and the seconds each metric took."""
+    and the seconds each metric took. With jobs > 1 the metrics run in that many worker
+    processes (spawned: they load no codec) while the caller decodes the next utterances;
+    the sums are taken in utterance order, so the table is the same for any `jobs`."""
 
-    def __init__(self, names: Sequence[str], metrics, sample_rate: int):
-        self.names, self.metrics, self.sample_rate = list(names), metrics, sample_rate
-        self.sums = {n: {m.name: 0.0 for m in metrics} for n in names}
+    def __init__(self, names: Sequence[str], metrics, sample_rate: int, jobs: int = 1):
+        self.names, self.sample_rate = list(names), sample_rate
+        self.metric_names = [m.name for m in metrics]
+        self.sums = {n: {m: 0.0 for m in self.metric_names} for n in names}
         self.bits = {n: 0.0 for n in names}
-        self.seconds = {m.name: 0.0 for m in metrics}
+        self.seconds = {m: 0.0 for m in self.metric_names}
         self.duration = 0.0
         self.used = 0
+        self.pool = None
+        if jobs > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+            self.pool = ProcessPoolExecutor(jobs, multiprocessing.get_context("spawn"),
+                                            initializer=_one_thread)
+        self.backlog_limit = 2 * max(1, jobs)       # utterances in flight: bounded memory
+        self.pending: List[Tuple[str, Dict[str, Any]]] = []
 
     def add(self, key: str, wave: np.ndarray, outputs: Outputs, delays: Dict[str, int]):
-        duration = len(wave) / self.sample_rate
+        jobs = {}
         for name in self.names:
             decoded, bitrate = outputs[name]
             ref, dec = apply_delay(wave, decoded, delays[name])
-            for metric in self.metrics:
-                start = time.perf_counter()
+            self.bits[name] += bitrate * len(wave) / self.sample_rate
+            if self.pool is None:
+                jobs[name] = self._run(score_pair, key, name, ref, dec)
+            else:
+                jobs[name] = self.pool.submit(score_pair, ref, dec, self.sample_rate,
+                                              self.metric_names)
+        self.duration += len(wave) / self.sample_rate
+        self.pending.append((key, jobs))
+        while len(self.pending) > (self.backlog_limit if self.pool is not None else 0):
+            self._collect_oldest()
+
+    def _run(self, fn, key, name, ref, dec):
+        try:
+            return fn(ref, dec, self.sample_rate, self.metric_names)
+        except PairMetricError as err:
+            raise _named(err, name, key) from None
+
+    def _collect_oldest(self) -> None:
+        key, jobs = self.pending.pop(0)
+        for name in self.names:
+            result = jobs[name]
+            if self.pool is not None:
                 try:
-                    value = metric.compute(ref, dec, self.sample_rate)
-                except MetricError as err:
-                    raise MetricError(f"{metric.name} of {name} on utterance {key}: {err}"
-                                      ) from None
-                self.seconds[metric.name] += time.perf_counter() - start
-                if not np.isfinite(value):
-                    raise MetricError(f"{metric.name} of {name} on utterance {key} is "
-                                      f"{value}")
-                self.sums[name][metric.name] += value
-            self.bits[name] += bitrate * duration
-        self.duration += duration
+                    result = result.result()
+                except PairMetricError as err:
+                    raise _named(err, name, key) from None
+            values, seconds = result
+            for metric in self.metric_names:
+                self.sums[name][metric] += values[metric]
+                self.seconds[metric] += seconds[metric]
         self.used += 1
+
+    def finish(self) -> None:
+        while self.pending:
+            self._collect_oldest()
+        self.close()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
 
 
 def evaluate_list(codec: Optional[ExportedCodec], test_data: str,
                   baselines: Sequence[Baseline] = (), max_utts: int = 0, plot_key: str = "",
                   n_qs: Sequence[int] = (), metrics: Sequence[str] = ALL_METRICS,
                   sample_rate: Optional[int] = None, calibration_utts: int = 8,
-                  max_delay_ms: float = 100.0) -> Dict[str, Any]:
+                  max_delay_ms: float = 100.0, jobs: int = 1) -> Dict[str, Any]:
     """`metrics` (registered names) of the codec (`codec`, None for baselines only) and
     each baseline, averaged over the usable utterances of `test_data` (at most `max_utts`,
     0: all) at the codec's sample rate (else `sample_rate`). `n_qs`: the codec also at
@@ -116,7 +186,8 @@ def evaluate_list(codec: Optional[ExportedCodec], test_data: str,
     utterances (toolkit.tasks.codec.delay; at most `max_delay_ms` either way), and removed
     before every metric. Every metric's and baseline's package is checked before any work:
     a missing one, or a metric that cannot score a pair, stops the evaluation with a
-    MissingPackageError / MetricError naming it. The waveforms of one utterance
+    MissingPackageError / MetricError naming it. `jobs` > 1: the metrics run in that many
+    worker processes beside the decoding (same table). The waveforms of one utterance
     (`plot_key`, else the first) are kept, aligned, for the spectrogram figure."""
     from toolkit.config import DatasetConfig
     from toolkit.data.datalist import BadCounter, DataList
@@ -126,8 +197,8 @@ def evaluate_list(codec: Optional[ExportedCodec], test_data: str,
         raise ConfigError(f"metrics: {err.args[0]}") from None
     if not chosen:
         raise ConfigError(f"no metric chosen; known: {', '.join(ALL_METRICS)}")
-    if calibration_utts < 1 or max_delay_ms < 0:
-        raise ConfigError("calibration_utts must be >= 1 and max_delay_ms >= 0")
+    if calibration_utts < 1 or max_delay_ms < 0 or jobs < 1:
+        raise ConfigError("calibration_utts and jobs must be >= 1 and max_delay_ms >= 0")
     if codec is None and not baselines:
         raise ConfigError("nothing to evaluate: give a codec model, a baseline or both")
     sample_rate = codec.sample_rate if codec is not None else sample_rate
@@ -138,7 +209,6 @@ def evaluate_list(codec: Optional[ExportedCodec], test_data: str,
     for baseline in baselines:
         baseline.check()
     systems = _Systems(codec, n_qs, baselines)
-    scores = _Scores(systems.names, chosen, sample_rate)
     test = DataList.load(test_data, require_label=False)
     pipeline = FeaturePipeline(DatasetConfig(sample_rate=sample_rate), 0, False)
     max_delay = int(round(max_delay_ms * sample_rate / 1000))
@@ -166,28 +236,33 @@ def evaluate_list(codec: Optional[ExportedCodec], test_data: str,
             score(*item)
         calibration.clear()
 
+    scores = _Scores(systems.names, chosen, sample_rate, jobs)
     used = 0
-    for i in range(len(test)):
-        if max_utts and used >= max_utts:
-            break
-        entry = test.entry(i)
-        try:
-            wave = pipeline.load(entry)
-        except BadEntry as err:
-            bad.add(err.reason, entry["key"], err.detail)
-            continue
-        outputs = systems.run(wave, sample_rate)
-        used += 1
+    try:
+        for i in range(len(test)):
+            if max_utts and used >= max_utts:
+                break
+            entry = test.entry(i)
+            try:
+                wave = pipeline.load(entry)
+            except BadEntry as err:
+                bad.add(err.reason, entry["key"], err.detail)
+                continue
+            outputs = systems.run(wave, sample_rate)
+            used += 1
+            if delays is None:
+                calibration.append((entry["key"], wave, outputs))
+                if len(calibration) >= calibration_utts:
+                    calibrate()
+            else:
+                score(entry["key"], wave, outputs)
+        if not used:
+            raise DataError(f"{test_data}: no usable utterance ({bad.summary()})")
         if delays is None:
-            calibration.append((entry["key"], wave, outputs))
-            if len(calibration) >= calibration_utts:
-                calibrate()
-        else:
-            score(entry["key"], wave, outputs)
-    if not used:
-        raise DataError(f"{test_data}: no usable utterance ({bad.summary()})")
-    if delays is None:
-        calibrate()
+            calibrate()
+        scores.finish()
+    finally:
+        scores.close()
     rows = []
     for name in systems.names:
         row = {"system": name, "bitrate": scores.bits[name] / scores.duration,
