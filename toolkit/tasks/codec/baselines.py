@@ -431,7 +431,9 @@ def parse_baseline(spec: str) -> Baseline:
         raise ConfigError(f"baseline {spec!r}: expected {builder.syntax}: {err}") from None
 
 
-def baseline_help() -> str:
-    """One line per registered kind: its syntax and what it does."""
-    return "\n".join(f"  {BASELINES.get(k).syntax}: {BASELINES.get(k).summary}"
+def baseline_help(width: int = 88) -> str:
+    """Each registered kind: its syntax and what it does, wrapped to `width`."""
+    import textwrap
+    return "\n".join(textwrap.fill(f"{BASELINES.get(k).syntax}: {BASELINES.get(k).summary}",
+                                    width, initial_indent="  ", subsequent_indent="      ")
                      for k in BASELINES.names())
