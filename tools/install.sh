@@ -20,14 +20,15 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
   extras
   exit 0
 fi
-# Beyond python3, a Debian machine needs venv support and, for pesq (codec extra: an sdist
-# only, compiled at install), a C compiler and the Python headers. Installed with apt-get
-# when running as root, else named with the command that installs them.
+# Beyond python3, a Debian machine needs venv support and, for the codec extra's sdists
+# (pesq: C; libsvm-official, which visqol-python requires: C++), compilers and the Python
+# headers. Installed with apt-get when running as root, else named with the command.
 missing=()
 if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   "$python" -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=("python3-venv")
 fi
 command -v cc >/dev/null 2>&1 || missing+=("gcc" "libc6-dev")
+command -v g++ >/dev/null 2>&1 || missing+=("g++")
 "$python" -c "import os, sys, sysconfig
 sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
   || missing+=("python3-dev")
