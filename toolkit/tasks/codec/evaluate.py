@@ -128,10 +128,13 @@ class _Scores:
         jobs = {}
         for name in self.names:
             decoded, bitrate = outputs[name]
-            ref, dec = apply_delay(wave, decoded, delays[name])
+            try:
+                ref, dec = apply_delay(wave, decoded, delays[name])
+            except ValueError as err:
+                raise DataError(f"utterance {key}, system {name}: {err}") from None
             self.bits[name] += bitrate * len(wave) / self.sample_rate
             if self.pool is None:
-                jobs[name] = self._run(score_pair, key, name, ref, dec)
+                jobs[name] = self._run(key, name, ref, dec)
             else:
                 jobs[name] = self.pool.submit(score_pair, ref, dec, self.sample_rate,
                                               self.metric_names)
@@ -140,9 +143,9 @@ class _Scores:
         while len(self.pending) > (self.backlog_limit if self.pool is not None else 0):
             self._collect_oldest()
 
-    def _run(self, fn, key, name, ref, dec):
+    def _run(self, key, name, ref, dec):
         try:
-            return fn(ref, dec, self.sample_rate, self.metric_names)
+            return score_pair(ref, dec, self.sample_rate, self.metric_names)
         except PairMetricError as err:
             raise _named(err, name, key) from None
 
