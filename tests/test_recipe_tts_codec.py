@@ -82,15 +82,20 @@ def test_evaluation_table_has_codec_rates_and_baselines(recipe_run):
     assert [r.split("|")[1].strip() for r in rows] == [
         "codec", "codec n_q=4", "codec n_q=2", "mu-law 1.2 kHz 2 bit",
         "mel+Griffin-Lim 4 mels 50 fps 4 bit", "mel+Griffin-Lim 8 mels 50 fps 4 bit",
-        "mel+Griffin-Lim 12 mels 50 fps 4 bit"]
-    assert [r.split("|")[2].strip() for r in rows] == ["2.4", "1.6", "0.8", "2.4", "0.8", "1.6",
-                                                       "2.4"]
+        "mel+Griffin-Lim 12 mels 50 fps 4 bit", "Codec2 3200", "Codec2 2400", "Codec2 1600",
+        "Codec2 700C", "Opus 6 kbit/s CBR", "Opus 8 kbit/s CBR"]
+    rates = [r.split("|")[2].strip() for r in rows]
+    assert rates[:11] == ["2.4", "1.6", "0.8", "2.4", "0.8", "1.6", "2.4", "3.2", "2.4", "1.6",
+                          "0.7"]
+    assert 6.0 <= float(rates[11]) <= 6.6 and 8.0 <= float(rates[12]) <= 8.8   # measured
     assert all(r in result.stdout for r in rows)       # stage 5 prints the table
     summary = json.loads((report / "results.json").read_text())
     assert summary["utterances"] == 2
+    assert summary["metrics"] == ["mel_distance", "stft_distance", "si_sdr", "stoi", "pesq_wb",
+                                  "pesq_nb", "visqol"]
     for row in summary["systems"]:
-        assert all(row[k] is not None for k in ("mel_distance", "stft_distance", "si_sdr",
-                                                "stoi")), row
+        assert all(row[k] is not None for k in summary["metrics"]), row
+        assert abs(row["delay_ms"]) <= 100.0
     assert (report / "spectrograms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -26,6 +26,29 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
   extras
   exit 0
 fi
+# Beyond python3, a Debian machine needs venv support and, for the codec extra's sdists
+# (pesq: C; libsvm-official, which visqol-python requires: C++), compilers and the Python
+# headers. Installed with apt-get when running as root, else named with the command.
+missing=()
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  "$python" -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=("python3-venv")
+fi
+command -v cc >/dev/null 2>&1 || missing+=("gcc" "libc6-dev")
+command -v g++ >/dev/null 2>&1 || missing+=("g++")
+"$python" -c "import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
+  || missing+=("python3-dev")
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[install] installing Debian packages: ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "[install] missing system packages: ${missing[*]}; install them (Debian:" \
+         "sudo apt-get install ${missing[*]}) and rerun" >&2
+    exit 1
+  fi
+fi
 # An install killed while creating the venv leaves one without pip: create it afresh.
 if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "[install] creating virtual environment $venv" >&2
@@ -35,6 +58,12 @@ fi
 # Pin torch first: torch==2.13.0 is a local CPU wheel here; an open range would fetch CUDA.
 "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 "$venv/bin/python" -m pip install -q -e "$root[test,tts,codec,hf,wandb]"
+# ViSQOL's numba kernels compile on first use (about a minute) into numba's cache beside
+# the package: once here, not in the first evaluation or test.
+if ! (cd / && "$venv/bin/python" -c "from toolkit.tasks.codec.metrics import warm_up_visqol
+warm_up_visqol()" >/dev/null 2>"$venv/.visqol-warm-up.log"); then
+  echo "[install] warning: ViSQOL's warm-up failed (see $venv/.visqol-warm-up.log)" >&2
+fi
 echo "$want" > "$stamp"
 echo "[install] toolkit installed in $venv" >&2
 extras

@@ -45,10 +45,13 @@ test_set=test
 train_overrides=""   # extra config overrides, e.g. "training.max_steps=4000"
 average_num=3
 # Evaluation: the codec with all its codebooks and with the first n_q of them (rates of
-# one model, from quantizer dropout), and naive codecs at about the same bitrates
-# (toolkit.bin.evaluate_codec --help: mulaw:RATE:BITS, melgl:MELS:FPS:BITS).
+# one model, from quantizer dropout), naive codecs at about the same bitrates, and the real
+# speech codecs Codec2 and Opus (toolkit.bin.evaluate_codec --help lists every system and
+# metric). Each system's delay is estimated and removed before the metrics.
 eval_n_q="2 4"
 baselines="mulaw:1200:2 melgl:4:50:4 melgl:8:50:4 melgl:12:50:4"
+baselines+=" codec2:3200 codec2:2400 codec2:1600 codec2:700C opus:6 opus:8"
+eval_metrics=mel_distance,stft_distance,si_sdr,stoi,pesq_wb,pesq_nb,visqol
 eval_max_utts=0      # 0: the whole test set
 
 help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--config conf/codec_gpu.yaml] ..."
@@ -105,6 +108,7 @@ if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
   for b in $baselines; do _eval_args+=(--baseline "$b"); done
   python -m toolkit.bin.evaluate_codec --model "$exp/export" \
     --test-data "$data/$test_set/data.list" --out-dir "$exp/eval" \
-    --max-utts "$eval_max_utts" --threads "$nj" "${_eval_args[@]}"
+    --max-utts "$eval_max_utts" --metrics "$eval_metrics" --threads "$nj" --jobs "$nj" \
+    "${_eval_args[@]}"
   echo "table: $exp/eval/results.md, spectrograms: $exp/eval/spectrograms.png"
 fi
