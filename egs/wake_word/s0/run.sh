@@ -43,9 +43,18 @@ num_test_neg=5400
 # an in-turn walk over every confusable category would leave with a few copies each.
 train_conf_share=0.5
 train_hard_share=0.5
-# TTS engines that speak (comma list). Flite is opt-in: "espeak,flite" (apt-get install
-# flite) gives it 20 % of the utterances; an engine asked for but missing stops stage 0.
+# TTS engines that speak (comma list); stage 0 installs those that need it
+# (tools/install_voices.sh). Those besides espeak-ng speak other_share of the utterances;
+# blends: that many mixed voices of each engine whose voices mix (Kokoro).
 engines=espeak
+other_share=0.2
+blends=0
+# Outside test sets (comma list of engines): voices no training list or blend holds
+# (Kokoro's seven reserved voices, festival's), written by stage 0 to $data/outside_<engine>
+# and scored by stage 6 beside the recipe's own test. festival needs apt (root).
+outside_engines=""
+num_outside_pos=300
+num_outside_neg=1350
 nj=2
 
 # Front end: fbank (kaldi-native-fbank) or speech_embedding (openWakeWord 0.5.1's frozen
@@ -86,13 +95,22 @@ fi
 # --- stage 0: data preparation (a copy of this recipe for a new corpus replaces this block) ---
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing data for \"$keyword\" into $data"
+  _needs_install=$(echo "$engines,$outside_engines" | tr ',' '\n' | grep -xE 'kokoro|rhvoice|pico|mbrola|festival|flite' | sort -u | tr '\n' ' ' || true)
+  [ -z "$_needs_install" ] || bash "$TOOLKIT_ROOT/tools/install_voices.sh" $_needs_install
   python -m toolkit.bin.synth_kws_data --keyword "$keyword" --out-dir "$data" --seed "$seed" \
     --num-train-pos $num_train_pos --num-train-neg $num_train_neg \
     --num-dev-pos $num_dev_pos --num-dev-neg $num_dev_neg \
     --num-test-pos $num_test_pos --num-test-neg $num_test_neg \
     --train-conf-share $train_conf_share --train-hard-share $train_hard_share \
-    --engines "$engines" --nj $nj
+    --engines "$engines" --other-share "$other_share" --blends "$blends" --nj $nj
+  for _e in ${outside_engines//,/ }; do
+    python -m toolkit.bin.synth_kws_data --keyword "$keyword" --out-dir "$data/outside_$_e" \
+      --seed "$seed" --test-only --engines "$_e" --num-test-pos $num_outside_pos \
+      --num-test-neg $num_outside_neg --nj $nj
+  done
 fi
+outside_sets=""
+for _e in ${outside_engines//,/ }; do outside_sets="$outside_sets $data/outside_$_e/test"; done
 # --- end of stage 0 ---
 
 # Stages 1-6 are shared by every keyword recipe.
