@@ -47,7 +47,7 @@ seed=777
 # (8 accents x 28 variants) less the dev and test families leave 160 for training;
 # procedural voices make up the rest (at most 300 of them).
 num_train_speakers=300
-train_utts=12
+train_utts=8
 num_dev_speakers=24
 dev_utts=6
 num_test_speakers=40
@@ -57,11 +57,11 @@ test_utts=10
 # blends held out for dev, 5 % for test). "espeak,kokoro,flite,rhvoice" adds those
 # engines' voices (tools/install_voices.sh installs them; apt needs root).
 engines=espeak,kokoro
-blends=200
+blends=150
 # A Kokoro clip costs about a CPU-second where espeak-ng takes a millisecond: its
 # speakers get fewer training utterances, of fewer words (ENGINE=VALUE comma lists).
-engine_train_utts=kokoro=8
-engine_words=kokoro=5-10
+engine_train_utts=kokoro=4
+engine_words=kokoro=3-6
 # The outside test set ($data/outside/test): the test speakers the corpus above holds
 # out of the engines that reserve no voice, the voices reserved for evaluation of
 # $engines (Kokoro's seven), and those of $outside_engines: festival (every voice, never
