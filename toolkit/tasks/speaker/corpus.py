@@ -9,23 +9,40 @@ voices, the forked rendering, the stamp and the output dir are toolkit.tts.corpu
 Speakers. espeak-ng's fixed voices (toolkit.tts.espeak: accents x variants) come in
 families: the accents of one variant share its voice design (formants, pitch, voice
 source), so a family is never split across train, dev and test (split_by_family). When the
-fixed voices do not cover the sizes asked for, procedural espeak-ng voices (random variant
-files) fill the gap, test first, then dev, then train; each is a family of its own. Other
-engines speak only when named (``engines``); flite's voices are families of their own like
-the fixed ones. Reserved voices (festival's) speak only in a test-only corpus
-(``test_only``), as its first test speakers.
+fixed voices do not cover the espeak-ng sizes asked for, procedural espeak-ng voices
+(random variant files) fill the gap, test first, then dev, then train; each is a family of
+its own. The sizes count espeak-ng's speakers: the other engines speak only when named
+(``engines``), with every voice they have besides those reserved, each voice a speaker;
+an engine's held-out voices (ENGINE_SPLIT) follow from the seed and that engine's own
+voice list alone, so that they are the same whatever else a corpus names. ``blends``
+adds that many blended voices of each named engine that mixes voices (Kokoro), each a
+speaker: the voices they are made of then all train, the blends themselves are shared
+out by BLEND_SPLIT (toolkit.tts.corpus.split_with_blends).
+
+Reserved voices (festival's, seven of Kokoro's: toolkit.tts.is_reserved) speak only in a
+test-only corpus (``test_only``): its test split is the held-out test speakers of the
+full corpus of the same seed and engines, plus every reserved voice; an engine with
+reserved voices is heard there through those alone (Engines.outside_test).
 
 Each speaker has its own speaking rate, pitch and pitch range (drawn from a stream of its
 own name, so a speaker sounds the same at any corpus size); each utterance varies them
 around it, says 8-16 random English words, at its own level, between silences, in white,
-pink, brown or babble noise at its own SNR.
+pink, brown or babble noise at its own SNR. A slow engine (Kokoro: about a CPU-second per
+short clip, where espeak-ng takes a millisecond) can be given fewer training utterances
+and fewer words per utterance (``engine_sizing``). Babble is spoken by the split's
+espeak-ng voices when it has any, so that its cost does not grow with the other engines.
+
+Trials: ``test/trials`` holds every pair of test utterances (cross-engine pairs among
+them), and when the test split has speakers of more than one engine, ``test/trials_<engine>``
+the pairs within each engine that has two speakers or more there (in a test-only corpus
+of Kokoro, its reserved voices alone).
 """
 import logging
 import os
 import time
 import zlib
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,8 +50,8 @@ from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
 from toolkit.tts import SynthError, Voice
 from toolkit.tts.corpus import (SPLITS, CorpusDir, Engines, Group, corpus_stamp,
-                                data_dir_summary, espeak_voices_here, open_engines,
-                                split_by_family)
+                                data_dir_summary, engine_blends, espeak_voices_here,
+                                open_engines, split_by_family, split_with_blends)
 from toolkit.tts.espeak import (ACCENTS, MAX_RANDOM_VOICES, espeak_voices,
                                 private_espeak_data, random_voices)
 from toolkit.tts.render import NOISE_TYPES, Renderer, place_in_noise
@@ -42,8 +59,10 @@ from toolkit.tts.text import random_words
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2           # bump when the outputs change, so old stamps are stale
-                             # (2: the stamp and voices.tsv of toolkit.tts.corpus)
+FORMAT_VERSION = 3           # bump when the outputs change, so old stamps are stale
+                             # (2: the stamp and voices.tsv of toolkit.tts.corpus;
+                             # 3: engines besides espeak-ng on top of its sizes, split
+                             # per engine; blends; espeak-ng babble; trials per engine)
 GROUP_SIZE = 32              # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_speaker_data.json"
 # Every test pair is a trial up to this many; above, all targets (up to the same cap) and
@@ -62,6 +81,10 @@ LEVEL_DBFS = (-32.0, -14.0)  # active-speech level
 SILENCE_S = (0.1, 0.5)       # leading and trailing, filled with the same noise
 SNR_DB = (10.0, 30.0)
 BABBLE_POOL = 4              # babble sentences per group, by voices of the same split
+# Held-out voices of each engine besides espeak-ng (at least one test voice of two, one
+# dev voice of three), and of the blends: blends are many, and a slow engine's.
+ENGINE_SPLIT = {"dev": 0.1, "test": 0.2}
+BLEND_SPLIT = {"dev": 0.05, "test": 0.05}
 
 
 @dataclass(frozen=True)
@@ -78,6 +101,28 @@ class Sizes:
 
     def utts(self, split: str) -> int:
         return getattr(self, f"{split}_utts")
+
+
+@dataclass(frozen=True)
+class EngineSizing:
+    """One engine's own sizes, where they differ from the corpus's: utterances per
+    training speaker, and the (fewest, most) words of an utterance in every split."""
+    train_utts: Optional[int] = None
+    words: Optional[Tuple[int, int]] = None
+
+
+def check_engine_sizing(sizing: Mapping[str, EngineSizing], engines: Sequence[str]) -> None:
+    """SynthError for sizing of an engine the corpus does not name, or bad values."""
+    for name, own in sorted(sizing.items()):
+        if name not in engines:
+            raise SynthError(f"sizes given for the engine {name!r}, which --engines does not "
+                             f"name ({','.join(engines)})")
+        if own.train_utts is not None and not 2 <= own.train_utts <= 1000:
+            raise SynthError(f"{name}: training utterances per speaker must be 2-1000, got "
+                             f"{own.train_utts}")
+        if own.words is not None and not 1 <= own.words[0] <= own.words[1] <= 100:
+            raise SynthError(f"{name}: words per utterance must be a range 1 <= low <= high "
+                             f"<= 100, got {own.words[0]}-{own.words[1]}")
 
 
 @dataclass
@@ -117,12 +162,31 @@ def _name_stream(name: str) -> int:
 # Speakers
 # --------------------------------------------------------------------------------------
 
-def assign_voices(voices: Sequence[Voice], sizes: Sizes, seed: int,
-                  test_first: Sequence[Voice] = ()
+def assign_voices(voices: Sequence[Voice], sizes: Sizes, seed: int
                   ) -> Tuple[Dict[str, List[Voice]], Dict[str, int]]:
-    """Voices of each split by family (toolkit.tts.corpus.split_by_family), and how many
-    speakers each split still lacks. `test_first` (reserved voices) are test speakers first."""
-    return split_by_family(voices, {s: sizes.speakers(s) for s in SPLITS}, seed, test_first)
+    """espeak-ng's voices of each split by family (toolkit.tts.corpus.split_by_family),
+    and how many speakers each split still lacks."""
+    return split_by_family(voices, {s: sizes.speakers(s) for s in SPLITS}, seed)
+
+
+def split_engine_voices(voices: Sequence[Voice], seed: int) -> Dict[str, List[Voice]]:
+    """The voices of the engines besides espeak-ng per split: each engine gives test and
+    dev their ENGINE_SPLIT fractions (one test voice of two or more, one dev voice of
+    three or more), drawn from a stream of the seed and the engine's name over its own
+    voices alone, so that its held-out voices do not depend on the other engines named."""
+    out: Dict[str, List[Voice]] = {s: [] for s in SPLITS}
+    by_engine: Dict[str, List[Voice]] = {}
+    for v in sorted(voices, key=lambda v: v.spk):
+        by_engine.setdefault(v.engine, []).append(v)
+    for engine, own in sorted(by_engine.items()):
+        order = [own[i] for i in _rng(seed, 5, _name_stream(engine)).permutation(len(own))]
+        n = len(order)
+        n_test = max(1, round(ENGINE_SPLIT["test"] * n)) if n >= 2 else 0
+        n_dev = max(1, round(ENGINE_SPLIT["dev"] * n)) if n >= 3 else 0
+        out["test"] += order[:n_test]
+        out["dev"] += order[n_test:n_test + n_dev]
+        out["train"] += order[n_test + n_dev:]
+    return {s: sorted(vs, key=lambda v: v.spk) for s, vs in out.items()}
 
 
 def speaker_profile(voice: Voice, seed: int) -> Speaker:
@@ -137,8 +201,8 @@ def _clip(value: float, low: int, high: int) -> int:
     return int(min(max(round(value), low), high))
 
 
-def plan_utterances(speaker: Speaker, count: int, seed: int, snr_db: Tuple[float, float]
-                    ) -> List[UttSpec]:
+def plan_utterances(speaker: Speaker, count: int, seed: int, snr_db: Tuple[float, float],
+                    words: Tuple[int, int] = WORDS_PER_UTT) -> List[UttSpec]:
     """`count` utterances of one speaker, from a stream of the speaker's name: the first
     n of them are the same whatever `count` is."""
     rng = _rng(seed, 2, _name_stream(speaker.spk))
@@ -147,7 +211,7 @@ def plan_utterances(speaker: Speaker, count: int, seed: int, snr_db: Tuple[float
         rate = speaker.rate * (1 + float(rng.uniform(-RATE_SPREAD, RATE_SPREAD)))
         specs.append(UttSpec(
             utt=f"{speaker.spk}-{u:03d}", spk=speaker.spk,
-            text=random_words(rng, *WORDS_PER_UTT), voice=speaker.voice,
+            text=random_words(rng, *words), voice=speaker.voice,
             rate=_clip(rate, 80, 450),
             pitch=_clip(speaker.pitch + rng.uniform(-PITCH_SPREAD, PITCH_SPREAD), 0, 100),
             prange=_clip(speaker.prange + rng.uniform(-RANGE_SPREAD, RANGE_SPREAD), 0, 100),
@@ -159,16 +223,23 @@ def plan_utterances(speaker: Speaker, count: int, seed: int, snr_db: Tuple[float
 
 
 def plan_groups(split: str, speakers: Sequence[Speaker], utts: int, seed: int,
-                snr_db: Tuple[float, float]) -> List[Group]:
+                snr_db: Tuple[float, float],
+                engine_sizing: Mapping[str, EngineSizing] = {}) -> List[Group]:
     si = SPLITS.index(split)
-    specs = [s for spk in sorted(speakers, key=lambda s: s.spk)
-             for s in plan_utterances(spk, utts, seed, snr_db)]
+    specs = []
+    for spk in sorted(speakers, key=lambda s: s.spk):
+        own = engine_sizing.get(spk.voice.engine, EngineSizing())
+        count = own.train_utts if split == "train" and own.train_utts else utts
+        specs += plan_utterances(spk, count, seed, snr_db, own.words or WORDS_PER_UTT)
+    # Babble is noise: espeak-ng speaks it when the split has its voices (~1 ms a
+    # sentence, where a neural engine takes a second).
+    talkers = [s for s in speakers if s.voice.engine == "espeak"] or list(speakers)
     rng = _rng(seed, 3, si)
     groups = []
     for g, start in enumerate(range(0, len(specs), GROUP_SIZE)):
         babble = []
         for _ in range(BABBLE_POOL):
-            talker = speakers[int(rng.integers(len(speakers)))]
+            talker = talkers[int(rng.integers(len(talkers)))]
             babble.append(UttSpec("babble", talker.spk, random_words(rng, 12, 20), talker.voice,
                                   talker.rate, talker.pitch, talker.prange))
         groups.append(Group(split, g, (int(seed), 4, si, g), specs[start:start + GROUP_SIZE],
@@ -177,7 +248,8 @@ def plan_groups(split: str, speakers: Sequence[Speaker], utts: int, seed: int,
 
 
 def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: Engines,
-                tmp_dir: str, splits: Sequence[str] = SPLITS
+                tmp_dir: str, splits: Sequence[str] = SPLITS, blends: int = 0,
+                engine_sizing: Mapping[str, EngineSizing] = {}
                 ) -> Tuple[List[Group], Dict[str, List[Speaker]], Optional[str]]:
     """Groups of `splits`, the speakers of every split, and the private espeak-ng data
     dir of the procedural voices (None without them)."""
@@ -187,20 +259,19 @@ def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: E
         fixed, accents = espeak_voices_here(espeak_voices(), tmp_dir)
         if not accents:
             raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}")
-    pool, reserved = engines.usable(fixed + list(engines.voices))
-    by_split, missing = assign_voices(pool, sizes, seed, reserved)
+    free, reserved = engines.usable(fixed + list(engines.voices))
+    espeak_sizes = sizes if "espeak" in engines.names else Sizes(0, 0, 0, 0, 0, 0)
+    by_split, missing = assign_voices([v for v in free if v.engine == "espeak"],
+                                      espeak_sizes, seed)
     # Procedural voices go to test first, so a test-only corpus needs only test's share.
     need = sum(missing[s] for s in splits)
     espeak_data = None
     if need:
-        asked = sum(sizes.speakers(s) for s in splits)
-        have = len(pool) + len(reserved)
-        if "espeak" not in engines.names:
-            raise SynthError(f"{asked} speakers asked for, but {','.join(engines.names)} have "
-                             f"{have} voices (add espeak to --engines for procedural voices)")
         if need > MAX_RANDOM_VOICES:
-            raise SynthError(f"{asked} speakers asked for: the voices here cover at most "
-                             f"{have + MAX_RANDOM_VOICES} ({have} fixed and "
+            asked = sum(sizes.speakers(s) for s in splits)
+            have = len(fixed)
+            raise SynthError(f"{asked} espeak-ng speakers asked for: the voices here cover at "
+                             f"most {have + MAX_RANDOM_VOICES} ({have} fixed and "
                              f"{MAX_RANDOM_VOICES} procedural)")
         procedural = random_voices(need, accents, seed)
         espeak_data = private_espeak_data(procedural, tmp_dir)
@@ -211,12 +282,20 @@ def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: E
             if split in splits:
                 by_split[split] += procedural[start:start + missing[split]]
                 start += missing[split]
+    others = split_with_blends([v for v in free if v.engine != "espeak"],
+                               engine_blends(engines.names, blends, seed), seed, BLEND_SPLIT,
+                               lambda vs: split_engine_voices(vs, seed))
+    for split in SPLITS:
+        by_split[split] = list(by_split[split]) + others[split]
+    if engines.test_only:
+        by_split["test"] = Engines.outside_test(by_split["test"], reserved)
     speakers = {s: [speaker_profile(v, seed) for v in sorted(by_split[s], key=lambda v: v.spk)]
                 for s in splits}
     for split in splits:
-        if sizes.speakers(split) and len(speakers[split]) < 2:
+        if len(speakers[split]) < 2:
             raise SynthError(f"{split} needs at least 2 speakers, got {len(speakers[split])}")
-    groups = [g for s in splits for g in plan_groups(s, speakers[s], sizes.utts(s), seed, snr_db)]
+    groups = [g for s in splits for g in plan_groups(s, speakers[s], sizes.utts(s), seed,
+                                                     snr_db, engine_sizing)]
     return groups, speakers, espeak_data
 
 
@@ -267,6 +346,22 @@ def write_trials(path: str, keys: Sequence[str], speakers: Sequence[str], seed: 
     return len(rows)
 
 
+def write_test_trials(test_dir: str, specs: Sequence[UttSpec], seed: int) -> List[str]:
+    """`trials` (every pair), and `trials_<engine>` for each engine with two speakers or
+    more when the test split hears more than one engine; returns the names written."""
+    write_trials(os.path.join(test_dir, "trials"), [s.utt for s in specs],
+                 [s.spk for s in specs], seed)
+    names = ["trials"]
+    engines = sorted({s.voice.engine for s in specs})
+    for engine in engines if len(engines) > 1 else ():
+        own = [s for s in specs if s.voice.engine == engine]
+        if len({s.spk for s in own}) >= 2:
+            write_trials(os.path.join(test_dir, f"trials_{engine}"), [s.utt for s in own],
+                         [s.spk for s in own], seed)
+            names.append(f"trials_{engine}")
+    return names
+
+
 def write_split(out_dir: str, split: str, specs: Sequence[UttSpec], speakers: Sequence[Speaker],
                 lengths: Dict[str, int], sr: int) -> None:
     wav_dir = os.path.abspath(os.path.join(out_dir, "wavs", split))
@@ -286,11 +381,15 @@ def corpus_dir(out_dir: str) -> CorpusDir:
 
 def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: int = 2,
                     sample_rate: int = 16000, snr_db: Tuple[float, float] = SNR_DB,
-                    engines: Sequence[str] = ("espeak",), test_only: bool = False) -> dict:
+                    engines: Sequence[str] = ("espeak",), test_only: bool = False,
+                    blends: int = 0, engine_sizing: Mapping[str, EngineSizing] = {}) -> dict:
     """Writes the corpus; returns the summary (`summarize`). Does nothing when `out_dir`
-    already holds a complete corpus made with the same arguments. `test_only` writes the
-    test split alone (and its trials): the reserved voices of `engines` first (all of
-    festival's), then the test speakers the full corpus of this seed holds out."""
+    already holds a complete corpus made with the same arguments. `sizes` count espeak-ng's
+    speakers; the other `engines` add their voices, `blends` blended voices of each engine
+    that mixes them (Kokoro). `engine_sizing`: an engine's own training utterances per
+    speaker and words per utterance. `test_only` writes the test split alone (and its
+    trials): the test speakers the full corpus of this seed holds out, plus every reserved
+    voice of `engines` (see the module docstring)."""
     splits = ("test",) if test_only else SPLITS
     if seed < 0:
         raise SynthError(f"seed must be >= 0, got {seed}")
@@ -300,6 +399,8 @@ def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: i
         raise SynthError(f"sample rate {sample_rate} too low (need >= 8000)")
     if snr_db[0] > snr_db[1]:
         raise SynthError(f"bad SNR range {snr_db}: min > max")
+    if blends < 0:
+        raise SynthError(f"blends must be >= 0, got {blends}")
     for split in splits:
         if sizes.speakers(split) < 2 or sizes.utts(split) < 2:
             raise SynthError(f"{split} needs at least 2 speakers of at least 2 utterances "
@@ -308,8 +409,10 @@ def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: i
         if sizes.utts(split) > 1000:
             raise SynthError(f"{split}: at most 1000 utterances per speaker")
     named = open_engines(engines, test_only)
+    check_engine_sizing(engine_sizing, named.names)
     settings = {"seed": int(seed), "sizes": asdict(sizes), "sample_rate": int(sample_rate),
-                "snr_db": [float(snr_db[0]), float(snr_db[1])]}
+                "snr_db": [float(snr_db[0]), float(snr_db[1])], "blends": int(blends),
+                "engine_sizing": {name: asdict(own) for name, own in sorted(engine_sizing.items())}}
     config = corpus_stamp(FORMAT_VERSION, settings, named)
     out = corpus_dir(out_dir)
     required = {s: DATA_FILES + (("trials",) if s == "test" else ()) for s in splits}
@@ -319,9 +422,12 @@ def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: i
 
     t0 = time.time()
     with out.workspace() as tmp_dir:
-        groups, speakers, espeak_data = plan_corpus(seed, sizes, snr_db, named, tmp_dir, splits)
-        logger.info("planned %d utterances of %s speakers in %d groups; rendering with nj=%d",
-                    sum(len(g.specs) for g in groups),
+        groups, speakers, espeak_data = plan_corpus(seed, sizes, snr_db, named, tmp_dir, splits,
+                                                    blends, engine_sizing)
+        planned = [s for g in groups for s in g.specs]
+        per_engine = {e: sum(s.voice.engine == e for s in planned) for e in named.names}
+        logger.info("planned %d utterances (%s) of %s speakers in %d groups; rendering with "
+                    "nj=%d", len(planned), ", ".join(f"{e} {n}" for e, n in per_engine.items()),
                     "/".join(str(len(speakers[s])) for s in splits), len(groups), nj)
         results = out.render(groups, lambda g, tts, rng: _render_group(
             g, tts, rng, out.wav_dir(g.split)), nj, tmp_dir, sample_rate, splits, espeak_data)
@@ -329,9 +435,8 @@ def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: i
     for split in splits:
         specs = [s for g in groups if g.split == split for s in g.specs]
         write_split(out_dir, split, specs, speakers[split], lengths, sample_rate)
-    test = [s for g in groups if g.split == "test" for s in g.specs]
-    write_trials(os.path.join(out_dir, "test", "trials"), [s.utt for s in test],
-                 [s.spk for s in test], seed)
+    write_test_trials(os.path.join(out_dir, "test"),
+                      [s for g in groups if g.split == "test" for s in g.specs], seed)
     out.write_inventory({s: [p.voice for p in speakers[s]] for s in splits},
                         {p.spk for s in splits for p in speakers[s]}, config["engine_versions"])
     out.write_stamp(config)
@@ -340,9 +445,13 @@ def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: i
 
 
 def summarize(out_dir: str, splits: Sequence[str] = SPLITS) -> dict:
-    """Per split: speakers, utterances and hours; the test trial counts."""
+    """Per split: speakers, utterances and hours; the counts of each test trial list
+    (`trials` under "trials", `trials_<engine>` under "trials_<engine>")."""
     out = {split: data_dir_summary(os.path.join(out_dir, split)) for split in splits}
-    with open(os.path.join(out_dir, "test", "trials"), encoding="utf-8") as f:
-        labels = [line.split()[2] for line in f if line.strip()]
-    out["trials"] = {"trials": len(labels), "targets": labels.count("target")}
+    test_dir = os.path.join(out_dir, "test")
+    for name in sorted(os.listdir(test_dir)):
+        if name == "trials" or name.startswith("trials_"):
+            with open(os.path.join(test_dir, name), encoding="utf-8") as f:
+                labels = [line.split()[2] for line in f if line.strip()]
+            out[name] = {"trials": len(labels), "targets": labels.count("target")}
     return out
