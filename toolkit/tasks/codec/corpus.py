@@ -11,10 +11,15 @@ Texts are sentences from a small grammar (statements, questions, requests, numbe
 names), one to three per utterance, so that the prosody is that of read sentences rather
 than of word lists. Voices: espeak-ng's fixed voices (8 English accents x 28 variants),
 optionally procedural espeak-ng voices (random vocal tracts and sources,
-toolkit.tts.espeak.random_voices), and the voices of the other engines named. Train, dev
-and test never share a voice; the split is stratified by accent (espeak-ng) or engine, so
-that every split hears every accent. Reserved voices (festival's) speak only in a
-test-only corpus (``test_only``), which adds them to the test voices of the full corpus.
+toolkit.tts.espeak.random_voices), the voices of the other engines named, and blends of
+the voices of an engine that mixes them (Kokoro: ``blends`` per engine). The engines
+besides espeak-ng speak ``other_share`` of the utterances, shared alike. Train, dev and
+test never share a voice; the split is stratified by accent (espeak-ng) or engine, so
+that every split hears every accent; the voices blends are made of all train, and the
+blends are shared out like other voices. Reserved voices (festival's, seven of Kokoro's:
+toolkit.tts.RESERVED_VOICES) speak only in a test-only corpus (``test_only``), whose test
+split is the held-out test voices of the full corpus of the same seed plus the reserved
+ones (an engine that reserves voices is heard through those alone).
 """
 import logging
 import math
@@ -27,9 +32,10 @@ import numpy as np
 
 from toolkit.data import kaldi
 from toolkit.tts import SynthError, Voice
-from toolkit.tts.corpus import (SPLITS, CorpusDir, Engines, Group, corpus_stamp,
-                                data_dir_summary, engine_shares, espeak_voices_here,
-                                open_engines, split_by_stratum)
+from toolkit.tts.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
+                                corpus_stamp, data_dir_summary, engine_blends, engine_shares,
+                                espeak_voices_here, open_engines, split_by_stratum,
+                                split_with_blends)
 from toolkit.tts.espeak import (ACCENTS, INSTALL_HINT, MAX_RANDOM_VOICES, espeak_voices,
                                 private_espeak_data, random_voices)
 from toolkit.tts.render import Renderer
@@ -37,8 +43,9 @@ from toolkit.tts.signal import active_power, babble_noise, colored_noise, mix_at
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2            # bump when the outputs change, so that old stamps are stale
-                              # (2: the stamp and voices.tsv of toolkit.tts.corpus)
+FORMAT_VERSION = 3            # bump when the outputs change, so that old stamps are stale
+                              # (2: the stamp and voices.tsv of toolkit.tts.corpus;
+                              # 3: blends and the other engines' share in the stamp)
 NOISY_SUFFIX = "_noisy"
 GROUP_SIZE = 32               # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_speech_data.json"
@@ -313,7 +320,8 @@ def summarize(out_dir: str, names: Sequence[str]) -> Dict[str, dict]:
 
 def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: Engines,
                 n_random_voices: int, max_voices: int, sentences: Tuple[int, int],
-                tmp_dir: str, splits: Sequence[str] = SPLITS
+                tmp_dir: str, splits: Sequence[str] = SPLITS,
+                other_share: float = OTHER_ENGINES_SHARE, blends: int = 0
                 ) -> Tuple[List[Group], Dict[str, List[Voice]], Optional[str]]:
     """Groups of `splits`, the voices of every split, and the private espeak-ng data dir of
     the procedural voices (None without them)."""
@@ -328,13 +336,18 @@ def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: E
                              f"{INSTALL_HINT}")
         voices += fixed
     free, reserved = engines.usable(voices)
-    by_split = split_voices(free, seed, max_voices)
+    mixed = engine_blends(engines.names, blends, seed)
+    if mixed:
+        by_split = split_with_blends(free, mixed, seed, VOICE_SHARE,
+                                     lambda vs: split_voices(vs, seed, max_voices))
+    else:
+        by_split = split_voices(free, seed, max_voices)
     if reserved:
         by_split["test"] = engines.outside_test(by_split["test"], reserved)
     for split in splits:
         if not by_split[split]:
             raise SynthError(f"no voices left for {split} ({len(voices)} voices in all)")
-    shares = engine_shares(engines.names)
+    shares = engine_shares(engines.names, other_share)
     groups = [g for split in splits
               for g in plan_split(split, getattr(sizes, split), by_split[split], seed,
                                   snr_db, shares, sentences)]
@@ -345,14 +358,18 @@ def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: 
                     sample_rate: int = 16000, engines: Sequence[str] = ("espeak",),
                     n_random_voices: int = 0, max_voices: int = 0,
                     snr_db: Tuple[float, float] = (5.0, 25.0), noisy: bool = True,
-                    sentences: Tuple[int, int] = SENTENCES, test_only: bool = False
+                    sentences: Tuple[int, int] = SENTENCES, test_only: bool = False,
+                    other_share: float = OTHER_ENGINES_SHARE, blends: int = 0
                     ) -> Dict[str, dict]:
     """Writes the corpus (module docstring) and returns summarize()'s figures. Does
     nothing when `out_dir` already holds a complete corpus of the same arguments.
     `n_random_voices`: procedural espeak-ng voices added to the pool before the split;
-    `max_voices` > 0: at most that many voices in all (split_voices). `test_only`: the
-    test dirs alone, on the test voices of the full corpus of this seed plus every
-    reserved voice of `engines` (all of festival's)."""
+    `max_voices` > 0: at most that many voices in all (split_voices; the voices blends are
+    made of come on top). `other_share`: the share of the utterances the engines besides
+    espeak-ng speak, alike. `blends`: that many blended voices of each named engine that
+    mixes voices (Kokoro). `test_only`: the test dirs alone, on the test voices of the full
+    corpus of this seed plus every reserved voice of `engines` (festival's; Kokoro's seven,
+    and no other Kokoro voice or blend)."""
     splits = ("test",) if test_only else SPLITS
     for split in splits:
         if getattr(sizes, split) < 1:
@@ -363,6 +380,10 @@ def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: 
         raise SynthError(f"sample rate {sample_rate} too low (need >= 8000)")
     if snr_db[0] > snr_db[1] or not 1 <= sentences[0] <= sentences[1]:
         raise SynthError(f"bad ranges: SNR {snr_db}, sentences {sentences}")
+    if not 0.0 <= other_share <= 1.0:
+        raise SynthError(f"other-engine share {other_share} is outside [0, 1]")
+    if blends < 0:
+        raise SynthError(f"blends must be >= 0, got {blends}")
     if not 0 <= n_random_voices <= MAX_RANDOM_VOICES:
         raise SynthError(f"random voices {n_random_voices} is outside [0, {MAX_RANDOM_VOICES}] "
                          "(espeak-ng lists at most 349 voice files)")
@@ -370,7 +391,8 @@ def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: 
     if n_random_voices and "espeak" not in named.names:
         raise SynthError("random voices are espeak-ng voices: add espeak to --engines")
     settings = {"seed": int(seed), "sizes": asdict(sizes), "sample_rate": int(sample_rate),
-                "snr_db": [float(x) for x in snr_db], "engine_shares": engine_shares(named.names),
+                "snr_db": [float(x) for x in snr_db],
+                "engine_shares": engine_shares(named.names, other_share), "blends": int(blends),
                 "random_voices": int(n_random_voices), "max_voices": int(max_voices),
                 "noisy": bool(noisy), "sentences": [int(x) for x in sentences]}
     config = corpus_stamp(FORMAT_VERSION, settings, named)
@@ -384,7 +406,8 @@ def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: 
     t0 = time.time()
     with out.workspace() as tmp_dir:
         groups, by_split, espeak_data = plan_corpus(seed, sizes, snr_db, named, n_random_voices,
-                                                    max_voices, sentences, tmp_dir, splits)
+                                                    max_voices, sentences, tmp_dir, splits,
+                                                    other_share, blends)
         logger.info("planned %d utterances (%s voices) in %d groups; rendering with nj=%d",
                     sum(len(g.specs) for g in groups),
                     "/".join(str(len(by_split[s])) for s in splits), len(groups), nj)
