@@ -3,7 +3,7 @@ import logging
 import os
 import sys
 
-from toolkit.redaction import REDACTED, known_secrets, register_secrets  # noqa: F401 (re-exported)
+from toolkit.config.secrets import REDACTED, known_secrets
 
 
 class RedactSecrets(logging.Filter):

@@ -11,7 +11,7 @@ import numpy as np
 from toolkit.data import augment
 from toolkit.data.audio import BadEntry, resample
 from toolkit.data.datalist import DataList
-from toolkit.data.features import build_extractor, extractor_class_for_metadata
+from toolkit.data.features import build_extractor
 
 DITHER_STREAM = "\0dither"   # dither draws from its own stream: other draws stay put
 
@@ -173,9 +173,9 @@ class FeaturePipeline:
         return feats
 
 
-def dataset_config_from_metadata(meta: dict, **paths):
-    """A DatasetConfig whose features are those of an exported model (its `feature`
-    metadata), for a FeaturePipeline that computes what the model was trained on."""
-    from toolkit.config import DatasetConfig, FeatureConfig
-    fields = extractor_class_for_metadata(meta).config_fields(meta, **paths)
-    return DatasetConfig(sample_rate=int(meta["sample_rate"]), feature=FeatureConfig(**fields))
+
+def evaluation_pipeline(dataset_cfg) -> FeaturePipeline:
+    """The pipeline of a dataset section without augmentation or a training seed: what
+    export parity checks, evaluation and feature extraction outside training run (the
+    trainer builds the training and dev pipelines itself)."""
+    return FeaturePipeline(dataset_cfg, seed=0, train=False)
