@@ -286,7 +286,8 @@ def test_utterances_shorter_than_the_model_needs_are_counted_skips(corpus, tmp_p
 def test_chunks_shorter_than_the_model_needs_are_refused():
     import toolkit.tasks  # noqa: F401
     from speaker_data import TINY_SPEAKER_CONFIG
-    from toolkit.config import ConfigError, validate
+    from toolkit.config import ConfigError
+    from toolkit.task import validate
     raw = json.loads(json.dumps(TINY_SPEAKER_CONFIG))
     raw["model"] = XVECTOR
     raw["task"]["chunk_frames"] = 10
@@ -301,8 +302,9 @@ def test_zero_frame_feature_matrix_is_a_counted_skip(tmp_path):
     import kaldiio
     import toolkit.tasks  # noqa: F401
     from speaker_data import TINY_SPEAKER_CONFIG
-    from toolkit.config import validate
     from toolkit.data.audio import BadEntry
+    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.task import validate
     from toolkit.tasks.speaker.task import SpeakerTask
     ark = str(tmp_path / "feats.ark")
     with kaldiio.WriteHelper(f"ark,scp:{ark},{tmp_path / 'feats.scp'}") as writer:
@@ -311,7 +313,8 @@ def test_zero_frame_feature_matrix_is_a_counted_skip(tmp_path):
     scp = dict(line.split() for line in open(tmp_path / "feats.scp"))
     cfg = validate(json.loads(json.dumps(TINY_SPEAKER_CONFIG)))
     cfg.head.num_classes = 6
-    builder = SpeakerTask(cfg, [f"spk{i:03d}" for i in range(6)]).example_builder(True, 3)
+    task = SpeakerTask(cfg, [f"spk{i:03d}" for i in range(6)])
+    builder = task.example_builder(FeaturePipeline(cfg.dataset, seed=3, train=True))
     feats, label, _ = builder({"key": "fine", "feat": scp["fine"], "label": 2, "spk": "a"}, 0)
     assert feats.shape == (50, 24) and label == 2
     with pytest.raises(BadEntry) as err:
