@@ -28,7 +28,19 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5"],
         "tts": ["espeakng-loader>=0.2"],
-        # STOI in codec evaluation; recipes install it so their tables never read "n/a".
-        "codec": ["pystoi>=0.4"],
+        # Kokoro's runtime (tools/install_voices.sh kokoro installs it with torch held).
+        "kokoro": ["kokoro-onnx==0.6.1"],
+        # Codec evaluation (toolkit.tasks.codec.metrics / baselines), pinned so that a table
+        # never depends on the host: STOI; PESQ (an sdist: builds with a C compiler and the
+        # Python headers, which tools/install.sh provides); ViSQOL with its lattice MOS
+        # mapping (TFLite runtime) and numba (~30x faster, identical scores); Codec2 (a
+        # wheel bundling libcodec2 1.2); Opus through PyAV's wheel, which bundles libopus.
+        "codec": ["pystoi>=0.4", "pesq==0.0.4", "visqol-python[lattice,accel]==3.8.0",
+                  "pycodec2==4.1.1", "av==18.1.0"],
+        # Hugging Face datasets as input (dataset.hf); audio is decoded with soundfile, so
+        # neither torchcodec nor torchaudio is needed (and none is pulled in).
+        "hf": ["datasets>=4.0,<6"],
+        # Weights & Biases logging (training.wandb).
+        "wandb": ["wandb>=0.19"],
     },
 )

@@ -1,13 +1,18 @@
 """Suite-wide pytest setup: the slowest test files are collected first, so that pytest-xdist
 (--dist loadfile, tools/test.sh) hands them out before the short ones and the workers
-finish together instead of one running a long recipe test alone at the end."""
+finish together instead of one running a long recipe test alone at the end; and the TTS
+clip cache (toolkit.tts.cache) is a directory of this run, not the user's."""
+import os
+import shutil
+import tempfile
 
 # Seconds per file on 2 cores (fresh clone, `bash tools/test.sh --durations=60`), longest
 # first; files not listed keep their order after these.
 SLOWEST_FIRST = [
     "test_recipe_wake_word.py", "test_recipe_corpora.py", "test_trainer_resume.py",
     "test_trainer_faults.py", "test_recipe_tts_speakers.py", "test_recipe_voxceleb.py",
-    "test_trainer_restarts.py", "test_codec_task.py", "test_trainer_behaviour.py",
+    "test_trainer_restarts.py", "test_codec_task.py", "test_codec_rates.py",
+    "test_codec_teachers.py", "test_trainer_behaviour.py",
     "test_speaker_task.py", "test_recipe_tts_codec.py", "test_new_corpus_guide.py",
     "test_speech_embedding_frontend.py", "test_data_robustness.py", "test_ctc.py",
     "test_expected_errors.py",
@@ -17,3 +22,16 @@ SLOWEST_FIRST = [
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def pytest_configure(config):
+    # Set before xdist starts its workers, so they and every subprocess share it.
+    if "TOOLKIT_TTS_CACHE" not in os.environ:
+        config._tts_clip_dir = tempfile.mkdtemp(prefix="toolkit-tts-clips-")
+        os.environ["TOOLKIT_TTS_CACHE"] = config._tts_clip_dir
+
+
+def pytest_unconfigure(config):
+    path = getattr(config, "_tts_clip_dir", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)

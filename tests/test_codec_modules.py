@@ -19,7 +19,7 @@ from toolkit.tasks.codec.losses import (MultiResolutionMelLoss, MultiResolutionS
                                         discriminator_loss, feature_matching_loss,
                                         fitting_mel_count, generator_adversarial_loss)
 from toolkit.tasks.codec.metrics import evaluate_pair, mel_distance, si_sdr, stoi
-from toolkit.tasks.codec.model import (CodecConfig, CodecModel, StreamingDecoder,
+from toolkit.tasks.codec.model import (CodecConfig, CodecModel, InverseSTFT, StreamingDecoder,
                                        decode_streaming, encode_streaming, remove_weight_norm)
 from toolkit.tasks.codec.quantizer import ResidualVectorQuantizer, VectorQuantizer
 
@@ -187,6 +187,63 @@ def test_non_causal_model_has_no_prefix_property_and_refuses_streaming():
     assert (model.decode(codes)[..., :20 * 320] - model.decode(codes[..., :20])).abs().max() > 1e-4
     with pytest.raises(ValueError, match="causal"):
         decode_streaming(model, codes, 5)
+
+
+# --------------------------------------------------------------------------- rates, decoders
+
+@pytest.mark.parametrize("rate, strides", [(24000, [5, 4, 3, 8]), (44100, [7, 7, 6, 3])])
+@pytest.mark.parametrize("decoder", ["conv", "istft"])
+def test_encoder_and_output_rates_differ(rate, strides, decoder):
+    """16 kHz in, `rate` out: the same 50 frames/s and bitrate, decoder_hop output samples
+    per frame, output length the input's duration at the output rate."""
+    extra = {"decoder_strides": strides} if decoder == "conv" else {
+        "istft_dim": 32, "istft_layers": 2}
+    model = CodecModel(tiny_config(channels=4, n_codebooks=2, sample_rate=rate,
+                                   encoder_sample_rate=SR, decoder=decoder, **extra))
+    hop_out = 320 * rate // SR
+    assert (model.hop, model.decoder_hop, model.frames_per_second) == (320, hop_out, 50.0)
+    assert model.bitrate() == pytest.approx(50 * 2 * 6)
+    wav = 0.1 * torch.randn(2, 1, 20 * 320)
+    out = model(wav, first_stage=True)
+    assert out["audio"].shape == (2, 1, 20 * hop_out)
+    assert out["codes"].shape == (2, 2, 20)
+    assert out["latent"].shape == out["first_stage"].shape == (2, 4 * 2 ** 4, 20)
+    model.eval()
+    assert model.decode(model.encode(wav)).shape == (2, 1, 20 * hop_out)
+    # A length that is not a whole frame: padded to frames, trimmed to its duration.
+    assert model(wav[..., :20 * 320 - 123])["audio"].shape[-1] == \
+        math.ceil((20 * 320 - 123) * rate / SR)
+
+
+def test_rate_and_decoder_config_errors_name_the_key():
+    def refused(key, **overrides):
+        with pytest.raises(ConfigError, match=key):
+            CodecModel(tiny_config(channels=4, **overrides))
+    # 16 -> 24 kHz needs decoder strides multiplying to 480, not the encoder's 320.
+    refused(r"model.decoder_strides.*480", sample_rate=24000, encoder_sample_rate=SR)
+    refused(r"model.decoder_strides", decoder_strides=[4, 4, 4, 4])
+    refused(r"model.strides", sample_rate=22050, encoder_sample_rate=SR, strides=[2, 2])
+    refused(r"model.decoder:? ", decoder="wavenet")
+    refused(r"model.causal", decoder="istft", causal=True)
+    refused(r"model.istft_n_fft", decoder="istft", istft_n_fft=400)
+    refused(r"model.istft_kernel_size", decoder="istft", istft_kernel_size=4)
+    refused(r"model.decoder_strides", decoder="istft", decoder_strides=[8, 5, 4, 2])
+
+
+def test_inverse_stft_reconstructs_and_its_matmul_form_matches_the_fft():
+    """An STFT in the decoder's framing (frame t centred on samples [t hop, (t+1) hop))
+    comes back exactly; the fixed-basis matmul (the exported form) equals irfft."""
+    n_fft, hop, frames = 128, 32, 25
+    istft = InverseSTFT(n_fft, hop)
+    x = torch.randn(3, frames * hop, dtype=torch.float32)
+    padded = torch.nn.functional.pad(x, (istft.trim_left, istft.trim_right + n_fft))
+    windows = padded.unfold(-1, n_fft, hop)[:, :frames] * istft.window
+    spec = torch.fft.rfft(windows, dim=-1).transpose(1, 2)
+    y = istft(spec.real, spec.imag)
+    assert y.shape == (3, 1, frames * hop)
+    assert (y[:, 0] - x).abs().max() < 1e-5
+    istft.use_fft = False
+    assert (istft(spec.real, spec.imag) - y).abs().max() < 1e-5
 
 
 # --------------------------------------------------------------------------- quantizer

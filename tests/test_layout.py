@@ -13,7 +13,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "toolkit")
-GENERIC = ["config.py", "registry.py", "fileio.py", "errors.py", "progress.py",
+GENERIC = ["config", "registry.py", "cli.py", "fileio.py", "errors.py", "progress.py",
            "logging_utils.py", "memory.py", "task.py", "export.py", "data", "trainer", "nn", "tts"]
 
 
@@ -86,36 +86,193 @@ def test_generic_layers_name_no_model_family(name):
     assert not family, f"{name} names family concepts: {family}"
 
 
+def module_imports(name: str, path: str, known: set) -> set:
+    """Every toolkit module that importing `name` runs, from its whole source: imports at
+    module level, inside functions, under `if` (TYPE_CHECKING too) and `try`. `from A
+    import b` is module A.b when that is a module, else A; relative imports are resolved.
+    Importing a.b.c also runs the packages a.b and a (their __init__), except those that
+    contain `name` itself (they are imported before it)."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    package = name if os.path.basename(path) == "__init__.py" else name.rpartition(".")[0]
+
+    def owner(dotted: str):
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    targets = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets.update(owner(a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for a in node.names:
+                targets.add(owner(f"{base}.{a.name}") if f"{base}.{a.name}" in known
+                            else owner(base))
+    out = set()
+    for target in targets - {None, name}:
+        out.add(target)
+        parent = target.rpartition(".")[0]
+        while parent:
+            if parent in known and not (name == parent or name.startswith(parent + ".")):
+                out.add(parent)
+            parent = parent.rpartition(".")[0]
+    return out - {name}
+
+
+def import_graph() -> dict:
+    found = dict(modules())
+    return {n: module_imports(n, p, set(found)) for n, p in found.items()}
+
+
+def shortest_cycle(graph: dict, start: str, group: set) -> list:
+    previous, frontier = {}, [start]
+    while frontier:
+        step = []
+        for v in frontier:
+            for w in sorted(graph[v] & group):
+                if w == start:
+                    path = [v]
+                    while path[0] != start:
+                        path.insert(0, previous[path[0]])
+                    return path
+                if w not in previous:
+                    previous[w] = v
+                    step.append(w)
+        frontier = step
+    return []
+
+
+def import_cycles(graph: dict) -> list:
+    """The shortest cycle through each module that lies on one, as a path
+    "a -> b -> ... -> a" (each cycle once)."""
+    index, low, on_stack, stack, groups = {}, {}, set(), [], []
+
+    def connect(v):                      # Tarjan's strongly connected groups
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    cycles = set()
+    for group in groups:
+        for v in group:
+            path = shortest_cycle(graph, v, group)
+            first = path.index(min(path))
+            cycles.add(" -> ".join(path[first:] + path[:first] + [min(path)]))
+    return sorted(cycles)
+
+
 def test_no_import_cycles():
-    graph = {}
-    for name, path in modules():
-        graph[name] = {m for m in imports_of(path, top_level_only=True)}
-    names = set(graph)
+    """No module can reach itself through imports of any kind (see module_imports)."""
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
-    def resolve(m):
-        while m and m not in names:
-            m = m.rpartition(".")[0]
-        return m
-    edges = {n: {resolve(m) for m in deps} - {None, "", n, "toolkit"} for n, deps in graph.items()}
-    # A package importing its own submodules (registration) is not a cycle of concern.
-    for n in edges:
-        edges[n] = {m for m in edges[n] if not m.startswith(n + ".")}
-    state, stack, cycles = {}, [], []
 
-    def visit(n):
-        state[n] = 1
-        stack.append(n)
-        for m in edges.get(n, ()):
-            if state.get(m) == 1:
-                cycles.append(stack[stack.index(m):] + [m])
-            elif m not in state:
-                visit(m)
-        stack.pop()
-        state[n] = 2
-    for n in sorted(edges):
-        if n not in state:
-            visit(n)
-    assert not cycles, cycles
+def test_the_cycle_check_sees_every_kind_of_import(tmp_path):
+    """A cycle hidden in a function, behind TYPE_CHECKING, in a relative import or in a
+    package's __init__ is still found, and named by its path."""
+    files = {"pkg/__init__.py": "from pkg import b\n",
+             "pkg/a.py": "def f():\n    from pkg.b import g\n",
+             "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                         "    from . import a\ndef g():\n    pass\n",
+             "pkg/c.py": "import os\n",
+             "other.py": "from pkg.c import x\n",
+             "pkg/sub/__init__.py": "import other\n", "pkg/sub/d.py": ""}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    found = {rel[:-3].replace("/", ".").replace(".__init__", ""): str(tmp_path / rel)
+             for rel in files}
+    graph = {n: module_imports(n, p, set(found)) for n, p in found.items()}
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.a"}
+    assert graph["other"] == {"pkg.c", "pkg"}          # the package __init__ runs too
+    assert graph["pkg.sub.d"] == set()
+    assert import_cycles(graph) == ["pkg.a -> pkg.b -> pkg.a"]
+    graph["pkg.c"] = {"pkg.sub"}                        # pkg.sub's __init__ imports other
+    assert import_cycles(graph) == ["other -> pkg.c -> pkg.sub -> other",
+                                    "pkg.a -> pkg.b -> pkg.a"]
+
+
+def _task_uses(path):
+    """Attributes read on a task object (`task.x`, `self.task.x`, `task_cls.x`, and
+    `task.x` over the classes the reference generator walks) in one file."""
+    used = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("task", "task_cls"):
+            used.add(node.attr)
+        elif isinstance(owner, ast.Attribute) and owner.attr == "task" and \
+                isinstance(owner.value, ast.Name) and owner.value.id == "self":
+            used.add(node.attr)
+    return used
+
+
+def test_the_contract_declares_everything_its_callers_use():
+    """Every method or attribute of a task that the trainer, a binary, the config
+    resolution or the reference generator uses is declared on toolkit.task.Task, and every
+    method there says in a docstring what it is for."""
+    from toolkit.task import Task
+    callers = [os.path.join(folder, f) for sub in ("trainer", "bin")
+               for folder, _, files in os.walk(os.path.join(PKG, sub))
+               for f in files if f.endswith(".py")]
+    callers += [os.path.join(PKG, "task.py"), os.path.join(PKG, "export.py"),
+                os.path.join(PKG, "config", "reference.py")]
+    used = set().union(*(_task_uses(p) for p in callers)) - {"type"}   # cfg.task.type
+    assert {"example_builder", "export", "describe", "adapt_init_state", "derived_values",
+            "check_config", "inputs", "optim_defaults", "eval_batch"} <= used
+    undeclared = sorted(name for name in used if not hasattr(Task, name))
+    assert not undeclared, f"used on tasks but not declared on Task: {undeclared}"
+    methods = [n for n, v in vars(Task).items() if callable(v) or isinstance(v, classmethod)]
+    undocumented = [n for n in methods if not n.startswith("__")
+                    and not (getattr(Task, n).__doc__ or "").strip()]
+    assert not undocumented, undocumented
+
+
+def test_no_task_builds_its_training_pipeline():
+    """The trainer builds the train and dev FeaturePipeline and hands it to
+    example_builder; task code only uses toolkit.data.pipeline.evaluation_pipeline (export,
+    evaluation)."""
+    paths = [os.path.join(folder, f) for folder, _, files in os.walk(os.path.join(PKG, "tasks"))
+             for f in files if f.endswith(".py")]
+    paths.append(os.path.join(ROOT, "tests", "two_optimizer_task.py"))
+    builders = []
+    for path in paths:
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")
+                if name == "FeaturePipeline":
+                    builders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
+    assert not builders, builders
+
+
+def test_the_generic_binary_has_no_family_options():
+    """Family inputs are declared by tasks (Task.inputs), not written into toolkit.bin.train."""
+    source = open(os.path.join(PKG, "bin", "train.py"), encoding="utf-8").read()
+    assert not re.search(r"--units|--cmvn|keyword task", source)
 
 
 def test_binaries_are_thin_and_documented():
@@ -208,7 +365,8 @@ print("torch imported:", "torch" in sys.modules)
 def test_data_stages_check_the_dataset_section(tmp_path):
     """The stages before training read the dataset section as training does: an unknown
     key there is refused with the file and key named."""
-    from toolkit.config import ConfigError, load_dataset_config
+    from toolkit.config import ConfigError
+    from toolkit.task import load_dataset_config
     import toolkit.tasks  # noqa: F401
     good = load_dataset_config(os.path.join(ROOT, "egs", "wake_word", "s0", "conf",
                                             "ds_tcn.yaml"))

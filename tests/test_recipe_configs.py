@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import toolkit.tasks  # noqa: F401
-from toolkit.config import TASKS, load_config
+from toolkit.task import TASKS, load_config, resolve_config
+from toolkit.config import load_yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "egs", "*", "*", "conf", "*.yaml"))
@@ -34,10 +35,9 @@ def test_recipe_config_is_valid(path):
 
 
 def _build(path, inventory_size=10):
-    cfg = load_config(path)
-    task_cls = TASKS.get(cfg.task.type)
+    task_cls = TASKS.get(load_config(path).task.type)
     inventory = [f"c{i}" for i in range(inventory_size)] if task_cls.needs_inventory else None
-    task_cls.resolve(cfg, inventory, {})
+    cfg, _ = resolve_config(load_yaml(path), source=path, inventory=inventory)
     with torch.device("meta"):           # sizes only: no memory for 75 M weights
         return task_cls(cfg, inventory).build_modules()
 

@@ -1,7 +1,10 @@
 """The speech-codec recipe end to end at a tiny size through the real run.sh (synthetic
-speech, data lists, two gloo ranks through torchrun with both training phases, averaging,
-export with parity, evaluation against the baselines), and the speech generator it uses:
-byte-identical output for a seed whatever nj, and train/dev/test voices that never meet."""
+speech from the voice bank and its outside test set, data lists, two gloo ranks through
+torchrun with both training phases, averaging, export with parity, evaluation of both test
+sets against the baselines), and the speech generator it uses: byte-identical output for a
+seed whatever nj, train/dev/test voices that never meet, Kokoro's blends and reserved
+voices. Kokoro speaks in the recipe run when tools/install_voices.sh has installed it;
+otherwise the outside test set is espeak-ng's held-out voices (the same stages)."""
 import filecmp
 import json
 import os
@@ -9,6 +12,8 @@ import subprocess
 import sys
 
 import pytest
+
+from toolkit.tts.engines import engine_class
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "egs", "tts_codec", "s0")
@@ -20,9 +25,13 @@ TINY_OVERRIDES = " ".join([
     "training.log_interval=1", "model.channels=4", "model.dilations=[1]",
     "task.segment_seconds=0.25", "task.eval_seconds=0.5", "dataset.batch_size=2",
     "dataset.num_workers=1", "discriminator.mpd.channels_scale=0.03"])
-TINY = ["--num-train", "6", "--num-dev", "2", "--num-test", "2", "--random-voices", "2",
-        "--max-voices", "6", "--nj", "1", "--eval-max-utts", "2",
-        "--train-overrides", TINY_OVERRIDES]
+KOKORO = not engine_class("kokoro").unavailable_reason()
+ENGINES = (["--engines", "espeak,kokoro", "--blends", "2", "--other-share", "0.5",
+            "--test-engines", "kokoro"] if KOKORO else
+           ["--engines", "espeak", "--test-engines", "espeak"])
+TINY = ["--num-train", "6", "--num-dev", "2", "--num-test", "2", "--num-test-reserved", "2",
+        "--random-voices", "2", "--max-voices", "6", "--nj", "1", "--eval-max-utts", "2",
+        "--train-overrides", TINY_OVERRIDES, *ENGINES]
 
 
 def run_recipe(tmp, *args, timeout=600):
@@ -57,6 +66,22 @@ def test_every_stage_writes_its_outputs(recipe_run):
         assert len(entries) == len([k for k in keys if k]) == {"train": 6, "dev": 2, "test": 2}[split]
         assert all(os.path.exists(e["wav"]) and e["duration"] > 0.5 for e in entries)
     assert not (data / "train_noisy").exists()          # noisy=false by default
+    # The outside test set: Kokoro's reserved voices (or espeak-ng's held-out ones).
+    reserved = [json.loads(line) for line in
+                (data / "reserved" / "test" / "data.list").read_text().splitlines()]
+    assert len(reserved) == 2 and all(os.path.exists(e["wav"]) for e in reserved)
+    from toolkit.tts import RESERVED_VOICES
+    rows = [line.split("\t") for line in (data / "voices.tsv").read_text().splitlines()[1:]]
+    outside = [line.split("\t") for line in
+               (data / "reserved" / "voices.tsv").read_text().splitlines()[1:]]
+    assert not {(r[2], r[3]) for r in rows} & RESERVED_VOICES
+    if KOKORO:
+        assert outside and {(r[2], r[3]) for r in outside} <= RESERVED_VOICES
+        assert {r[2] for r in rows if r[1] == "train"} == {"espeak", "kokoro"}
+        assert any(r[4] != "-" for r in rows)           # blends, with their weights
+    else:
+        test_voices = {r[0] for r in rows if r[1] == "test"}
+        assert {r[0] for r in outside} == test_voices
     # Two gloo ranks trained both phases; the last 3 checkpoints were averaged.
     log = (exp / "log" / "train.rank0.log").read_text()
     assert "world=2" in log and (exp / "log" / "train.rank1.log").exists()
@@ -75,22 +100,28 @@ def test_every_stage_writes_its_outputs(recipe_run):
     assert meta["task"] == "codec" and meta["n_codebooks"] == 6 and meta["bitrate"] == 2400.0
 
 
-def test_evaluation_table_has_codec_rates_and_baselines(recipe_run):
+@pytest.mark.parametrize("test_set", ["reserved", "test"])
+def test_evaluation_table_has_codec_rates_and_baselines(recipe_run, test_set):
     tmp, result = recipe_run
-    report = tmp / "exp" / "eval"
+    report = tmp / "exp" / "eval" / test_set
     rows = table_rows((report / "results.md").read_text())
     assert [r.split("|")[1].strip() for r in rows] == [
         "codec", "codec n_q=4", "codec n_q=2", "mu-law 1.2 kHz 2 bit",
         "mel+Griffin-Lim 4 mels 50 fps 4 bit", "mel+Griffin-Lim 8 mels 50 fps 4 bit",
-        "mel+Griffin-Lim 12 mels 50 fps 4 bit"]
-    assert [r.split("|")[2].strip() for r in rows] == ["2.4", "1.6", "0.8", "2.4", "0.8", "1.6",
-                                                       "2.4"]
+        "mel+Griffin-Lim 12 mels 50 fps 4 bit", "Codec2 3200", "Codec2 2400", "Codec2 1600",
+        "Codec2 700C", "Opus 6 kbit/s CBR", "Opus 8 kbit/s CBR"]
+    rates = [r.split("|")[2].strip() for r in rows]
+    assert rates[:11] == ["2.4", "1.6", "0.8", "2.4", "0.8", "1.6", "2.4", "3.2", "2.4", "1.6",
+                          "0.7"]
+    assert 6.0 <= float(rates[11]) <= 6.6 and 8.0 <= float(rates[12]) <= 8.8   # measured
     assert all(r in result.stdout for r in rows)       # stage 5 prints the table
     summary = json.loads((report / "results.json").read_text())
     assert summary["utterances"] == 2
+    assert summary["metrics"] == ["mel_distance", "stft_distance", "si_sdr", "stoi", "pesq_wb",
+                                  "pesq_nb", "visqol"]
     for row in summary["systems"]:
-        assert all(row[k] is not None for k in ("mel_distance", "stft_distance", "si_sdr",
-                                                "stoi")), row
+        assert all(row[k] is not None for k in summary["metrics"]), row
+        assert abs(row["delay_ms"]) <= 100.0
     assert (report / "spectrograms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -107,7 +138,7 @@ def test_rerun_skips_finished_stages(recipe_run):
 # --------------------------------------------------------------------------- generator
 
 def generate(out, nj, seed=3, noisy=True):
-    from toolkit.tts.speech import Sizes, generate_speech
+    from toolkit.tasks.codec.corpus import Sizes, generate_speech
     return generate_speech(str(out), seed=seed, sizes=Sizes(train=5, dev=2, test=2), nj=nj,
                            n_random_voices=2, max_voices=0, noisy=noisy, sentences=(1, 1))
 
@@ -153,7 +184,7 @@ def test_generator_is_deterministic_for_any_nj(tmp_path):
 
 def test_voices_of_the_splits_are_disjoint(tmp_path):
     from toolkit.tts.espeak import ACCENTS, espeak_voices, random_voices
-    from toolkit.tts.speech import split_voices
+    from toolkit.tasks.codec.corpus import split_voices
     pool = espeak_voices() + random_voices(40, ACCENTS, 7)
     splits = split_voices(pool, seed=7)
     names = {s: {v.spk for v in vs} for s, vs in splits.items()}
@@ -164,15 +195,15 @@ def test_voices_of_the_splits_are_disjoint(tmp_path):
         assert {v.name.split("+")[0] for v in vs} == set(ACCENTS)
     capped = split_voices(pool, seed=7, max_voices=10)
     assert [len(capped[s]) for s in ("train", "dev", "test")] == [8, 1, 1]
-    # In a generated corpus: speakers by utt2spk, and voices.txt agrees.
+    # In a generated corpus: speakers by utt2spk, and the inventory agrees.
     out = tmp_path / "corpus"
     generate(out, 2, noisy=False)
     spk = {s: set(dict(line.split() for line in open(out / s / "utt2spk")).values())
            for s in ("train", "dev", "test")}
     assert not (spk["train"] & spk["dev"] or spk["train"] & spk["test"] or spk["dev"] & spk["test"])
     listed = {}
-    for line in open(out / "voices.txt"):
-        name, split, engine, _ = line.split()
+    for line in open(out / "voices.tsv").readlines()[1:]:
+        name, split, engine = line.split("\t")[:3]
         listed.setdefault(split, set()).add(name)
         assert engine == "espeak"
     assert listed == spk
@@ -180,9 +211,10 @@ def test_voices_of_the_splits_are_disjoint(tmp_path):
 
 
 def test_named_engines_only(tmp_path, monkeypatch):
+    from toolkit.tasks.codec.corpus import Sizes, generate_speech
     from toolkit.tts import SynthError
+    from toolkit.tts.corpus import check_engines
     from toolkit.tts.engines import FestivalEngine
-    from toolkit.tts.speech import Sizes, check_engines, generate_speech
     assert check_engines(["espeak"]) == ["espeak"]
     # An engine named but missing stops before any work, in one message.
     monkeypatch.setattr(FestivalEngine, "unavailable_reason",
@@ -192,3 +224,62 @@ def test_named_engines_only(tmp_path, monkeypatch):
     assert not (tmp_path / "x").exists()
     with pytest.raises(SynthError, match="unknown TTS engine"):
         check_engines(["espeak", "nosuch"])
+
+
+def plan_with_bank(tmp_path, names, voices, test_only=False, blends=12, other_share=0.5,
+                   sizes=(60, 20, 30)):
+    """codec.plan_corpus over espeak-ng and Kokoro's voice list (planning needs no Kokoro
+    model: its voices and blends are names and weights)."""
+    from toolkit.tasks.codec import corpus as codec
+    from toolkit.tts.corpus import Engines
+    tmp = tmp_path / ("only" if test_only else "full")
+    tmp.mkdir()
+    splits = ("test",) if test_only else ("train", "dev", "test")
+    return codec.plan_corpus(777, codec.Sizes(*sizes), (5.0, 25.0),
+                             Engines(tuple(names), tuple(voices), test_only), 0, 0, (1, 1),
+                             str(tmp), splits, other_share, blends)
+
+
+def test_bank_blends_train_their_voices_and_reserved_voices_stay_out(tmp_path):
+    from toolkit.tts import RESERVED_VOICES, is_reserved
+    from toolkit.tts.kokoro import kokoro_voices
+    bank = kokoro_voices()
+    groups, by_split, _ = plan_with_bank(tmp_path, ("espeak", "kokoro"), bank)
+    spoken = {s: [spec.voice for g in groups if g.split == s for spec in g.specs]
+              for s in ("train", "dev", "test")}
+    blends = [v for vs in by_split.values() for v in vs if v.mix]
+    assert blends and all(v.engine == "kokoro" for v in blends)
+    bases = {name for b in blends for name in b.components}
+    train_kokoro = {v.name for v in by_split["train"] if v.engine == "kokoro" and not v.mix}
+    assert bases <= train_kokoro             # a blend's voices are all heard in training
+    for split, voices in by_split.items():
+        assert not any(is_reserved(v) for v in voices), split
+        assert not any(("kokoro", n) in RESERVED_VOICES for v in voices for n in v.components)
+        if split != "train":                 # no held-out voice is inside a training blend
+            assert not {v.name for v in voices if v.engine == "kokoro" and not v.mix} & bases
+            assert any(v.mix for v in voices), split
+    # Kokoro speaks about --other-share of the utterances (drawn per utterance).
+    share = sum(v.engine == "kokoro" for v in spoken["train"]) / len(spoken["train"])
+    assert 0.35 <= share <= 0.65, share
+    everyone = [v.spk for vs in by_split.values() for v in vs]
+    assert len(everyone) == len(set(everyone))          # no voice in two splits
+    # The outside test set: --test-only --engines kokoro is the seven reserved voices alone.
+    groups, only, _ = plan_with_bank(tmp_path, ("kokoro",), bank, test_only=True)
+    assert {(v.engine, v.name) for v in only["test"]} == set(RESERVED_VOICES)
+    assert {spec.voice.name for g in groups for spec in g.specs} == \
+        {name for _, name in RESERVED_VOICES}
+
+
+def test_bank_arguments_are_checked(tmp_path):
+    from toolkit.tasks.codec.corpus import Sizes, generate_speech
+    from toolkit.tts import SynthError
+    for kwargs, message in (({"other_share": 1.5}, r"other-engine share 1\.5 is outside"),
+                            ({"blends": -1}, "blends must be >= 0"),
+                            ({"blends": 3}, "none of the engines espeak mixes voices")):
+        with pytest.raises(SynthError, match=message):
+            generate_speech(str(tmp_path / "x"), sizes=Sizes(2, 1, 1), noisy=False, **kwargs)
+    res = subprocess.run([sys.executable, "-m", "toolkit.bin.synth_speech_data", "--out-dir",
+                          str(tmp_path / "y"), "--blends", "2"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert not (tmp_path / "y" / "train").exists()

@@ -1,8 +1,12 @@
 """egs/tts_speakers/v1 end to end at a tiny size through the real run.sh (TTS speakers,
-lists and features, training, averaging, large-margin fine-tuning, export, extraction,
-scoring with and without AS-Norm), and the speaker-corpus generator: deterministic for
-the seed and for any nj, speakers and voice families disjoint across splits, procedural
-voices beyond the fixed ones, festival only when asked for and then in test only."""
+the outside test set, lists and features, training, averaging, large-margin fine-tuning,
+export, extraction, scoring of both test sets with and without AS-Norm), and the
+speaker-corpus generator: deterministic for the seed and for any nj, speakers and voice
+families disjoint across splits, procedural voices beyond the fixed ones, festival only
+when asked for and then in test only; on the voice bank: Kokoro blends as speakers that
+never hold a reserved voice, each engine's held-out voices independent of the others
+named, a test-only corpus of the held-out and reserved voices, trial lists per engine
+beside the list of every pair (cross-engine pairs among them)."""
 import json
 import os
 import re
@@ -12,7 +16,11 @@ import sys
 import pytest
 
 from toolkit.tasks.speaker import corpus as sc
+from toolkit.tts import Voice, is_reserved
+from toolkit.tts.corpus import Engines, voice_family
+from toolkit.tts.engines import engine_class
 from toolkit.tts.espeak import VARIANTS, espeak_voices
+from toolkit.tts.kokoro import kokoro_voices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "egs", "tts_speakers", "v1")
@@ -28,8 +36,10 @@ TINY_LM = "training.max_epoch=1 task.chunk_frames=100 dataset.batch_size=8"
 
 
 def run_recipe(tmp, *args, timeout=600):
+    # espeak-ng alone: the recipe's default Kokoro voices are for the real runs.
     cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--data", str(tmp / "data"),
-           "--exp", str(tmp / "exp"), *SIZES, "--num-procs", "1", "--average-num", "2",
+           "--exp", str(tmp / "exp"), *SIZES, "--engines", "espeak", "--blends", "0",
+           "--outside-utts", "2", "--num-procs", "1", "--average-num", "2",
            "--as-norm-top", "4", "--cohort-utts-per-spk", "2", "--train-overrides", TINY,
            "--lm-config", "conf/lm.yaml", "--lm-train-overrides", TINY_LM, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
@@ -72,6 +82,9 @@ def test_all_stages_produce_their_outputs(recipe_run):
     for split in ("train", "dev"):
         assert len((data / split / "fbank" / "data.list").read_text().splitlines()) == \
             len(read_table(data / split / "utt2spk"))
+    # The outside test set: the held-out espeak-ng speakers (the only engine here), 2 each.
+    outside = read_table(data / "outside" / "test" / "utt2spk")
+    assert set(outside.values()) == speakers["test"] and len(outside) == 4 * 2
     for name in ("exp", "exp_lm"):
         sys_dir = tmp / name
         assert (sys_dir / "avg_2.pt").exists()
@@ -79,15 +92,21 @@ def test_all_stages_produce_their_outputs(recipe_run):
             assert (sys_dir / "export" / f).exists(), (name, f)
         assert len((sys_dir / "embeddings" / "test" / "embeddings.scp").read_text()
                    .splitlines()) == 12
+        assert len((sys_dir / "embeddings" / "outside" / "test" / "embeddings.scp")
+                   .read_text().splitlines()) == 8
         assert len((sys_dir / "embeddings" / "cohort" / "speaker_embeddings.scp").read_text()
                    .splitlines()) == 8
         summary = (sys_dir / "score" / "summary.txt").read_text().splitlines()
-        assert [l.split(":")[0] for l in summary] == [f"{name} trials cosine",
-                                                       f"{name} trials cosine + AS-Norm top 4"]
-        for line in summary:
+        assert [l.split(":")[0] for l in summary] == [
+            f"{name} trials cosine", f"{name} trials cosine + AS-Norm top 4",
+            f"{name} outside_trials cosine", f"{name} outside_trials cosine + AS-Norm top 4"]
+        for line, counts in zip(summary, ["66 trials \\(12 target\\)"] * 2 +
+                                ["28 trials \\(4 target\\)"] * 2):
             assert re.search(r"EER \d+\.\d\d% minDCF\(0\.01\) \d\.\d{3} minDCF\(0\.05\) "
-                             r"\d\.\d{3} over 66 trials \(12 target\)$", line), line
+                             r"\d\.\d{3} over " + counts + "$", line), line
             assert line in result.stdout
+        assert json.loads((sys_dir / "score" / "outside_trials" / "result.json").read_text())[
+            "trials"] == str(data / "outside" / "test" / "trials")
     import yaml
     assert yaml.safe_load((tmp / "exp" / "config.yaml").read_text())["model"]["type"] == "ecapa_tdnn"
     assert "initialised model, head from" in result.stderr      # fine-tuning kept the head
@@ -105,12 +124,12 @@ def test_stage0_rerun_does_nothing(recipe_run):
 
 # ------------------------------------------------------------------ the generator
 
-def synth(out, *args):
+def synth(out, *args, status=0):
     cmd = [sys.executable, "-m", "toolkit.bin.synth_speaker_data", "--out-dir", str(out),
            "--num-train-speakers", "5", "--train-utts", "3", "--num-dev-speakers", "2",
            "--dev-utts", "2", "--num-test-speakers", "3", "--test-utts", "2", *args]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == status, result.stderr[-3000:]
     return result
 
 
@@ -147,7 +166,7 @@ def test_speakers_and_voice_families_are_disjoint():
     sizes = sc.Sizes(train_speakers=100, dev_speakers=16, test_speakers=20)
     by_split, missing = sc.assign_voices(voices, sizes, seed=777)
     assert missing == {"train": 0, "dev": 0, "test": 0}
-    families = {s: {sc.voice_family(v) for v in vs} for s, vs in by_split.items()}
+    families = {s: {voice_family(v) for v in vs} for s, vs in by_split.items()}
     assert not (families["train"] & families["test"] or families["train"] & families["dev"]
                 or families["dev"] & families["test"])
     assert len(families["test"]) == 3        # 8 accents per variant: 20 speakers from 3
@@ -171,7 +190,7 @@ def test_speaker_and_utterances_do_not_depend_on_corpus_size():
     assert all(abs(u.rate - speaker.rate) <= speaker.rate * sc.RATE_SPREAD + 1 for u in many)
 
 
-def test_festival_only_when_asked_and_then_in_test_only(seed3, tmp_path):
+def test_festival_only_when_asked_and_then_in_a_test_only_corpus(seed3, tmp_path):
     # Festival is installed on the development machine: not asked for, it is not used.
     for split in ("train", "dev", "test"):
         engines = {v.split()[0] for v in read_table(seed3 / split / "spk2voice").values()}
@@ -179,9 +198,163 @@ def test_festival_only_when_asked_and_then_in_test_only(seed3, tmp_path):
     from toolkit.tts.engines import engine_class
     if not engine_class("festival").available():
         pytest.skip("festival is not installed")
-    synth(tmp_path / "fest", "--nj", "2", "--engines", "espeak,festival")
+    refused = synth(tmp_path / "full", "--engines", "espeak,festival", status=2)
+    assert "error: festival is reserved for the unseen-engine test" in refused.stderr
+    assert "--test-only" in refused.stderr and not (tmp_path / "full").exists()
+    synth(tmp_path / "fest", "--nj", "2", "--engines", "espeak,festival", "--test-only")
+    assert sorted(os.listdir(tmp_path / "fest")) == [".synth_speaker_data.json", "test",
+                                                      "voices.tsv", "wavs"]
     test_voices = read_table(tmp_path / "fest" / "test" / "spk2voice")
-    assert any(v.startswith("festival ") for v in test_voices.values())
-    for split in ("train", "dev"):
-        assert all(v.startswith("espeak ")
-                   for v in read_table(tmp_path / "fest" / split / "spk2voice").values())
+    festival = {k for k, v in test_voices.items() if v.startswith("festival ")}
+    # every festival voice, beside the 3 espeak-ng speakers the full corpus holds out
+    assert len(festival) == 3 and len(test_voices) == 3 + 3
+    trials = {n: (tmp_path / "fest" / "test" / n).read_text().splitlines()
+              for n in ("trials", "trials_espeak", "trials_festival")}
+    assert len(trials["trials"]) == 12 * 11 // 2
+    assert len(trials["trials_festival"]) == 6 * 5 // 2
+    assert all(line.startswith("festival_") and line.split()[1].startswith("festival_")
+               for line in trials["trials_festival"])
+
+
+# ------------------------------------------------------------------ the voice bank
+
+FESTIVAL = tuple(Voice(f"festival_{v}", "festival", v)
+                 for v in ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts"))
+FLITE = tuple(Voice(f"flite_{v}", "flite", v) for v in ("kal16", "awb", "rms", "slt"))
+BANK_SIZES = sc.Sizes(train_speakers=20, dev_speakers=8, test_speakers=8, train_utts=3,
+                      dev_utts=2, test_utts=2)
+KOKORO_SIZING = {"kokoro": sc.EngineSizing(train_utts=2, words=(3, 5))}
+
+
+def plan_bank(tmp, engines, voices, test_only=False, blends=40, sizing=KOKORO_SIZING):
+    """The speaker generator's plan (no synthesis: Kokoro need not be installed)."""
+    tmp.mkdir()
+    splits = ("test",) if test_only else sc.SPLITS
+    groups, speakers, _ = sc.plan_corpus(777, BANK_SIZES, sc.SNR_DB,
+                                         Engines(engines, tuple(voices), test_only), str(tmp),
+                                         splits, blends, sizing)
+    return groups, {s: [p.voice for p in ps] for s, ps in speakers.items()}
+
+
+def test_kokoro_blends_are_speakers_that_never_hold_a_reserved_voice(tmp_path):
+    groups, by_split = plan_bank(tmp_path / "a", ("espeak", "kokoro"), kokoro_voices())
+    kokoro = {s: [v for v in vs if v.engine == "kokoro"] for s, vs in by_split.items()}
+    blends = {s: [v for v in vs if v.mix] for s, vs in kokoro.items()}
+    assert sum(len(b) for b in blends.values()) == 40
+    assert len(blends["dev"]) == len(blends["test"]) == 2          # 5 % each
+    # The 21 unreserved voices all train: every one is in some blend.
+    bases = {v.name for v in kokoro["train"] if not v.mix}
+    assert len(bases) == 21 and {n for b in blends["train"] for n in b.components} <= bases
+    assert all(v.mix for s in ("dev", "test") for v in kokoro[s])
+    spoken = [s for g in groups for s in list(g.specs) + list(g.babble)]
+    assert not any(is_reserved(s.voice) for s in spoken)
+    # espeak-ng's sizes as asked, the Kokoro speakers on top of them
+    espeak = {s: [v for v in vs if v.engine == "espeak"] for s, vs in by_split.items()}
+    assert [len(espeak[s]) for s in sc.SPLITS] == [20, 8, 8]
+    # Kokoro's own sizing: 2 training utterances of 3-5 words; its dev/test the splits'
+    for g in groups:
+        for spec in g.specs:
+            if spec.voice.engine == "kokoro":
+                assert 3 <= len(spec.text.split()) <= 5
+        # babble is spoken by espeak-ng: a Kokoro sentence costs a CPU-second
+        assert {b.voice.engine for b in g.babble} == {"espeak"}
+    per_spk = {}
+    for g in groups:
+        for spec in g.specs:
+            per_spk[(g.split, spec.spk)] = per_spk.get((g.split, spec.spk), 0) + 1
+    for split, utts in (("train", 2), ("dev", 2), ("test", 2)):
+        assert {n for (s, spk), n in per_spk.items() if s == split and spk.startswith(
+            "kokoro_")} == {utts}
+    assert {n for (s, spk), n in per_spk.items() if s == "train" and
+            not spk.startswith("kokoro_")} == {3}
+
+
+def test_each_engine_holds_out_its_own_voices_whatever_else_is_named(tmp_path):
+    alone = sc.split_engine_voices(FLITE, 777)
+    together = sc.split_engine_voices(FLITE + tuple(kokoro_voices()[:10]), 777)
+    for split in sc.SPLITS:
+        assert [v for v in together[split] if v.engine == "flite"] == alone[split]
+    assert [len(alone[s]) for s in sc.SPLITS] == [2, 1, 1]
+    # and in a whole plan: flite's held-out test voice with or without Kokoro and blends
+    _, a = plan_bank(tmp_path / "a", ("espeak", "flite"), FLITE, blends=0, sizing={})
+    _, b = plan_bank(tmp_path / "b", ("espeak", "flite", "kokoro"),
+                     FLITE + tuple(kokoro_voices()))
+    for split in sc.SPLITS:
+        assert [v for v in a[split] if v.engine != "kokoro"] == \
+            [v for v in b[split] if v.engine != "kokoro"]
+
+
+def test_a_test_only_corpus_is_the_reserved_voices_and_the_held_out_ones(tmp_path):
+    voices = FESTIVAL + FLITE + tuple(kokoro_voices())
+    engines = ("espeak", "festival", "flite", "kokoro")
+    groups, only = plan_bank(tmp_path / "only", engines, voices, test_only=True)
+    _, full = plan_bank(tmp_path / "full", ("espeak", "flite", "kokoro"),
+                        FLITE + tuple(kokoro_voices()))
+    test = {v.spk for v in only["test"]}
+    reserved_kokoro = {v.spk for v in kokoro_voices() if is_reserved(v)}
+    assert len(reserved_kokoro) == 7
+    held_out = {v.spk for v in full["test"] if v.engine in ("espeak", "flite")}
+    assert test == reserved_kokoro | {v.spk for v in FESTIVAL} | held_out
+    # Kokoro is heard through its reserved voices alone: no blend, no unreserved voice
+    assert not any(v.mix for v in only["test"])
+    assert {g.split for g in groups} == {"test"}
+
+
+def test_trial_lists_per_engine_beside_every_pair(tmp_path):
+    specs = [sc.UttSpec(f"{spk}-{u}", spk, "a b", Voice(spk, engine, spk), 175, 50, 50)
+             for spk, engine in (("e1", "espeak"), ("e2", "espeak"), ("k1", "kokoro"),
+                                 ("k2", "kokoro"), ("f1", "flite")) for u in range(2)]
+    names = sc.write_test_trials(str(tmp_path), specs, 777)
+    assert names == ["trials", "trials_espeak", "trials_kokoro"]   # flite: one speaker
+    rows = {n: [line.split() for line in (tmp_path / n).read_text().splitlines()]
+            for n in names}
+    assert len(rows["trials"]) == 10 * 9 // 2
+    engine_of = {s.utt: s.voice.engine for s in specs}
+    cross = [r for r in rows["trials"] if engine_of[r[0]] != engine_of[r[1]]]
+    assert len(cross) == 45 - 6 - 6 - 1 and {r[2] for r in cross} == {"nontarget"}
+    for engine in ("espeak", "kokoro"):
+        own = rows[f"trials_{engine}"]
+        assert len(own) == 6 and sum(r[2] == "target" for r in own) == 2
+        assert all(engine_of[r[0]] == engine_of[r[1]] == engine for r in own)
+    single = tmp_path / "single"        # one engine alone: the list of every pair only
+    single.mkdir()
+    assert sc.write_test_trials(str(single), specs[:4], 777) == ["trials"]
+
+
+def test_bank_options_are_checked_before_any_work(tmp_path):
+    cases = [
+        (["--engine-words", "espeak=x"], "error: --engine-words: espeak=x is not a range"),
+        (["--engine-train-utts", "espeak"], "error: --engine-train-utts: expected ENGINE=VALUE"),
+        (["--engine-train-utts", "flite=3"], "error: sizes given for the engine 'flite', "
+                                             "which --engines does not name (espeak)"),
+        (["--engine-train-utts", "espeak=1"], "error: espeak: training utterances per "
+                                              "speaker must be 2-1000, got 1"),
+        (["--engine-words", "espeak=9-3"], "error: espeak: words per utterance must be"),
+        (["--blends", "3"], "error: 3 blended voices asked for, but none of the engines "
+                            "espeak mixes voices (kokoro does)"),
+        (["--blends", "-1"], "error: blends must be >= 0, got -1"),
+    ]
+    for args, line in cases:
+        out = tmp_path / "out"
+        result = synth(out, *args, status=2)
+        errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith(line), (args, result.stderr[-500:])
+        assert "Traceback" not in result.stderr and not (out / "train").exists()
+
+
+@pytest.mark.skipif(not engine_class("kokoro").available(),
+                    reason="Kokoro is not installed (bash tools/install_voices.sh kokoro)")
+def test_a_real_outside_test_set_of_the_reserved_kokoro_voices(tmp_path):
+    """The real engine, at one or two words a clip (a clip costs about a CPU-second)."""
+    out = tmp_path / "outside"
+    result = synth(out, "--test-only", "--engines", "espeak,kokoro", "--num-test-speakers", "2",
+                   "--engine-words", "kokoro=1-2")
+    rows = [line.split("\t") for line in (out / "voices.tsv").read_text().splitlines()[1:]]
+    kokoro = sorted(r[3] for r in rows if r[2] == "kokoro")
+    assert kokoro == sorted(v.name for v in kokoro_voices() if is_reserved(v))
+    assert len([r for r in rows if r[2] == "espeak"]) == 2
+    assert "test/trials_kokoro: 91 trials (7 target)" in result.stderr
+    import soundfile
+    for line in (out / "test" / "wav.scp").read_text().splitlines():
+        audio, rate = soundfile.read(line.split()[1])
+        assert rate == 16000 and len(audio) > 0.3 * rate

@@ -1,6 +1,5 @@
 """Tests of the TTS layer (toolkit.tts) and the synthetic wake-word corpus on top of it
 (toolkit.tasks.kws.corpus)."""
-import collections
 import hashlib
 import json
 import os
@@ -15,7 +14,9 @@ import soundfile as sf
 from toolkit.data.audio import resample
 from toolkit.tasks.kws import corpus as S
 from toolkit.tts import Voice, espeak as E, flite as F, signal as sig
+from toolkit.tts.corpus import open_engines
 from toolkit.tts.engines import ENGINES, engine_class
+from toolkit.tts.render import Renderer
 
 pytest.importorskip("espeakng_loader")
 
@@ -236,8 +237,8 @@ def test_train_mix_shifts_confusables_to_whole_keyword_homophones():
 
 def test_determinism_across_nj_and_seed(corpus, corpus_nj1, tmp_path):
     a, b = _digest(corpus), _digest(corpus_nj1)
-    # WAVs, 7 tables per split, dict/keywords.txt, dict/tts_engines and the stamp
-    assert a == b and len(a) == sum(sum(SIZES.of(s)) for s in S.SPLITS) + 7 * 3 + 3
+    # WAVs, 7 tables per split, dict/keywords.txt, dict/tts_engines, voices.tsv, the stamp
+    assert a == b and len(a) == sum(sum(SIZES.of(s)) for s in S.SPLITS) + 7 * 3 + 4
     other = _digest(_generate(tmp_path / "c", seed=778, sizes=S.Sizes(3, 3, 2, 2, 2, 2)))
     small = _digest(_generate(tmp_path / "d", seed=777, sizes=S.Sizes(3, 3, 2, 2, 2, 2)))
     assert other["train/text"] != small["train/text"]
@@ -433,8 +434,8 @@ def test_flite_keyword_alone_positives_span_their_speech(flite_corpus, flite_on_
     plan_dir = tmp_path / "plan"
     plan_dir.mkdir()
     groups, _ = S.plan_corpus([KW], 777, FLITE_SIZES, (5.0, 30.0),
-                              engine_class("flite").voices(), str(plan_dir))
-    tts = S.Renderer(16000, str(tmp_path))
+                              open_engines(["espeak", "flite"]), str(plan_dir))
+    tts = Renderer(16000, str(tmp_path))
     alone = 0
     for g in groups:
         times = _dict(os.path.join(flite_corpus, g.split, "kw_times"))
@@ -444,7 +445,7 @@ def test_flite_keyword_alone_positives_span_their_speech(flite_corpus, flite_on_
             if spec.text != KW:
                 assert spec.utt not in times, spec.text
                 continue
-            speech, span = tts.speak(spec, seed=0)
+            speech, span = S.speak(tts, spec, seed=0)
             assert span == (0.0, len(speech) / 16000)
             lead = round(spec.lead_s * 16000) / 16000
             assert times[spec.utt] == f"{lead:.3f} {lead + len(speech) / 16000:.3f}"
@@ -460,8 +461,6 @@ def test_engines_without_espeak(flite_on_path, tmp_path):
         assert all(spk.startswith(("flite_", "noise_"))
                    for spk in _dict(os.path.join(out, split, "utt2spk")).values())
     assert open(os.path.join(out, "dict", "tts_engines")).read() == "flite 1\n"
-    with pytest.raises(S.SynthError, match="add espeak to --engines"):
-        S.generate_corpus([KW], out, engines=("flite",), train_random_voices=2)
 
 
 def test_flite_word_onsets_from_phone_segments(monkeypatch):
@@ -506,7 +505,7 @@ def test_engines_espeak_ignores_an_installed_flite(fake_flite_dir, tmp_path):
     assert without.returncode == 0, without.stderr
     assert with_flite.returncode == 0, with_flite.stderr
     a, b = _digest(str(tmp_path / "without")), _digest(str(tmp_path / "with"))
-    assert len(a) == 14 + 7 * 3 + 3 and a == b       # every file, the stamp included
+    assert len(a) == 14 + 7 * 3 + 4 and a == b       # every file, the stamp included
     assert not log.exists()                           # flite was never run
 
     env_log = dict(os.environ, FAKE_FLITE_LOG=str(log))
@@ -539,7 +538,8 @@ def test_engine_registry(monkeypatch, tmp_path):
         cls = engine_class(name)
         assert not cls.available() and cls.voices() == [] and hint in cls.unavailable_reason()
     # generic layer: importing it loads no task code
-    code = ("import sys, toolkit.tts.engines, toolkit.tts.pool, toolkit.tts.signal; "
+    code = ("import sys, toolkit.tts.corpus, toolkit.tts.engines, toolkit.tts.pool, "
+            "toolkit.tts.render, toolkit.tts.signal; "
             "sys.exit(any(m.startswith('toolkit.tasks') for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -560,7 +560,8 @@ def test_espeak_engine_speaks_with_word_onsets(tmp_path):
 
 @pytest.mark.skipif(not engine_class("festival").available(),
                     reason="festival is not installed (apt-get install festival festvox-kallpc16k)")
-def test_festival_engine_is_deterministic(tmp_path):
+def test_festival_engine_is_deterministic(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOOLKIT_TTS_CACHE", "off")     # festival itself, not its clip cache
     cls = engine_class("festival")
     for voice in cls.voices():        # diphone and HTS voices set the rate differently
         slow, again = (cls(str(tmp_path)).synth("hey snips", voice, rate=120) for _ in range(2))
@@ -586,137 +587,3 @@ def test_random_variant_files_are_well_formed_and_seeded():
         for line in lines:
             if line[0] == "formant":
                 assert 70 <= int(line[2]) <= 135 and 0 <= int(line[3]) <= 140
-
-
-def test_procedural_voices_join_training_only(tmp_path):
-    sizes = S.Sizes(train_pos=16, train_neg=16, dev_pos=4, dev_neg=4, test_pos=4, test_neg=4)
-    plain = _generate(tmp_path / "plain", sizes=sizes)
-    kwargs = dict(seed=777, sizes=sizes, train_random_voices=40, engines=("espeak",))
-    S.generate_corpus([KW], str(tmp_path / "rv2"), nj=2, **kwargs)
-    S.generate_corpus([KW], str(tmp_path / "rv1"), nj=1, **kwargs)
-    rv = str(tmp_path / "rv2")
-    digest = _digest(rv)
-    assert digest == _digest(str(tmp_path / "rv1"))          # reproducible whatever nj
-    plain_digest = _digest(plain)
-    for split in ("dev", "test"):                            # dev and test do not change
-        assert all(digest[k] == plain_digest[k] for k in digest if k.startswith(split))
-    spk = set(_dict(os.path.join(rv, "train", "utt2spk")).values())
-    procedural = {s for s in spk if "_rv" in s}
-    assert procedural and len(procedural) < len(spk)         # mixed with the fixed voices
-    for split in ("dev", "test"):
-        assert not any("_rv" in s for s in _dict(os.path.join(rv, split, "utt2spk")).values())
-    # procedural positives are speech with word timings, like the fixed voices' positives
-    times = _dict(os.path.join(rv, "train", "kw_times"))
-    assert any("_rv" in utt for utt in times)
-    wavs = _dict(os.path.join(rv, "train", "wav.scp"))
-    for utt in (u for u in times if "_rv" in u):
-        start, end = (float(x) for x in times[utt].split())
-        audio, sr = sf.read(wavs[utt])
-        assert 0.2 < end - start < 2.0 and end <= len(audio) / sr
-    with open(os.path.join(rv, S.STAMP_NAME), encoding="utf-8") as f:
-        assert '"train_random_voices": 40' in f.read()
-    assert not os.path.exists(os.path.join(rv, ".synth_tmp"))   # private data dir removed
-
-
-def test_missing_variant_file_is_an_error_not_a_silent_fallback(tmp_path, monkeypatch):
-    real = S.private_espeak_data
-
-    def without_files(voices, tmp_dir):
-        path = real(voices, tmp_dir)
-        for v in voices:
-            os.unlink(os.path.join(path, "voices", "!v", v.name.split("+")[1]))
-        return path
-
-    monkeypatch.setattr(S, "private_espeak_data", without_files)
-    with pytest.raises(S.SynthError, match="ignored the procedural voice"):
-        S.generate_corpus([KW], str(tmp_path / "x"), sizes=S.Sizes(2, 2, 2, 2, 2, 2),
-                          train_random_voices=3)
-
-
-def test_swap_share_puts_a_random_word_in_the_keywords_place():
-    filt = S.TextFilter([KW, "alexa"], {})
-    cats = {k: S.confusable_categories(k) for k in (KW, "alexa")}
-    rng = np.random.default_rng(3)
-    swapped = [S._hard_confusable_text(0, rng, [KW], cats, filt, swap_share=1.0)
-               for _ in range(300)]
-    vocab = set(S.VOCAB)
-    for text in swapped:
-        words = text.split()
-        assert filt.is_negative(text) and not S.contains_phrase(words, KW.split())
-        # "<random words> hey <vocab word> <random words>" or "... <vocab word> snips ..."
-        assert any(words[j:j + 2] in (["hey", w], [w, "snips"])
-                   for j in range(len(words) - 1) for w in (words[j], words[j + 1])
-                   if w in vocab)
-    assert len(set(swapped)) > 250                             # random, not a fixed list
-    assert sum(t.split()[0] != "hey" and "snips" in t.split() for t in swapped) > 100
-    plain = [S._hard_confusable_text(0, rng, [KW], cats, filt) for _ in range(100)]
-    assert set(plain) <= set(cats[KW]["substitute"])
-    # a one-word keyword has no word to swap: its near-homophones stay similar words
-    one = [S._hard_confusable_text(0, rng, ["alexa"], cats, filt, 1.0) for _ in range(50)]
-    assert set(one) <= set(cats["alexa"]["similar"])
-    with pytest.raises(S.SynthError, match="swap share"):
-        S.generate_corpus([KW], "unused", train_swap_share=1.5)
-
-
-def test_carrier_share_says_near_homophones_inside_the_positives_carriers():
-    filt = S.TextFilter([KW], {})
-    cats = {KW: S.confusable_categories(KW)}
-    rng = np.random.default_rng(4)
-    carried = [S._hard_confusable_text(0, rng, [KW], cats, filt, carrier_share=1.0)
-               for _ in range(200)]
-    forms = {c.format(kw=sub) for c in S.CARRIERS for sub in cats[KW]["substitute"]}
-    assert set(carried) <= forms and len({t.split(" ")[0] for t in carried}) > 5
-    assert all(filt.is_negative(t) for t in carried)
-    half = [S._hard_confusable_text(0, rng, [KW], cats, filt, carrier_share=0.5)
-            for _ in range(400)]
-    bare = sum(t in cats[KW]["substitute"] for t in half)
-    assert 150 < bare < 250 and set(half) <= forms | set(cats[KW]["substitute"])
-    with pytest.raises(S.SynthError, match="carrier share"):
-        S.generate_corpus([KW], "unused", train_carrier_share=-0.1)
-
-
-def test_pair_share_remakes_near_homophones_as_minimal_pairs_of_positives():
-    voices = S.split_voices(E.espeak_voices(), 5)["train"]
-    filt = S.TextFilter([KW, "alexa"], {})
-    cats = {k: S.confusable_categories(k) for k in (KW, "alexa")}
-
-    def plan(pair_share):
-        groups = S.plan_split("train", 200, 600, [KW, "alexa"], voices, filt, cats, 7,
-                              (5.0, 30.0), conf_share=0.5, hard_share=1.0,
-                              pair_share=pair_share)
-        return [s for g in groups for s in g.specs]
-
-    unpaired, paired = plan(0.0), plan(1.0)
-    assert len(paired) == 800 and len({s.utt for s in paired}) == 800
-    positives = [s for s in paired if s.kind == "pos"]
-    # positives are not touched; each near-homophone copies a different positive
-    assert positives == [s for s in unpaired if s.kind == "pos"]
-    prosody = ("voice", "rate", "pitch", "prange", "level_db", "noise", "snr_db",
-               "lead_s", "trail_s")
-    key = {tuple(getattr(s, f) for f in prosody): s for s in positives}
-    conf = [s for s in paired if s.kind == "conf"]
-    twins = [(key[k], s) for s in conf
-             if (k := tuple(getattr(s, f) for f in prosody)) in key]
-    assert len(conf) == 300 and len(twins) > 280
-    # 300 pairs of 200 positives: every positive used, none more than twice
-    uses = collections.Counter(id(p) for p, _ in twins)
-    assert len(uses) == 200 and max(uses.values()) == 2
-    for pos, neg in twins:
-        a, b = pos.kw_words
-        pw, nw = pos.text.split(), neg.text.split()
-        kw = " ".join(pw[a:b])
-        # only the keyword changed, to one of its near-homophones; carrier words kept
-        assert neg.kw_words is None and neg.spk == pos.spk and neg.utt.startswith(pos.spk)
-        assert filt.is_negative(neg.text)
-        sub = nw[a:len(nw) - (len(pw) - b)]
-        assert pw[:a] == nw[:a] and pw[b:] == nw[len(nw) - (len(pw) - b):]
-        assert " ".join(sub) in (cats[kw]["substitute"] or cats[kw]["similar"])
-    assert {" ".join(p.text.split()[:p.kw_words[0]]) for p, _ in twins} != {""}  # carriers
-    # the share: about half of the near-homophones are pairs at 0.5
-    half = plan(0.5)
-    n_twins = sum(tuple(getattr(s, f) for f in prosody) in
-                  {tuple(getattr(p, f) for f in prosody) for p in half if p.kind == "pos"}
-                  for s in half if s.kind == "conf")
-    assert 100 < n_twins < 200
-    with pytest.raises(S.SynthError, match="pair share"):
-        S.generate_corpus([KW], "unused", train_pair_share=1.2)

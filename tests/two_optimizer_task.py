@@ -88,11 +88,8 @@ class TwoOptimizerTask(Task):
     def data_requirements(self, split="train"):
         return DataRequirements(require_label=False)
 
-    def example_builder(self, train, seed, noise=None, rirs=None, steps_per_epoch=0,
-                        total_steps=0):
-        return CropBuilder(FeaturePipeline(self.cfg.dataset, seed, train, noise, rirs,
-                                           steps_per_epoch, total_steps),
-                           self.cfg.model.crop_frames)
+    def example_builder(self, pipeline):
+        return CropBuilder(pipeline, self.cfg.model.crop_frames)
 
     def dummy_batch(self):
         dim = self.cfg.dataset.feature.num_mel_bins

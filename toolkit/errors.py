@@ -11,6 +11,10 @@ class UserError(Exception):
     where it helps, what to do."""
 
 
+class ConfigError(UserError, ValueError):
+    """A configuration problem; the message names the key path (and file when known)."""
+
+
 class DataError(UserError, ValueError):
     """A malformed data dir, data list, inventory or other input file."""
 

@@ -3,19 +3,7 @@ import logging
 import os
 import sys
 
-
-_EXTRA_SECRETS: set = set()
-
-
-def register_secrets(values) -> None:
-    """Secret values from the configuration (e.g. dataset.auth_token) that no log line
-    may show, next to the secret-named environment variables."""
-    _EXTRA_SECRETS.update(v for v in values if isinstance(v, str) and len(v) >= 4)
-
-
-def known_secrets() -> set:
-    from toolkit.config import secret_env_values
-    return secret_env_values() | _EXTRA_SECRETS
+from toolkit.config.secrets import REDACTED, known_secrets
 
 
 class RedactSecrets(logging.Filter):
@@ -25,7 +13,6 @@ class RedactSecrets(logging.Filter):
     here, unlike in config.yaml."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from toolkit.config import REDACTED
         secrets = known_secrets()
         if secrets:
             message = record.getMessage()

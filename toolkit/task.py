@@ -1,36 +1,92 @@
-"""The task contract: what a model family plugs into the one generic trainer.
+"""The task contract: everything a model family plugs into the one generic trainer, in one
+file. Read this first to write a task; docs/architecture.md walks one task end to end.
 
-A task owns everything family-specific: its config sections, its named modules, which
-optimizer steps which modules, what an utterance becomes and how examples are batched,
-the training step (forward, losses, which optimizer each loss drives, in which order),
-validation metrics, and what export writes. The trainer owns everything generic (the
-loop, exact resume, the exp-dir lock, checkpoints, DDP of each module, AMP, clipping,
-non-finite skipping, accumulation, logging, TensorBoard, validation scheduling,
-bad-input accounting) and knows no family.
+A task owns what is family-specific: its config sections, the values it derives from its
+data, its named modules, which optimizer steps which modules, what an utterance becomes
+and how examples are batched, the training step (forward, losses, which optimizer each
+loss drives, in which order), validation metrics, and what export writes. The trainer
+owns everything generic (the loop, exact resume, the exp-dir lock, checkpoints, DDP of
+each module, AMP, clipping, non-finite skipping, accumulation, logging, TensorBoard,
+validation scheduling, bad-input accounting, the feature pipeline with its augmentation)
+and knows no family.
 
-Registration: `@TASKS.register("name")` on a Task subclass; importing `toolkit.tasks`
-registers every family. Generic code never imports a task package.
+The life of a task, and which hook each step calls:
+
+1. Registration: `@TASKS.register("name")` on a Task subclass. `toolkit.tasks` registers
+   the toolkit's families by module name (the module, and torch, load only when a config
+   names the task); TOOLKIT_PLUGINS names modules of your own. Generic code never imports
+   a task package.
+2. Configuration (`resolve_config`, below): the YAML with its `defaults`, the CLI
+   overrides, then `validate` builds the `task` section from `Config`, the generic
+   sections, each of `sections`, and the optimizers (`optimizers`, over
+   `optim_defaults`), and calls `check_config`. The values the task derives from its
+   data (`derived_values`: class counts, feature dim, the declared `inputs` such as
+   --cmvn) are overrides applied to the raw config before the one validation of the
+   config training uses; nothing changes a validated Config afterwards.
+3. Training (toolkit.trainer): `Task(cfg, inventory)`, `build_modules`,
+   `optimizer_modules`, `training_view`, `find_unused_parameters`; an init checkpoint
+   loads `init_modules` through `adapt_init_state`; `describe` is logged. The trainer
+   builds the `FeaturePipeline` of the train and dev data (decode, waveform augmentation,
+   features, feature augmentation) and hands each to `example_builder`; batches are
+   planned with `example_frames` and checked against `data_requirements`; each step
+   calls `train_step` (a rank without data runs `dummy_batch`), validation calls
+   `eval_begin` / `eval_batch` (default: `eval_step`) / `eval_end`; `state_dict` rides
+   in checkpoints.
+4. Export (toolkit.bin.export_model): `export` writes the deployable files and checks
+   them against PyTorch.
 """
+from __future__ import annotations
+
+import copy
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
-from torch import nn
 
-from toolkit.config import TASKS, Config, Section, TaskConfigBase  # noqa: F401  (re-exported)
+from toolkit.config.compose import apply_overrides, load_yaml, set_values
+from toolkit.config.schema import (GENERIC_SECTIONS, Config, DatasetConfig, Section,
+                                   TaskConfigBase, TrainingConfig)
+from toolkit.config.validate import (build_dataclass, build_optim, build_section,
+                                     check_dataset, check_generic)
 from toolkit.data.datalist import BadCounter
+from toolkit.data.inventory import read_inventory
+from toolkit.errors import ConfigError
+from toolkit.registry import Registry
 
-__all__ = ["TASKS", "Task", "Batch", "ExampleBuilder", "StepContext", "DataRequirements",
-           "Section", "TaskConfigBase", "pad_sequences"]
+if TYPE_CHECKING:       # annotations only: this module stays free of torch at import
+    import torch
+    from torch import nn
 
+    from toolkit.data.pipeline import FeaturePipeline
+
+__all__ = ["TASKS", "Task", "TaskInput", "Batch", "ExampleBuilder", "StepContext",
+           "DataRequirements", "Section", "TaskConfigBase", "pad_sequences", "validate",
+           "resolve_config", "load_config", "config_from_dict", "load_dataset_config",
+           "task_class"]
+
+# Filled when task modules are imported (toolkit.tasks, TOOLKIT_PLUGINS); generic code
+# only looks names up.
+TASKS: Registry = Registry("task")
+
+
+@dataclass(frozen=True)
+class TaskInput:
+    """A file a task takes on the training command line, `--NAME PATH` (toolkit.bin.train
+    shows the flag because the task declares it), and the config key its value decides
+    (through the task's `derived_values`)."""
+    name: str       # the flag without dashes, and the key in derived_values' `inputs`
+    help: str       # its line in --help
+    fills: str      # the config key it determines, e.g. "model.cmvn_file"
+
+
+# --------------------------------------------------------------------------- data
 
 @dataclass
 class Batch:
     """A collated batch: utterance keys, named tensors, and accounting. `batch.feats` reads
     `batch.tensors["feats"]`."""
     keys: List[str]
-    tensors: Dict[str, torch.Tensor] = field(default_factory=dict)
+    tensors: Dict[str, "torch.Tensor"] = field(default_factory=dict)
     audio_seconds: float = 0.0
     bad: BadCounter = field(default_factory=BadCounter)
 
@@ -63,8 +119,9 @@ class ExampleBuilder:
 
     `__call__` gets the entry (a dict with at least key, duration, label, and wav or feat)
     and the epoch; for tar shards `audio` holds the decoded (mono wave, rate). Randomness
-    must come from (seed, epoch, key) only, so that resume is exact. An unusable entry
-    raises toolkit.data.audio.BadEntry (counted and skipped)."""
+    must come from (seed, epoch, key) only, so that resume is exact: the pipeline's
+    `rng(epoch, key)`. An unusable entry raises toolkit.data.audio.BadEntry (counted and
+    skipped)."""
 
     def __call__(self, entry: dict, epoch: int, audio: Optional[Tuple[np.ndarray, int]] = None):
         raise NotImplementedError
@@ -101,7 +158,7 @@ class StepContext:
     step_index: int
     total_steps: int
     epoch: int
-    device: torch.device
+    device: "torch.device"
     training: bool
 
     @property
@@ -109,51 +166,70 @@ class StepContext:
         return self.step_index / max(1, self.total_steps)
 
 
+# --------------------------------------------------------------------------- the contract
+
 class Task:
-    """Base of every task. Subclasses set the class attributes and implement the methods;
-    the defaults describe a single-module, single-optimizer task."""
+    """Base of every task. Subclasses set the class attributes and implement the methods
+    without a default; the defaults describe a single-module, single-optimizer task.
+    Every method here is called by the trainer, a binary or the config resolution."""
 
     name: str = ""
+    # Dataclass of the `task:` section (subclass TaskConfigBase; comment every field:
+    # the comment is its line in docs/config_reference.md).
     Config = TaskConfigBase
-    # Task-owned top-level config sections (name -> Section).
+    # Task-owned top-level config sections (name -> Section: a dataclass, or a registry
+    # whose `type` key picks the class, e.g. the model).
     sections: Dict[str, Section] = {}
     # Optimizer names, in the order the step uses them; each has its own LR schedule,
     # clip value, GradScaler and phase start.
     optimizers: Tuple[str, ...] = ("model",)
-    # The class inventory (keywords, speakers) is required and recorded in the exp dir.
-    needs_inventory: bool = True
-    # Dev metric (from eval_step) choosing the best checkpoints; lower is better.
-    selection_metric: str = "loss"
-    # Module a safetensors export holds, and the modules an init checkpoint loads into.
-    export_module: str = "model"
     # Per-optimizer raw defaults that replace the generic OptimConfig defaults (the YAML
     # still overrides them key by key), e.g. {"discriminator": {"start_fraction": 0.1}}
     # for a phase that belongs to the family, not to every config file.
     optim_defaults: Dict[str, Dict[str, Any]] = {}
+    # Files the task takes on the training command line (toolkit.bin.train --NAME PATH).
+    inputs: Tuple[TaskInput, ...] = ()
+    # The class inventory (keywords, speakers) is required (--inventory) and recorded in
+    # the exp dir.
+    needs_inventory: bool = True
+    # Dev metric (from eval_end) choosing the best checkpoints; lower is better.
+    selection_metric: str = "loss"
+    # Module a safetensors export holds, and the modules an init checkpoint loads into.
+    export_module: str = "model"
 
     def __init__(self, cfg: Config, inventory: Optional[List[str]] = None):
         self.cfg = cfg
         self.inventory = inventory
 
-    # ---------------------------------------------------------------- config
+    # ---------------------------------------------------------------- config hooks
     @classmethod
     def check_config(cls, cfg: Config) -> None:
-        """Cross-section checks after validation; raise ConfigError naming the key."""
+        """Cross-section checks of a built config (run by `validate`, so every binary
+        that reads a config meets them); raise ConfigError naming the key."""
 
     @classmethod
-    def resolve(cls, cfg: Config, inventory: Optional[List[str]], extras: Dict[str, Any]) -> None:
-        """Fills sizes derived from the data (inventory size, feature dim, CLI extras such
-        as --units or --cmvn) into `cfg`, raising ConfigError on a contradiction."""
+    def derived_values(cls, draft: Config, inventory: Optional[List[str]],
+                       inputs: Dict[str, str]) -> Dict[str, Any]:
+        """Values the data decides, as `key.path -> value` overrides (e.g. the inventory
+        size into the classifier's output count, the feature dim into the model's input,
+        a declared input's path or what its file holds). `draft` is the config validated
+        without them (read it, never change it); `inputs` holds the declared inputs given
+        on the command line (name -> path) and `inventory`, the --inventory path. Raise
+        ConfigError naming the key and flag on a contradiction (model.num_outputs=5 but
+        the inventory has 3 entries)."""
+        return {}
 
     # ---------------------------------------------------------------- modules
-    def build_modules(self) -> Dict[str, nn.Module]:
+    def build_modules(self) -> Dict[str, "nn.Module"]:
+        """The named modules (fresh initialisation); the trainer moves, wraps and
+        checkpoints each."""
         raise NotImplementedError
 
     def optimizer_modules(self) -> Dict[str, List[str]]:
         """Optimizer name -> the modules whose parameters it steps."""
         return {self.optimizers[0]: ["model"]}
 
-    def training_view(self, name: str, module: nn.Module) -> nn.Module:
+    def training_view(self, name: str, module: "nn.Module") -> "nn.Module":
         """The module whose forward the step calls through ctx.module(name) (and DDP
         wraps): the module itself, or a view of it whose forward also computes an
         auxiliary output. Parameters are the module's; checkpoints hold the module."""
@@ -169,32 +245,37 @@ class Task:
         `task_state` is the checkpoint's task state (None for a one-module export)."""
         return [self.export_module]
 
-    def adapt_init_state(self, name: str, module: nn.Module,
-                         state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    def adapt_init_state(self, name: str, module: "nn.Module",
+                         state: Dict[str, "torch.Tensor"]) -> Dict[str, "torch.Tensor"]:
         """`state`, the init checkpoint's or export's weights for module `name`, in the
         layout of the freshly built `module` (e.g. an export whose weight norm was folded
         into plain weights, re-parametrized); the strict key check runs afterwards."""
         return state
 
-    def describe(self, modules: Dict[str, nn.Module]) -> str:
+    def describe(self, modules: Dict[str, "nn.Module"]) -> str:
+        """The line the training log starts with: what is being trained, how big."""
         counts = ", ".join(f"{n} {sum(p.numel() for p in m.parameters()):,}"
                            for n, m in modules.items())
         return f"task {self.name}: parameters {counts}"
 
     # ---------------------------------------------------------------- data
     def data_requirements(self, split: str = "train") -> DataRequirements:
-        """`split`: train or dev (a dev list may hold other classes, e.g. unseen speakers)."""
+        """What the `split` (train or dev) list must carry; a dev list may hold other
+        classes (e.g. unseen speakers)."""
         return DataRequirements()
 
-    def example_builder(self, train: bool, seed: int, noise=None, rirs=None,
-                        steps_per_epoch: int = 0, total_steps: int = 0) -> ExampleBuilder:
-        """`noise`/`rirs`: loaded DataLists when augmentation is on; the step counts let
-        ramped augmentation probabilities follow training progress per epoch."""
+    def example_builder(self, pipeline: "FeaturePipeline") -> ExampleBuilder:
+        """The builder of the train or dev examples around the trainer's `pipeline`
+        (pipeline.train tells which; it holds the dataset section, the seed, the noise and
+        RIR lists and the step counts ramped augmentation follows). The task adds what
+        its examples need: labels, a random chunk, keyword end frames, a waveform
+        segment."""
         raise NotImplementedError
 
     def example_frames(self, durations: np.ndarray) -> np.ndarray:
         """Padded length of each utterance's example, in the unit `max_frames_in_batch`
-        counts (fbank frames by default)."""
+        counts (fbank frames by default): batch planning needs it before any audio is
+        read."""
         from toolkit.data.plan import estimated_frames
         return estimated_frames(durations, self.cfg.dataset)
 
@@ -217,9 +298,11 @@ class Task:
     # Validation as begin -> batch ... -> end over the gathered per-rank states, so that a
     # task can compute metrics that do not decompose over batches (EER over trials).
     def eval_begin(self) -> Any:
+        """A fresh per-rank validation state."""
         return {"sums": {}, "count": 0.0}
 
     def eval_batch(self, batch: Batch, ctx: StepContext, state: Any) -> None:
+        """Adds one dev batch to this rank's state."""
         metrics = self.eval_step(batch, ctx)
         for k in self.eval_metric_names():
             state["sums"][k] = state["sums"].get(k, 0.0) + float(metrics[k]) * len(batch)
@@ -249,4 +332,131 @@ class Task:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        """Restores state_dict() on resume."""
+
+    # ---------------------------------------------------------------- export
+    def export(self, checkpoint: str, out_dir: str, test_data: str, num_check: int = 20,
+               tolerance: float = 1e-4, threshold: Optional[float] = None) -> Dict[str, float]:
+        """Writes the deployable files of `checkpoint` into `out_dir` (toolkit.bin.
+        export_model) and checks each against PyTorch on up to `num_check` utterances of
+        the `test_data` list; returns the worst difference per format (above `tolerance`
+        is an error). `threshold`: a detection threshold to record, where one applies.
+        A pipeline for the test audio: toolkit.data.pipeline.evaluation_pipeline."""
+        raise NotImplementedError(f"task {self.name} has no export")
+
+
+# --------------------------------------------------------------------------- configuration
+# How the config hooks above are called: every binary reads a config through these.
+
+def task_class(raw: Dict[str, Any]) -> type:
+    """The registered task a raw config's `task.type` names."""
+    task_raw = raw.get("task") if isinstance(raw, dict) else None
+    if not isinstance(task_raw, dict) or not task_raw.get("type"):
+        raise ConfigError("task.type is required (one of: " + (", ".join(TASKS.names()) or
+                          "no task registered: import toolkit.tasks") + ")")
+    if task_raw["type"] not in TASKS:
+        raise ConfigError(f"task.type: unknown '{task_raw['type']}' (one of: "
+                          f"{', '.join(TASKS.names())})")
+    return TASKS.get(task_raw["type"])
+
+
+def validate(raw: Dict[str, Any]) -> Config:
+    """A raw config (defaults and overrides applied) -> the validated Config: the task's
+    `task` section, the generic sections, the task's own sections, its optimizers over
+    `optim_defaults`; then the generic value checks and the task's `check_config`."""
+    if not isinstance(raw, dict):
+        raise ConfigError("the configuration must be a mapping with sections task, dataset, "
+                          "optim, training and the task's own")
+    raw = dict(raw)
+    raw.pop("defaults", None)
+    task_cls = task_class(raw)
+    task_raw = raw.pop("task")
+    sections: Dict[str, Any] = {"task": build_dataclass(task_cls.Config, task_raw, "task")}
+    own: Dict[str, Section] = dict(task_cls.sections)
+    allowed = set(GENERIC_SECTIONS) | set(own)
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown section(s): {', '.join(unknown)} (task {task_cls.name} "
+                          f"has: {', '.join(sorted(allowed))})")
+    sections["dataset"] = build_dataclass(DatasetConfig, raw.get("dataset"), "dataset")
+    for name, section in own.items():
+        if name not in raw and not section.required:
+            sections[name] = None
+            continue
+        sections[name] = build_section(raw.get(name), section, name)
+    sections["optim"] = build_optim(raw.get("optim"), tuple(task_cls.optimizers),
+                                    task_cls.optim_defaults)
+    sections["training"] = build_dataclass(TrainingConfig, raw.get("training"), "training")
+    cfg = Config(sections)
+    check_generic(cfg)
+    task_cls.check_config(cfg)
+    return cfg
+
+
+def resolve_config(raw: Dict[str, Any], inputs: Optional[Dict[str, str]] = None,
+                   source: str = "", inventory: Optional[List[str]] = None
+                   ) -> Tuple[Config, Optional[List[str]]]:
+    """The config training uses, and the class inventory: `raw` (file, defaults and
+    overrides) plus the values the task derives from its data (`Task.derived_values`),
+    validated once with them. The draft it derives from is validated first, so a mistake
+    in the file is reported as such. `inputs`: the paths given on the command line, the
+    task's declared inputs by name and `inventory` (required when `needs_inventory`); an
+    input the task does not declare is an error. `source` (the file) prefixes validation
+    errors. `inventory`: the class list itself, instead of inputs["inventory"]'s file."""
+    inputs = {k: v for k, v in (inputs or {}).items() if v}
+    task_cls = _with_source(source, task_class, raw)
+    declared = {i.name for i in task_cls.inputs} | {"inventory"}
+    for name in sorted(set(inputs) - declared):
+        takes = ", ".join(f"--{i.name}" for i in task_cls.inputs) or "none"
+        raise ConfigError(f"--{name}: task {task_cls.name} takes no such input (its inputs: "
+                          f"{takes})")
+    draft = _with_source(source, validate, raw)
+    if inventory is None and inputs.get("inventory"):
+        try:
+            inventory = read_inventory(inputs["inventory"])
+        except ValueError as err:
+            raise ConfigError(f"--inventory: {err}") from None
+    if inventory is None and task_cls.needs_inventory:
+        raise ConfigError(f"--inventory is required for task {task_cls.name} (the class list, "
+                          "one name per line)")
+    values = task_cls.derived_values(draft, inventory, inputs)
+    if not values:
+        return draft, inventory
+    return _with_source(source, validate, set_values(raw, values, "derived value")), inventory
+
+
+def _with_source(source: str, function, *args):
+    try:
+        return function(*args)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}" if source else str(err)) from None
+
+
+def load_config(path: str, overrides: Optional[List[str]] = None) -> Config:
+    """A config file (with its defaults) and `key.path=value` overrides, validated (no
+    derived values: for reading a recipe's config, not for training)."""
+    return _with_source(path, validate, apply_overrides(load_yaml(path), overrides or []))
+
+
+def config_from_dict(raw: Dict[str, Any]) -> Config:
+    """A Config from the mapping an experiment recorded (config.yaml, derived values
+    included), validated as it was."""
+    return validate(copy.deepcopy(raw))
+
+
+def load_dataset_config(path: str, overrides: Optional[List[str]] = None) -> DatasetConfig:
+    """The `dataset` section of a training config, checked as training checks it (unknown
+    keys are errors), without importing the task's modules (torch): for the stages before
+    training (fbank, CMVN). The task's own sections are checked when training starts."""
+    raw = apply_overrides(load_yaml(path), overrides or [])
+    try:
+        task_raw = raw.get("task") if isinstance(raw, dict) else None
+        named = task_raw.get("type") if isinstance(task_raw, dict) else None
+        if named not in TASKS:
+            raise ConfigError(f"task.type: expected one of {', '.join(TASKS.names())}, got "
+                              f"{named!r}")
+        dataset = build_dataclass(DatasetConfig, raw.get("dataset"), "dataset")
+        check_dataset(dataset)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    return dataset

@@ -1,24 +1,77 @@
 #!/usr/bin/env bash
-# Creates tools/venv (once) with the toolkit installed in editable mode, plus the
-# test, TTS and codec-metric extras. Safe to rerun: it does nothing when the install is current.
+# Creates tools/venv (once) with the toolkit installed in editable mode and the TTS extra
+# (espeak-ng: every self-contained recipe speaks), plus the setup.py extras named:
+#
+#   bash tools/install.sh                 # what the wake-word and speaker recipes need
+#   bash tools/install.sh codec           # + codec baselines and metrics (a C/C++ build)
+#   bash tools/install.sh test codec hf wandb   # everything the test suite runs
+#
+# Extras once installed stay installed. Safe to rerun: it does nothing when the install is
+# current and holds the extras asked for.
 # TOOLKIT_EXTRAS=oww also installs openWakeWord's front end (tools/install_oww.sh; opt-in,
-# its models are CC BY-NC-SA 4.0); nothing by default needs it.
+# its models are CC BY-NC-SA 4.0); nothing by default needs it. TOOLKIT_VOICES="kokoro
+# rhvoice ..." also installs those TTS engines (tools/install_voices.sh; opt-in).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TOOLKIT_VENV:-$root/tools/venv}
 python=${PYTHON:-python3}
 stamp=$venv/.toolkit-installed
-# Reinstall when setup.py changes, so new requirements arrive on a plain rerun.
-want=$(cksum < "$root/setup.py")
+known="test tts kokoro codec hf wandb"
+asked=(tts)
+for e in "$@"; do
+  case " $known " in *" $e "*) asked+=("$e") ;;
+    *) echo "error: unknown extra '$e'; known: $known" >&2; exit 2 ;; esac
+done
+# The stamp: setup.py's checksum (a change reinstalls, so new requirements arrive on a
+# plain rerun) and the extras installed.
+sum=$(cksum < "$root/setup.py" | cut -d' ' -f1,2)
+have=""
+[ -f "$stamp" ] && read -r stamp_sum1 stamp_sum2 have_list < "$stamp" 2>/dev/null \
+  && [ "$stamp_sum1 $stamp_sum2" = "$sum" ] && have=" ${have_list//,/ } "
+need=()
+for e in "${asked[@]}"; do case "$have" in *" $e "*) ;; *) need+=("$e") ;; esac; done
 extras() {
   case ",${TOOLKIT_EXTRAS:-}," in
     *,oww,*) TOOLKIT_VENV=$venv bash "$root/tools/install_oww.sh" ;;
   esac
+  if [ -n "${TOOLKIT_VOICES:-}" ]; then
+    # shellcheck disable=SC2086  # a list of engine names
+    TOOLKIT_VENV=$venv bash "$root/tools/install_voices.sh" $TOOLKIT_VOICES
+  fi
 }
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+if [ -n "$have" ] && [ ${#need[@]} -eq 0 ] \
    && (cd / && "$venv/bin/python" -c "import toolkit.bin" 2>/dev/null); then
   extras
   exit 0
+fi
+# What the venv holds afterwards: what it held (same setup.py) and what is asked for.
+all=$(echo $have "${asked[@]}" | tr ' ' '\n' | grep . | sort -u | tr '\n' ',' | sed 's/,$//')
+codec=0
+case ",$all," in *,codec,*) codec=1 ;; esac
+# Beyond python3, a Debian machine needs venv support and, for the codec extra's sdists
+# (pesq: C; libsvm-official, which visqol-python requires: C++), compilers and the Python
+# headers. Installed with apt-get when running as root, else named with the command.
+missing=()
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  "$python" -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=("python3-venv")
+fi
+if [ $codec = 1 ]; then
+  command -v cc >/dev/null 2>&1 || missing+=("gcc" "libc6-dev")
+  command -v g++ >/dev/null 2>&1 || missing+=("g++")
+  "$python" -c "import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
+    || missing+=("python3-dev")
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[install] installing Debian packages: ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "[install] missing system packages: ${missing[*]}; install them (Debian:" \
+         "sudo apt-get install ${missing[*]}) and rerun" >&2
+    exit 1
+  fi
 fi
 # An install killed while creating the venv leaves one without pip: create it afresh.
 if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
@@ -28,7 +81,13 @@ fi
 "$venv/bin/python" -m pip install -q --upgrade pip
 # Pin torch first: torch==2.13.0 is a local CPU wheel here; an open range would fetch CUDA.
 "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
-"$venv/bin/python" -m pip install -q -e "$root[test,tts,codec]"
-echo "$want" > "$stamp"
-echo "[install] toolkit installed in $venv" >&2
+"$venv/bin/python" -m pip install -q -e "$root[$all]"
+# ViSQOL's numba kernels compile on first use (about a minute) into numba's cache beside
+# the package: once here, not in the first evaluation or test.
+if [ $codec = 1 ] && ! (cd / && "$venv/bin/python" -c "from toolkit.tasks.codec.metrics import warm_up_visqol
+warm_up_visqol()" >/dev/null 2>"$venv/.visqol-warm-up.log"); then
+  echo "[install] warning: ViSQOL's warm-up failed (see $venv/.visqol-warm-up.log)" >&2
+fi
+echo "$sum $all" > "$stamp"
+echo "[install] toolkit installed in $venv (extras: $all)" >&2
 extras

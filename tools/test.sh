@@ -3,7 +3,7 @@
 # Extra arguments go to pytest, e.g. `bash tools/test.sh -k resume -x`.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bash "$root/tools/install.sh"
+bash "$root/tools/install.sh" test codec hf wandb
 cd "$root"
 set +e
 # Most tests wait on training subprocesses: one pytest worker per core, each test file on

@@ -26,6 +26,10 @@
 #   train_speed_copies e.g. 0.9,1.1: with precompute_feats, the training features also get
 #                      copies of every utterance at these speeds (Kaldi's 3-way speed
 #                      perturbation, computed once). Empty: none.
+#   outside_sets       detection only: data dirs of outside test sets (voices and engines
+#                      training never heard, e.g. $data/outside_kokoro/test): stage 1 makes
+#                      their lists and features, stage 6 scores each into $exp/score_<name>
+#                      at the FA targets, with the deployment threshold of the own test.
 #   ctc_unit           phone or char: stage 1 also writes $data/dict/{lexicon,units}.txt
 #                      and CTC targets into the data lists, for configs whose loss has a
 #                      ctc component (phone: espeak-ng pronunciations). Empty: none.
@@ -53,6 +57,7 @@ target_fa_per_hour=${target_fa_per_hour:-1.0}
 score_bootstrap_unit=${score_bootstrap_unit:-speaker}
 ctc_unit=${ctc_unit:-}
 train_speed_copies=${train_speed_copies:-}
+outside_sets=${outside_sets:-}
 feat_dir=${feat_dir:-fbank}
 cmvn_name=${cmvn_name:-global_cmvn}
 case "$task_type" in
@@ -75,12 +80,15 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   fi
   # One process per binary for all three sets: start-up (torch import) costs more than
   # a small set's work.
+  _list_pairs=()
+  for _o in $outside_sets; do _list_pairs+=("$_o" "$_o/data.list"); done
   python -m toolkit.bin.make_datalist "$data/train" "$data/train/data.list" "$data/dev" \
-    "$data/dev/data.list" "$data/test" "$data/test/data.list" --inventory "$dict" \
-    --label-mode $_label_mode --nj "$nj" "${_ctc_args[@]}"
+    "$data/dev/data.list" "$data/test" "$data/test/data.list" "${_list_pairs[@]}" \
+    --inventory "$dict" --label-mode $_label_mode --nj "$nj" "${_ctc_args[@]}"
   if [ "$precompute_feats" = true ]; then
     # One call for every set, except that speed copies are for the training set only.
     _feat_pairs=("$data/dev/data.list" "$data/dev/$feat_dir" "$data/test/data.list" "$data/test/$feat_dir")
+    for _o in $outside_sets; do _feat_pairs+=("$_o/data.list" "$_o/$feat_dir"); done
     if [ -n "$train_speed_copies" ]; then
       python -m toolkit.bin.compute_feats "$data/train/data.list" "$data/train/$feat_dir" \
         --config "$config" --nj "$nj" --speed-copies "$train_speed_copies"
@@ -142,6 +150,18 @@ print(read_metadata(sys.argv[1])["feature"]["frame_shift_ms"])' "$exp/export/mod
     python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score"
     echo "summary ($exp/score/summary.txt):"
     cat "$exp/score/summary.txt"
+    for _o in $outside_sets; do
+      # outside_kokoro/test -> score_outside_kokoro
+      _name=score_$(basename "$(dirname "$_o")")
+      python -m toolkit.bin.compute_posteriors --model "$exp/export/model.onnx" \
+        --data-list "$_o/$list_name" --output "$exp/$_name/test_probs.ark"
+      python -m toolkit.bin.score_kws --data-list "$_o/$list_name" \
+        --posteriors "$exp/$_name/test_probs.ark" --inventory "$dict" --out-dir "$exp/$_name" \
+        --frame-shift-ms "$_shift_ms" --target-fa-per-hour "$target_fa_per_hour" \
+        --fa-targets 0.5,1,2,5 --bootstrap-unit "$_bootstrap_unit"
+      echo "outside test $_o ($exp/$_name/summary.txt):"
+      cat "$exp/$_name/summary.txt"
+    done
     echo "false alarms, per-speaker misses and missed utterances at that threshold:" \
       "$exp/score/errors_*.txt"
   else

@@ -12,8 +12,12 @@
 # and optionally
 #   train_set dev_set test_set   data dir names under $data (train, dev, test). Dev
 #                      speakers may be unseen: training validates by their EER.
+#   test_sets          every data dir under $data whose utterances trials name, spaces
+#                      between them (default $test_set; the first is the export's check
+#                      set), e.g. "test outside/test"
 #   trials             trial lists (VoxCeleb `1 a b` or Kaldi `a b target` form), spaces
-#                      between them; default $data/$test_set/trials
+#                      between them; default $data/$test_set/trials. `SET:FILE` scores FILE
+#                      on the embeddings of test set SET, a plain FILE on the first set
 #   precompute_feats   false (default): train from audio (waveform augmentation works);
 #                      true: fbank once into $data/{$train_set,$dev_set}/fbank/
 #   train_speed_copies e.g. 0.9,1.1 (needs precompute_feats): copies of every training
@@ -38,8 +42,10 @@
 #   3 average the last $average_num checkpoints -> $exp/avg_${average_num}.pt
 #   4 large-margin fine-tuning from it into $lm_exp (when lm_config), averaged likewise
 #   5 export each system (ONNX, TorchScript, safetensors; parity-checked) -> <exp>/export/
-#   6 embeddings of $test_set and of the cohort -> <exp>/embeddings/{$test_set,cohort}/
-#   7 cosine scoring of each trial list with and without AS-Norm -> <exp>/score/<trials>/,
+#   6 embeddings of each test set and of the cohort -> <exp>/embeddings/{<set>,cohort}/
+#   7 cosine scoring of each trial list with and without AS-Norm -> <exp>/score/<name>/
+#     (<name>: the list's file name, prefixed by its set's name with `/` as `_` and a
+#     trailing /test dropped when the set is not the first, e.g. outside_trials_kokoro),
 #     summary lines printed and collected in <exp>/score/summary.txt
 
 _sv_stages_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -54,6 +60,8 @@ done
 train_set=${train_set:-train}
 dev_set=${dev_set:-dev}
 test_set=${test_set:-test}
+test_sets=${test_sets:-$test_set}
+test_set=${test_sets%% *}
 trials=${trials:-$data/$test_set/trials}
 precompute_feats=${precompute_feats:-false}
 train_speed_copies=${train_speed_copies:-}
@@ -116,7 +124,9 @@ _sv_average() {   # _sv_average EXP_DIR NUM OUTPUT
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   echo "stage 1: speaker inventory and data lists"
   python -m toolkit.bin.make_inventory "$dict" --utt2spk "$data/$train_set/utt2spk"
-  for x in $(printf '%s\n' "$train_set" "$dev_set" "$test_set" | awk '!seen[$0]++'); do
+  # $test_sets is split into separate set names on purpose.
+  # shellcheck disable=SC2086
+  for x in $(printf '%s\n' "$train_set" "$dev_set" $test_sets | awk '!seen[$0]++'); do
     inventory=$dict
     if [ "$x" != "$train_set" ]; then
       # Speakers outside training: labelled against their own list, which nothing trains on.
@@ -192,9 +202,12 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     if cmp -s "$_cohort_list.tmp" "$_cohort_list"; then rm "$_cohort_list.tmp"
     else mv "$_cohort_list.tmp" "$_cohort_list"; fi
   fi
+  _parts=()
+  for x in $test_sets; do _parts+=("$x:$data/$x/data.list"); done
+  _parts+=("cohort:$_cohort_list")
   for sys in "${_systems[@]}"; do
-    echo "stage 6: embeddings of $test_set and of the cohort with $sys/export/model.onnx"
-    for part in "$test_set:$data/$test_set/data.list" "cohort:$_cohort_list"; do
+    echo "stage 6: embeddings of $test_sets and of the cohort with $sys/export/model.onnx"
+    for part in "${_parts[@]}"; do
       out=$sys/embeddings/${part%%:*}
       # The extraction resumes from finished parts: those of an earlier export or list go.
       _stamp=$out/.source
@@ -216,10 +229,20 @@ if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
     mkdir -p "$sys/score"
     : > "$sys/score/summary.txt"
     for t in $trials; do
+      _tset=$test_set
+      case $t in *:*) _tset=${t%%:*}; t=${t#*:} ;; esac
+      case " $test_sets " in *" $_tset "*) ;;
+        *) echo "$0: trials $t name the test set '$_tset', not one of test_sets ($test_sets)" >&2
+           exit 1 ;;
+      esac
       name=$(basename "$t")
       name=${name%.txt}
+      if [ "$_tset" != "$test_set" ]; then
+        _prefix=${_tset%/test}
+        name=${_prefix//\//_}_$name
+      fi
       python -m toolkit.bin.score_sv --trials "$t" \
-        --embeddings "$sys/embeddings/$test_set/embeddings.scp" \
+        --embeddings "$sys/embeddings/$_tset/embeddings.scp" \
         --cohort "$sys/embeddings/cohort/speaker_embeddings.scp" --as-norm-top "$as_norm_top" \
         --out-dir "$sys/score/$name" --name "$(basename "$sys") $name" > /dev/null
       cat "$sys/score/$name/summary.txt" >> "$sys/score/summary.txt"

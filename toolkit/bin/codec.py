@@ -5,11 +5,13 @@
   python -m toolkit.bin.codec decode --model exp/codec/export out.codes decoded.wav
 
 The codes file is an .npz: codes int16 (n_codebooks, frames), the sample rate, hop and
-length of the audio, and the fingerprint of the model's weights; decode refuses codes of
-another model. The decoded WAV (16-bit, the model's rate) has the encoded length.
-Causal models run chunk by chunk (--chunk-seconds), so memory stays constant however long
-the file; non-causal models process whole files. Audio at another rate than the model's
-is resampled first (whole file); several channels are averaged.
+length of the decoded audio, and the fingerprint of the model's weights; decode refuses
+codes of another model. The decoded WAV (16-bit, the codec's output rate) has the encoded
+file's duration. Causal models run chunk by chunk (--chunk-seconds), so memory stays
+constant however long the file; non-causal models process whole files. Audio at another
+rate than the encoder's (a codec may encode 16 kHz and decode 24 kHz: its export's
+encoder_sample_rate and sample_rate) is resampled first (whole file); several channels are
+averaged.
 """
 import argparse
 import logging
@@ -40,7 +42,7 @@ def get_args(argv=None):
     enc.add_argument("input", help="audio file (WAV, FLAC, ...)")
     enc.add_argument("output", help="codes file to write")
     dec = sub.add_parser("decode", parents=[common], help="codes file -> 16-bit WAV",
-                         description="Codes file -> 16-bit WAV at the model's rate.")
+                         description="Codes file -> 16-bit WAV at the codec's output rate.")
     dec.add_argument("input", help="codes file written by `encode`")
     dec.add_argument("output", help="WAV file to write")
     return p.parse_args(argv)

@@ -29,17 +29,17 @@ def main(argv=None):
     args = get_args(argv)
     setup_logging()
     import kaldiio
-    from toolkit.data.features import dataset_config_from_metadata
+    from toolkit.config import dataset_config_from_metadata
     from toolkit.data.audio import BadEntry
     from toolkit.data.datalist import BadCounter, DataList
-    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.data.pipeline import evaluation_pipeline
     from toolkit.tasks.kws.detector import load_backend
 
     backend = load_backend(args.model)
     feature = backend.metadata["feature"]
     cfg = dataset_config_from_metadata(feature)    # the model's feature type and options
     datalist = DataList.load(args.data_list, require_label=False)
-    processor = FeaturePipeline(cfg, seed=0, train=False)
+    processor = evaluation_pipeline(cfg)
     bad = BadCounter()
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with kaldiio.WriteHelper(f"ark:{args.output}") as writer:

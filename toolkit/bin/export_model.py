@@ -34,7 +34,7 @@ def main(argv=None):
     # Small streaming calls: extra threads only add contention.
     torch.set_num_threads(1)
     import toolkit.tasks  # noqa: F401  (registers every task)
-    from toolkit.config import TASKS
+    from toolkit.task import TASKS
     from toolkit.trainer.experiment import load_exp_config, read_exp_inventory
     cfg = load_exp_config(args.exp_dir)
     task_cls = TASKS.get(cfg.task.type)

@@ -2,7 +2,8 @@
 
 1. The corpus is already extracted there (--marker, a file or directory relative to
    --corpus-dir, exists): nothing to do.
-2. Otherwise the archive --archive is used when present, else downloaded from --url.
+2. Otherwise the archive --archive is used when present, else downloaded from --url
+   (an interrupted download is continued where it stopped, when the server allows).
 3. Its digest is checked against --checksums (`sha256sum`/`md5sum` format: `<hex>  <file
    name>`; 64 hex digits are a sha256, 32 an md5, as corpus sites publish one or the
    other). A file name without a known checksum there is reported together with its
@@ -71,18 +72,37 @@ def file_digest(path: str, algorithm: str) -> str:
 
 
 def download(url: str, dest: str, timeout: float) -> None:
+    """Downloads into `dest`.part, then renames. A .part left by an interrupted run is
+    continued with an HTTP Range request; a server that ignores it (200 instead of 206)
+    sends the whole file again, which then replaces the partial one."""
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
     part = dest + ".part"
-    say(f"downloading {url} -> {dest}")
-    with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as out:
-        total = int(response.headers.get("Content-Length") or 0)
-        done, next_report = 0, 0.0
-        for block in iter(lambda: response.read(1 << 20), b""):
-            out.write(block)
-            done += len(block)
-            if total and done / total >= next_report:
-                say(f"{done / 2**20:.0f} / {total / 2**20:.0f} MiB")
-                next_report += 0.1
+    have = os.path.getsize(part) if os.path.isfile(part) else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as err:
+        if err.code != 416 or not have:       # 416: nothing left past `have`
+            raise
+        say(f"{part} is already complete ({have} bytes)")
+        os.replace(part, dest)
+        return
+    with response:
+        resumed = have and response.status == 206
+        if resumed:
+            say(f"resuming {url} at {have / 2**20:.1f} MiB -> {dest}")
+        else:
+            have = 0
+            say(f"downloading {url} -> {dest}")
+        total = int(response.headers.get("Content-Length") or 0) + have
+        done, next_report = have, 0.0
+        with open(part, "ab" if resumed else "wb") as out:
+            for block in iter(lambda: response.read(1 << 20), b""):
+                out.write(block)
+                done += len(block)
+                if total and done / total >= next_report:
+                    say(f"{done / 2**20:.0f} / {total / 2**20:.0f} MiB")
+                    next_report += 0.1
     os.replace(part, dest)
 
 

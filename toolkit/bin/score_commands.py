@@ -52,7 +52,7 @@ def main(argv=None):
     from toolkit.data.audio import BadEntry
     from toolkit.data.datalist import DataList
     from toolkit.data.inventory import read_inventory
-    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.data.pipeline import evaluation_pipeline
     from toolkit.tasks.kws.detector import load_backend
 
     names = read_inventory(args.inventory)
@@ -71,7 +71,7 @@ def main(argv=None):
     # Labels are checked here rather than by DataList.load, so that every unscorable
     # utterance is named in this report instead of only in a load warning.
     datalist = DataList.load(args.data_list, require_label=False)
-    processor = FeaturePipeline(dataset_config_for(meta["feature"]), seed=0, train=False)
+    processor = evaluation_pipeline(dataset_config_for(meta["feature"]))
     skipped = Skipped()
     for reason, n in datalist.bad.counts.items():
         skipped.counts[f"bad list line: {reason}"] += n

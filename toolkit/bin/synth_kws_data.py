@@ -8,10 +8,9 @@ import logging
 import sys
 
 from toolkit.errors import cli
-from toolkit.tasks.kws.corpus import (OTHER_ENGINES_SHARE, TEST_ONLY_ENGINES,
-                                      TRAIN_CARRIER_SHARE, TRAIN_CONF_SHARE, TRAIN_HARD_SHARE,
-                                      TRAIN_PAIR_SHARE, TRAIN_SWAP_SHARE, Sizes,
+from toolkit.tasks.kws.corpus import (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, Sizes,
                                       generate_corpus)
+from toolkit.tts.corpus import OTHER_ENGINES_SHARE, TEST_ONLY_ENGINES
 from toolkit.tts.engines import ENGINES
 
 _DEFAULTS = Sizes()
@@ -26,10 +25,11 @@ def get_args(argv=None):
             "(random words, confusables built from the keyword, pure noise), all in white/pink/\n"
             "brown/babble noise. Writes <out-dir>/{train,dev,test}/ Kaldi data dirs (wav.scp\n"
             "text utt2dur utt2spk spk2utt utt2kind kw_times), WAVs under <out-dir>/wavs/<split>/,\n"
-            "<out-dir>/dict/keywords.txt (line i = class i) and <out-dir>/dict/tts_engines\n"
-            "(`engine share` lines). Train, dev and test use disjoint voices. The output is\n"
-            "byte-identical for the same arguments whatever --nj and whatever else is\n"
-            "installed, and rerunning a finished run with the same arguments does nothing.\n\n"
+            "<out-dir>/dict/keywords.txt (line i = class i), <out-dir>/dict/tts_engines\n"
+            "(`engine share` lines) and <out-dir>/voices.tsv (each voice that speaks: split,\n"
+            "engine, engine voice, version). Train, dev and test use disjoint voices. The\n"
+            "output is byte-identical for the same arguments whatever --nj and whatever else\n"
+            "is installed, and rerunning a finished run with the same arguments does nothing.\n\n"
             "example: %(prog)s --keyword 'hey snips' --out-dir data --seed 777 --nj 2\n"
             "needs espeak-ng: pip install -e .[tts]"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,31 +58,24 @@ def get_args(argv=None):
                    help="fraction of the training confusables that are near-homophones of the "
                         "whole keyword ('hey snoops' for 'hey snips'); the rest cover every "
                         "confusable category in turn (default %(default)s)")
-    p.add_argument("--train-swap-share", type=float, default=TRAIN_SWAP_SHARE, metavar="F",
-                   help="fraction of those near-homophones whose changed word is a random "
-                        "vocabulary word, among random words ('brother she snips coffee'); "
-                        "phrases only (default %(default)s)")
-    p.add_argument("--train-carrier-share", type=float, default=TRAIN_CARRIER_SHARE,
-                   metavar="F", help="fraction of the other near-homophones spoken inside a "
-                   "carrier phrase, as positives are ('okay hey sneeps') (default %(default)s)")
-    p.add_argument("--train-pair-share", type=float, default=TRAIN_PAIR_SHARE, metavar="F",
-                   help="fraction of the near-homophones made as minimal pairs of training "
-                        "positives: same voice, prosody, noise, SNR and carrier words, only "
-                        "the keyword changed (default %(default)s)")
-    p.add_argument("--train-random-voices", type=int, default=0, metavar="N",
-                   help="procedural espeak-ng voices (random variant files: formants, pitch, "
-                        "voice source, klatt mode) added to the training voices; dev and test "
-                        "keep the fixed voices only; at most 300 (default %(default)s)")
     p.add_argument("--engines", default="espeak", metavar="LIST",
                    help=f"comma-separated TTS engines that speak, of {','.join(ENGINES.names())}; "
-                        f"those besides espeak share {OTHER_ENGINES_SHARE:g} of the utterances. "
+                        "those besides espeak share --other-share of the utterances. "
                         "One asked for but not installed is an error; "
-                        f"{','.join(TEST_ONLY_ENGINES)} only with --test-only (default %(default)s)")
+                        f"{','.join(TEST_ONLY_ENGINES)} (reserved for evaluation) only with "
+                        "--test-only (default %(default)s)")
+    p.add_argument("--other-share", type=float, default=OTHER_ENGINES_SHARE, metavar="F",
+                   help="fraction of the utterances spoken by the engines besides espeak-ng, "
+                        "shared alike among them (default %(default)s)")
+    p.add_argument("--blends", type=int, default=0, metavar="N",
+                   help="N blended voices of each named engine whose voices mix (kokoro): "
+                        "the voices they are made of then all train, the blends are split "
+                        "across train/dev/test like other voices (default %(default)s)")
     p.add_argument("--test-only", action="store_true",
                    help="write <out-dir>/test alone (and dict/): an evaluation set from "
                         "--engines, on the test voices the full corpus of this --seed holds "
-                        f"out, plus every voice of {','.join(TEST_ONLY_ENGINES)} (reserved for "
-                        "the unseen-engine test, refused without this); sized by "
+                        "out plus every voice reserved for evaluation (all of "
+                        f"{','.join(TEST_ONLY_ENGINES)}'s, refused without this); sized by "
                         "--num-test-pos/--num-test-neg. Use its own --out-dir")
     return p.parse_args(argv)
 
@@ -101,10 +94,7 @@ def main(argv=None):
                               engines=args.engines.split(","),
                               train_conf_share=args.train_conf_share,
                               train_hard_share=args.train_hard_share,
-                              train_swap_share=args.train_swap_share,
-                              train_carrier_share=args.train_carrier_share,
-                              train_pair_share=args.train_pair_share,
-                              train_random_voices=args.train_random_voices,
+                              other_share=args.other_share, blends=args.blends,
                               test_only=args.test_only)
     for split, info in summary.items():
         kinds = ", ".join(f"{k} {h:.2f} h" for k, h in info["hours_by_kind"].items())

@@ -6,9 +6,13 @@ Example:
 import argparse
 import logging
 import sys
+from typing import Dict
 
 from toolkit.errors import cli
-from toolkit.tasks.speaker.corpus import SNR_DB, Sizes, generate_corpus
+from toolkit.tasks.speaker.corpus import (BLEND_SPLIT, SNR_DB, WORDS_PER_UTT,
+                                          EngineSizing, Sizes, generate_corpus)
+from toolkit.tts import SynthError
+from toolkit.tts.corpus import TEST_ONLY_ENGINES
 from toolkit.tts.engines import ENGINES
 
 _DEFAULTS = Sizes()
@@ -20,15 +24,24 @@ def get_args(argv=None):
         description=(
             "Synthesize speakers from TTS voices: espeak-ng's accents x variants (the\n"
             "accents of one variant are one family, never split across train/dev/test),\n"
-            "procedural espeak-ng voices when more speakers are asked for, and the other\n"
-            "engines named in --engines (festival voices in test only). Each speaker has its\n"
-            "own rate, pitch and range, each utterance varies them and says random English\n"
-            "words in white/pink/brown/babble noise. Writes <out-dir>/{train,dev,test}/ Kaldi\n"
-            "data dirs (wav.scp text utt2spk spk2utt utt2dur spk2voice), WAVs under\n"
-            "<out-dir>/wavs/<split>/, and <out-dir>/test/trials (every test pair, Kaldi form).\n"
+            "procedural espeak-ng voices when more speakers are asked for (the --num-*-speakers\n"
+            "sizes count espeak-ng's speakers), and on top of them every unreserved voice of\n"
+            "the other engines named in --engines (each engine holds out its own test and dev\n"
+            "voices) and --blends blended Kokoro voices. Each speaker has its own rate, pitch\n"
+            "and range, each utterance varies them and says random English words in\n"
+            "white/pink/brown/babble noise. Writes <out-dir>/{train,dev,test}/ Kaldi data dirs\n"
+            "(wav.scp text utt2spk spk2utt utt2dur spk2voice), WAVs under\n"
+            "<out-dir>/wavs/<split>/, <out-dir>/test/trials (every test pair, Kaldi form;\n"
+            "with several engines in test also test/trials_<engine>, the pairs within each)\n"
+            "and <out-dir>/voices.tsv (each voice that speaks: split, engine, engine voice,\n"
+            "blend weights, version).\n"
             "Byte-identical for the same arguments whatever --nj and whatever else is\n"
             "installed; rerunning a finished run with the same arguments does nothing.\n\n"
-            "example: %(prog)s --out-dir data --seed 777 --nj 2\n"
+            "examples:\n"
+            "  %(prog)s --out-dir data --seed 777 --nj 2\n"
+            "  %(prog)s --out-dir data --engines espeak,kokoro --blends 200 \\\n"
+            "      --engine-train-utts kokoro=8 --engine-words kokoro=5-10\n"
+            "  %(prog)s --out-dir data/outside --test-only --engines espeak,kokoro,festival\n"
             "needs espeak-ng: pip install -e .[tts]"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", required=True, metavar="DIR", help="output directory (e.g. data)")
@@ -50,9 +63,62 @@ def get_args(argv=None):
                    help="highest speech-to-noise ratio (default %(default)s)")
     p.add_argument("--engines", default="espeak", metavar="LIST",
                    help=f"comma-separated TTS engines that speak, of {','.join(ENGINES.names())}; "
-                        "festival's voices are test speakers only. One asked for but not "
-                        "installed is an error (default %(default)s)")
+                        "those besides espeak add every voice they have but the reserved ones; "
+                        "one asked for but not installed is an error; "
+                        f"{','.join(TEST_ONLY_ENGINES)} (reserved for evaluation) only with "
+                        "--test-only (default %(default)s)")
+    p.add_argument("--blends", type=int, default=0, metavar="N",
+                   help="N blended voices of each named engine whose voices mix (kokoro), each "
+                        "a speaker: the voices they are made of then all train, the blends are "
+                        f"held out for dev and test by {BLEND_SPLIT['dev']:g}/"
+                        f"{BLEND_SPLIT['test']:g} (default %(default)s)")
+    p.add_argument("--engine-train-utts", default="", metavar="ENGINE=N[,...]",
+                   help="utterances per training speaker of that engine instead of "
+                        "--train-utts, e.g. kokoro=8 (a slow engine)")
+    p.add_argument("--engine-words", default="", metavar="ENGINE=LOW-HIGH[,...]",
+                   help="words per utterance of that engine's speakers in every split instead "
+                        f"of {WORDS_PER_UTT[0]}-{WORDS_PER_UTT[1]}, e.g. kokoro=5-10")
+    p.add_argument("--test-only", action="store_true",
+                   help="write <out-dir>/test alone (and its trials): an evaluation set of the "
+                        "test speakers the full corpus of this --seed and --engines holds out "
+                        "plus every voice reserved for evaluation (all of "
+                        f"{','.join(TEST_ONLY_ENGINES)}'s, refused without this, and Kokoro's "
+                        "seven, through which alone Kokoro is heard there); espeak-ng's part "
+                        "sized by --num-test-speakers, every speaker by --test-utts. Use its "
+                        "own --out-dir")
     return p.parse_args(argv)
+
+
+def _engine_values(text: str, option: str) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise SynthError(f"{option}: expected ENGINE=VALUE items, got {item!r}")
+        if name.strip() in out:
+            raise SynthError(f"{option}: {name.strip()} given twice")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def engine_sizing(train_utts: str, words: str) -> Dict[str, EngineSizing]:
+    """--engine-train-utts and --engine-words as EngineSizing per engine."""
+    utts = {}
+    for name, value in _engine_values(train_utts, "--engine-train-utts").items():
+        try:
+            utts[name] = int(value)
+        except ValueError:
+            raise SynthError(f"--engine-train-utts: {name}={value} is not a whole number") \
+                from None
+    ranges = {}
+    for name, value in _engine_values(words, "--engine-words").items():
+        low, sep, high = value.partition("-")
+        try:
+            ranges[name] = (int(low), int(high if sep else low))
+        except ValueError:
+            raise SynthError(f"--engine-words: {name}={value} is not a range LOW-HIGH") from None
+    return {name: EngineSizing(utts.get(name), ranges.get(name))
+            for name in sorted(set(utts) | set(ranges))}
 
 
 @cli
@@ -65,13 +131,20 @@ def main(argv=None):
     # A SynthError is a UserError: @cli prints it as one `error:` line, exit status 2.
     summary = generate_corpus(args.out_dir, seed=args.seed, sizes=sizes, nj=args.nj,
                               sample_rate=args.sample_rate, snr_db=(args.snr_min, args.snr_max),
-                              engines=args.engines.split(","))
+                              engines=args.engines.split(","), test_only=args.test_only,
+                              blends=args.blends,
+                              engine_sizing=engine_sizing(args.engine_train_utts,
+                                                          args.engine_words))
     for split in ("train", "dev", "test"):
+        if split not in summary:
+            continue
         info = summary[split]
         logging.info("%s: %d speakers, %d utterances, %.2f h", split, info["speakers"],
                      info["utts"], info["hours"])
-    logging.info("test trials: %d (%d target)", summary["trials"]["trials"],
-                 summary["trials"]["targets"])
+    for name, info in summary.items():
+        if name.startswith("trials"):
+            logging.info("test/%s: %d trials (%d target)", name, info["trials"],
+                         info["targets"])
     return 0
 
 

@@ -3,21 +3,27 @@
 Writes <out-dir>/{train,dev,test}/ (wav.scp text utt2spk spk2utt utt2dur) of noise-free
 speech and, unless --no-noisy, <out-dir>/{train,dev,test}_noisy/ with the same utterances
 in white/pink/brown/babble noise (plus utt2noise, utt2snr); WAVs (16-bit) under
-<out-dir>/wavs/<dir>/, and <out-dir>/voices.txt. Train, dev and test use disjoint voices.
+<out-dir>/wavs/<dir>/, and <out-dir>/voices.tsv (each voice that speaks: split, engine,
+engine voice, version). Train, dev and test use disjoint voices.
 The output is byte-identical for the same arguments whatever --nj, and rerunning a
 finished run with the same arguments does nothing.
 
-Example:
+Examples:
   python -m toolkit.bin.synth_speech_data --out-dir data --num-train 2000 --nj 2
-needs espeak-ng: pip install -e .[tts]
+  python -m toolkit.bin.synth_speech_data --out-dir data --engines espeak,kokoro \
+      --blends 100 --other-share 0.5            # Kokoro's voices and blends speak half
+  python -m toolkit.bin.synth_speech_data --out-dir data_kokoro --test-only \
+      --engines kokoro --num-test 60 --no-noisy  # the 7 reserved Kokoro voices alone
+needs espeak-ng: pip install -e .[tts]; Kokoro: bash tools/install_voices.sh kokoro
 """
 import argparse
 import logging
 import sys
 
 from toolkit.errors import cli
+from toolkit.tasks.codec.corpus import SENTENCES, Sizes, generate_speech
+from toolkit.tts.corpus import OTHER_ENGINES_SHARE, TEST_ONLY_ENGINES
 from toolkit.tts.engines import ENGINES
-from toolkit.tts.speech import OTHER_ENGINES_SHARE, SENTENCES, Sizes, generate_speech
 
 _DEFAULTS = Sizes()
 
@@ -50,8 +56,24 @@ def get_args(argv=None):
                         "test (default 0: every voice)")
     p.add_argument("--engines", default="espeak", metavar="LIST",
                    help=f"comma-separated TTS engines, of {','.join(ENGINES.names())}; those "
-                        f"besides espeak share {OTHER_ENGINES_SHARE:g} of the utterances. One "
-                        "asked for but not installed is an error (default %(default)s)")
+                        "besides espeak share --other-share of the utterances. One "
+                        "asked for but not installed is an error; "
+                        f"{','.join(TEST_ONLY_ENGINES)} (reserved for evaluation) only with "
+                        "--test-only (default %(default)s)")
+    p.add_argument("--other-share", type=float, default=OTHER_ENGINES_SHARE, metavar="F",
+                   help="fraction of the utterances spoken by the engines besides espeak-ng, "
+                        "shared alike among them (default %(default)s)")
+    p.add_argument("--blends", type=int, default=0, metavar="N",
+                   help="N blended voices of each named engine whose voices mix (kokoro): "
+                        "the voices they are made of then all train, the blends are split "
+                        "across train/dev/test like other voices (default %(default)s)")
+    p.add_argument("--test-only", action="store_true",
+                   help="write <out-dir>/test (and test_noisy) alone: an evaluation set from "
+                        "--engines on the test voices the full corpus of this --seed holds out "
+                        "plus every voice reserved for evaluation (all of "
+                        f"{','.join(TEST_ONLY_ENGINES)}'s, refused without this; Kokoro's "
+                        "seven reserved voices, and no other Kokoro voice: --engines kokoro "
+                        "gives those seven alone); sized by --num-test. Use its own --out-dir")
     p.add_argument("--snr", type=_pair(float), default=(5.0, 25.0), metavar="LOW,HIGH",
                    help="SNR range in dB of the noisy versions (default 5,25)")
     p.add_argument("--sentences", type=_pair(int), default=SENTENCES, metavar="LOW,HIGH",
@@ -75,7 +97,9 @@ def main(argv=None):
     summary = generate_speech(args.out_dir, seed=args.seed, sizes=sizes, nj=args.nj,
                               sample_rate=args.sample_rate, engines=args.engines.split(","),
                               n_random_voices=args.random_voices, max_voices=args.max_voices,
-                              snr_db=args.snr, noisy=args.noisy, sentences=args.sentences)
+                              snr_db=args.snr, noisy=args.noisy, sentences=args.sentences,
+                              test_only=args.test_only, other_share=args.other_share,
+                              blends=args.blends)
     for name, info in summary.items():
         logging.info("%s: %d utterances, %.2f h, %d voices", name, info["utts"], info["hours"],
                      info["voices"])

@@ -1,22 +1,26 @@
-"""Train a model of any task (keyword spotting, speaker embeddings, codecs); launch
-through torchrun (one process per GPU, or gloo ranks on CPU).
+"""Train a model of any registered task (toolkit.tasks: keyword spotting, speaker
+embeddings, codecs); launch through torchrun (one process per GPU, or gloo ranks on CPU).
 
 Rerunning the same command resumes from the newest valid checkpoint in --exp-dir.
 Trailing `section.key=value` arguments override the YAML config (checked like the file).
+A task may take input files beyond these options: the config's task declares them
+(`inputs` in toolkit/task.py), and they are listed below, per task.
 
   torchrun --nproc-per-node=2 -m toolkit.bin.train --config conf/ds_tcn.yaml \\
       --exp-dir exp/ds_tcn --train-data data/train/data.list --dev-data data/dev/data.list \\
-      --inventory data/dict/keywords.txt --cmvn data/train/global_cmvn.json training.max_epoch=5
+      --inventory data/dict/classes.txt training.max_epoch=5
 
   python -m toolkit.bin.train --print-config-reference   # every config key of every task
 """
 import argparse
 import sys
 
+from toolkit.cli import task_input_options, task_inputs
 from toolkit.errors import cli
 
 
 def get_args(argv=None):
+    import toolkit.tasks  # noqa: F401  (registers every task: their inputs are options)
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--print-config-reference", action="store_true",
@@ -28,16 +32,14 @@ def get_args(argv=None):
     p.add_argument("--dev-data", help="dev data list (sets dataset.dev_data)")
     p.add_argument("--inventory", help="class inventory (keywords, speakers), one name per "
                    "line, line order = class index; required by tasks with classes")
-    p.add_argument("--units", help="keyword task: CTC unit list (<blank> first; "
-                   "toolkit.bin.make_lexicon), sets model.ctc_outputs for a ctc loss component")
-    p.add_argument("--cmvn", help="keyword task: global CMVN (JSON or Kaldi stats), sets "
-                   "model.cmvn_file")
     p.add_argument("--num-gpus", type=int, default=None,
                    help="kept for recipes: GPUs per node (0/-1 = CPU); torchrun's "
                    "LOCAL_WORLD_SIZE is the truth and must agree")
     p.add_argument("--init-checkpoint", help="initialise weights only (sets training.init_checkpoint)")
     p.add_argument("overrides", nargs="*", help="section.key=value config overrides")
+    task_input_options(p, argv)
     args = p.parse_args(argv)
+    args.task_inputs = task_inputs(args)
     if not args.print_config_reference and not (args.config and args.exp_dir):
         p.error("--config and --exp-dir are required")
     return args
@@ -47,11 +49,10 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     if args.print_config_reference:
-        import toolkit.tasks  # noqa: F401  (registers every task)
-        from toolkit.config import TASKS, config_reference
+        from toolkit.config import config_reference
+        from toolkit.task import TASKS
         sys.stdout.write(config_reference(TASKS.get(n) for n in TASKS.names()))
         return 0
-    import toolkit.tasks  # noqa: F401  (registers every task)
     from toolkit.trainer.run import run_training
     return run_training(args)
 

@@ -157,13 +157,6 @@ def streaming_extractor(meta: dict, **paths):
     return extractor_from_metadata(meta, **paths).streaming()
 
 
-def dataset_config_from_metadata(meta: dict, **paths):
-    """A DatasetConfig whose features are those of an exported model."""
-    from toolkit.config import DatasetConfig, FeatureConfig
-    fields = extractor_class_for_metadata(meta).config_fields(meta, **paths)
-    return DatasetConfig(sample_rate=int(meta["sample_rate"]), feature=FeatureConfig(**fields))
-
-
 # ----------------------------------------------------------------------------- fbank
 
 class StreamingFbank:

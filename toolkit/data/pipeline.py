@@ -172,3 +172,10 @@ class FeaturePipeline:
             raise BadEntry("too_short_after_processing", f"{len(feats)} frames")
         return feats
 
+
+
+def evaluation_pipeline(dataset_cfg) -> FeaturePipeline:
+    """The pipeline of a dataset section without augmentation or a training seed: what
+    export parity checks, evaluation and feature extraction outside training run (the
+    trainer builds the training and dev pipelines itself)."""
+    return FeaturePipeline(dataset_cfg, seed=0, train=False)

@@ -2,6 +2,7 @@
 shards. Each can plan an epoch and serve one rank's batches from any position, through a
 task's ExampleBuilder."""
 import logging
+import os
 import urllib.parse
 from typing import Callable, List, Optional, Sequence
 
@@ -13,10 +14,13 @@ from toolkit.data.audio import BadEntry
 from toolkit.data.datalist import BadCounter, DataList
 from toolkit.data.loader import make_loader
 from toolkit.data.plan import plan_epoch, report_duration_filter, usable_indices
+from toolkit.errors import MissingInputError
 from toolkit.registry import Registry
 
 logger = logging.getLogger(__name__)
 SOURCES: Registry = Registry("data type")
+# Hugging Face datasets (dataset.hf.train / dataset.hf.dev); imports `datasets` when used.
+SOURCES.register_lazy("hf", "toolkit.data.hf_source")
 
 
 class DataSource:
@@ -170,6 +174,23 @@ def detect_data_type(path: str, token: str = "") -> str:
 
 def is_url(path: str) -> bool:
     return bool(urllib.parse.urlsplit(path).scheme) and "://" in path
+
+
+def has_input(dataset_cfg, split: str) -> bool:
+    """Whether the config names an input for `split` (train, dev): a list or shard-list
+    path, or Hugging Face datasets."""
+    return bool(getattr(dataset_cfg, f"{split}_data") or getattr(dataset_cfg.hf, split))
+
+
+def open_split(dataset_cfg, split: str, requirements, frames_of: Callable) -> DataSource:
+    """The input of `split`: `dataset.hf.<split>` when it lists datasets, else the list or
+    shard list at `dataset.<split>_data`."""
+    if getattr(dataset_cfg.hf, split):
+        return SOURCES.get("hf")(split, requirements, dataset_cfg, frames_of)
+    path = getattr(dataset_cfg, f"{split}_data")
+    if not path or not (os.path.exists(path) or is_url(path)):
+        raise MissingInputError(f"dataset.{split}_data: data list '{path}' not found")
+    return open_source(dataset_cfg.data_type, path, requirements, dataset_cfg, frames_of)
 
 
 def open_source(data_type: str, path: str, requirements, dataset_cfg,

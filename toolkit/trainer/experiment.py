@@ -12,10 +12,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import yaml
 
-from toolkit.config import (Config, ConfigError, dump_config, from_dict, is_redacted,
+from toolkit.config import (Config, ConfigError, dump_config, is_redacted,
                             is_secret_key, same_value, secret_env_values, to_dict)
 from toolkit.data.inventory import inventory_differences, read_inventory, write_inventory
 from toolkit.errors import MissingInputError
+from toolkit.task import config_from_dict
 from toolkit.fileio import atomic_write_text, sha256_file
 
 logger = logging.getLogger(__name__)
@@ -41,9 +42,13 @@ ALLOWED_CHANGES = {
 
 
 def flatten(d, prefix: str = "") -> Dict[str, object]:
+    """Nested mappings (and lists of mappings, e.g. dataset.hf.train) as dotted keys, so
+    that each value, a secret among them, is compared on its own."""
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            v = {str(i): x for i, x in enumerate(v)}
         if isinstance(v, dict) and v:
             out.update(flatten(v, key + "."))
         else:
@@ -51,8 +56,13 @@ def flatten(d, prefix: str = "") -> Dict[str, object]:
     return out
 
 
+# Sections whose every key may change on resume (where metrics are logged).
+ALLOWED_SECTIONS = ("training.wandb.",)
+
+
 def _allowed(key: str, optimizers: Sequence[str]) -> bool:
-    if key in ALLOWED_CHANGES or is_secret_key(key.rsplit(".", 1)[-1]):
+    if key in ALLOWED_CHANGES or is_secret_key(key.rsplit(".", 1)[-1]) \
+            or key.startswith(ALLOWED_SECTIONS):
         return True
     parts = key.split(".")
     if len(parts) > 2 and parts[0] == "optim" and parts[1] in optimizers:
@@ -70,7 +80,8 @@ def diff_configs(saved: dict, current: dict,
         old, new = a.get(key), b.get(key)
         if same_value(old, new):
             continue
-        shown_new = "<redacted>" if (is_redacted(old) or new in secret_env_values()
+        shown_new = "<redacted>" if (is_redacted(old) or (isinstance(new, str) and
+                                                          new in secret_env_values())
                                      or is_secret_key(key.rsplit(".", 1)[-1])) else repr(new)
         shown_old = "<redacted>" if is_redacted(old) else repr(old)
         text = f"{key}: {shown_old} -> {shown_new}"
@@ -207,7 +218,7 @@ def load_exp_config(exp_dir: str) -> Config:
         raise MissingInputError(f"{path} not found: train into {exp_dir} first")
     with open(path, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
-    return from_dict(_unredact(raw))
+    return config_from_dict(_unredact(raw))
 
 
 def _unredact(node):

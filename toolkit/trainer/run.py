@@ -5,11 +5,12 @@ import os
 import sys
 import traceback
 
-from toolkit.config import (TASKS, ConfigError, apply_overrides, config_secrets, load_yaml,
-                            validate)
-from toolkit.data.inventory import read_inventory
+from toolkit.config import (ConfigError, apply_overrides, config_secrets, load_yaml,
+                            register_secrets)
 from toolkit.errors import MissingInputError, UserError
-from toolkit.logging_utils import register_secrets, setup_logging
+from toolkit.logging_utils import setup_logging
+from toolkit.task import resolve_config as resolve_task_config
+from toolkit.task import task_class
 from toolkit.trainer import checkpoint as ckpt
 from toolkit.trainer import distributed as dist_util
 from toolkit.trainer.experiment import data_fingerprint, prepare_exp_dir
@@ -19,10 +20,10 @@ logger = logging.getLogger("toolkit.train")
 
 
 def resolve_config(args):
-    """File config (with its defaults list) + CLI paths + overrides -> (validated Config,
-    task class, inventory), with the sizes derived from the data filled in. The task
-    must be registered (the binary imports toolkit.tasks)."""
-    raw = load_yaml(args.config)
+    """File config (with its defaults list) + CLI paths + overrides + the values the task
+    derives from the inventory and its declared inputs (`args.task_inputs`, name -> path)
+    -> (validated Config, task class, inventory). The task must be registered (the binary
+    imports toolkit.tasks)."""
     cli = []
     if args.train_data:
         cli.append(f"dataset.train_data={args.train_data}")
@@ -30,24 +31,14 @@ def resolve_config(args):
         cli.append(f"dataset.dev_data={args.dev_data}")
     if getattr(args, "init_checkpoint", None):
         cli.append(f"training.init_checkpoint={args.init_checkpoint}")
+    raw = load_yaml(args.config)
     try:
-        cfg = validate(apply_overrides(raw, cli + list(args.overrides)))
+        raw = apply_overrides(raw, cli + list(args.overrides))
     except ConfigError as err:
         raise ConfigError(f"{args.config}: {err}") from None
-    task_cls = TASKS.get(cfg.task.type)
-    inventory = None
-    if args.inventory:
-        try:
-            inventory = read_inventory(args.inventory)
-        except ValueError as err:
-            raise ConfigError(f"--inventory: {err}") from None
-    elif task_cls.needs_inventory:
-        raise ConfigError(f"--inventory is required for task {task_cls.name} (the class list, "
-                          "one name per line)")
-    extras = {"units": getattr(args, "units", None), "cmvn": getattr(args, "cmvn", None),
-              "inventory_path": args.inventory}
-    task_cls.resolve(cfg, inventory, extras)
-    return cfg, task_cls, inventory
+    inputs = dict(getattr(args, "task_inputs", None) or {}, inventory=args.inventory)
+    cfg, inventory = resolve_task_config(raw, inputs, source=args.config)
+    return cfg, task_class(raw), inventory
 
 
 def _agree(problem, info):
@@ -128,7 +119,7 @@ def run_training(args) -> int:
         # file keeps it too). Rank 0 speaks for all: every rank meets the same input.
         logger.error("error: %s", err, extra={"console": rank != 0})
         if rank == 0:
-            from toolkit.config import scrub_text
+            from toolkit.config.secrets import scrub_text
             print(f"error: {scrub_text(str(err))}", file=sys.stderr, flush=True)
         return 2
     except Exception as err:

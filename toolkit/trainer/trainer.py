@@ -15,10 +15,11 @@ from torch import nn
 
 from toolkit.config import Config, Ramp, redact, to_dict
 from toolkit.data.datalist import BAD_REASONS, BadCounter, DataList
+from toolkit.data.pipeline import FeaturePipeline
 from toolkit.data.plan import rank_batches
-from toolkit.data.sources import DataSource, open_source
+from toolkit.data.sources import DataSource, has_input, open_split
 from toolkit.config import ConfigError
-from toolkit.errors import DataError, MissingInputError, UserError
+from toolkit.errors import DataError, UserError
 from toolkit.progress import Progress, format_duration
 from toolkit.task import Batch, Task
 from toolkit.trainer import checkpoint as ckpt
@@ -28,6 +29,7 @@ from toolkit.trainer.distributed import DistInfo
 from toolkit.trainer.experiment import load_init_weights
 from toolkit.memory import release_free_memory
 from toolkit.trainer.optim import build_optimizer, build_schedule
+from toolkit.trainer.tracking import open_metric_writer
 
 logger = logging.getLogger(__name__)
 PAYLOAD_FORMAT = 2
@@ -155,9 +157,8 @@ class Trainer:
         random.seed(t.seed)
         set_determinism(t.deterministic, self.device)
 
-        self.train_list = self._load_list(cfg.dataset.train_data, "train")
-        self.dev_list = (self._load_list(cfg.dataset.dev_data, "dev")
-                         if cfg.dataset.dev_data else None)
+        self.train_list = self._load_list("train")
+        self.dev_list = self._load_list("dev") if has_input(cfg.dataset, "dev") else None
 
         self.modules: Dict[str, nn.Module] = {n: m.to(self.device)
                                               for n, m in task.build_modules().items()}
@@ -199,10 +200,12 @@ class Trainer:
             if cfg.dataset.noise.noise_list and _ever_positive(cfg.dataset.noise.prob) else None
         rirs = DataList.load(cfg.dataset.reverb.rir_list, require_label=False) \
             if cfg.dataset.reverb.rir_list and _ever_positive(cfg.dataset.reverb.prob) else None
-        self.train_builder = task.example_builder(train=True, seed=t.seed, noise=noise, rirs=rirs,
-                                                  steps_per_epoch=self.steps_per_epoch,
-                                                  total_steps=self.total_steps)
-        self.dev_builder = task.example_builder(train=False, seed=t.seed)
+        # The task gets its pipelines ready: the dataset section's decoding, augmentation
+        # (training only, with the noise and RIR lists and the steps ramps follow) and
+        # features; its builder adds what its examples need.
+        self.train_builder = task.example_builder(FeaturePipeline(
+            cfg.dataset, t.seed, True, noise, rirs, self.steps_per_epoch, self.total_steps))
+        self.dev_builder = task.example_builder(FeaturePipeline(cfg.dataset, t.seed, False))
         if self.train_list.has_features():
             waveform_aug = [name for name, on in (
                 ("speed_perturb", bool(cfg.dataset.speed_perturb)),
@@ -238,16 +241,15 @@ class Trainer:
     def optimizer_active(self, optimizer: str, step: int) -> bool:
         return step >= self.start_step(optimizer)
 
-    def _load_list(self, path: str, name: str) -> DataSource:
-        from toolkit.data.sources import is_url
-        if not path or not (os.path.exists(path) or is_url(path)):
-            raise MissingInputError(f"dataset.{name}_data: data list '{path}' not found")
+    def _load_list(self, name: str) -> DataSource:
         try:
-            source = open_source(self.cfg.dataset.data_type, path,
-                                 self.task.data_requirements(name), self.cfg.dataset,
-                                 self.task.example_frames)
+            source = open_split(self.cfg.dataset, name, self.task.data_requirements(name),
+                                self.task.example_frames)
+        except UserError:
+            raise
         except (ValueError, OSError) as err:
             raise DataError(str(err)) from None
+        path = source.path
         total = len(source) + source.bad.total()
         if total == 0 or len(source) == 0:
             raise TrainingError(f"{path}: no usable entries ({source.bad.summary()})")
@@ -485,7 +487,7 @@ class Trainer:
         for m in self.modules.values():
             m.train()
         if not result.get("count"):
-            raise TrainingError(f"{self.cfg.dataset.dev_data}: no usable dev utterances")
+            raise TrainingError(f"{self.dev_list.path}: no usable dev utterances")
         result["seconds"] = time.time() - started
         return result
 
@@ -544,10 +546,8 @@ class Trainer:
 
     def train(self) -> None:
         t = self.cfg.training
-        if self.info.is_main and t.tensorboard:
-            from tensorboardX import SummaryWriter
-            self.writer = SummaryWriter(os.path.join(self.exp_dir, "tensorboard"),
-                                        purge_step=self.step if self.step else None)
+        if self.info.is_main:
+            self.writer = open_metric_writer(self.cfg, self.exp_dir, self.step)
         self._open_trace()
         run_start = time.time()
         start_step = self.step

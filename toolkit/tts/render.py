@@ -2,19 +2,27 @@
 front end that speaks at the corpus rate (engines made on first use, in the process that
 renders), and the placement of that speech at a level, between silences, in noise.
 
-Both belong in a forked renderer child (toolkit.tts.pool): espeak-ng keeps state."""
+Both belong in a forked renderer child (toolkit.tts.pool): espeak-ng keeps state.
+Every corpus generator speaks through `Renderer.clip`, the one place engines are called."""
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from toolkit.data.audio import resample
-from toolkit.tts import Voice
+from toolkit.tts import SynthError, Voice, WordOnsets
 from toolkit.tts.engines import ENGINES, Engine
 from toolkit.tts.signal import active_power, babble_noise, colored_noise, mix_at_snr, \
-    trim_silence, to_int16
+    speech_bounds, to_int16
 
 NOISE_TYPES = ("white", "pink", "brown", "babble")
+
+
+class Clip(NamedTuple):
+    audio: np.ndarray                   # at the corpus rate, without the engine's own silence
+    bounds: Tuple[int, int]             # where `audio` lies in the resampled engine output
+    word_onsets: Optional[WordOnsets]   # the engine's, in its own samples; None: untimed
+    engine_rate: int
 
 
 class Renderer:
@@ -32,11 +40,23 @@ class Renderer:
             self._engines[name] = ENGINES.get(name)(self.tmp_dir, **self._options.get(name, {}))
         return self._engines[name]
 
-    def speak(self, text: str, voice: Voice, rate: int = 175, pitch: int = 50,
-              prange: int = 50, seed: int = 0) -> np.ndarray:
+    def clip(self, text: str, voice: Voice, rate: int = 175, pitch: int = 50,
+             prange: int = 50, seed: int = 0, time_words: bool = False) -> Clip:
+        """`time_words`: ask for word onsets (some engines spend extra work on them)."""
         speech = self.engine(voice.engine).synth(text, voice, rate, pitch, prange, seed,
-                                                 time_words=False)
-        return trim_silence(resample(speech.audio, speech.sample_rate, self.sample_rate))
+                                                 time_words=time_words)
+        audio = resample(speech.audio, speech.sample_rate, self.sample_rate)
+        bounds = speech_bounds(audio)
+        return Clip(audio[bounds[0]:bounds[1]], bounds, speech.word_onsets, speech.sample_rate)
+
+    def utterance(self, utt: str, text: str, voice: Voice, rate: int = 175, pitch: int = 50,
+                  prange: int = 50, seed: int = 0, time_words: bool = False) -> Clip:
+        """clip() of a corpus utterance: SynthError naming it when the engine says nothing."""
+        clip = self.clip(text, voice, rate, pitch, prange, seed, time_words)
+        if len(clip.audio) == 0:
+            raise SynthError(f"{utt}: {voice.engine} voice {voice.name} produced no audio "
+                             f"for {text!r}")
+        return clip
 
 
 def place_in_noise(speech: np.ndarray, rng: np.random.Generator, sample_rate: int,

@@ -1,14 +1,18 @@
 """Training-step cost of a codec config on in-memory batches (no data loading): steps/s
-before and during the adversarial phase, peak memory, and the share of the step taken by
-each part, timed around the real CodecTask.train_step.
+in each phase (reconstruction; adversarial; perceptual, when the config has that phase),
+peak memory, and the share of the step taken by each part, timed around the real
+CodecTask.train_step.
 
   python tools/benchmarks/codec_train.py --config egs/tts_codec/s0/conf/codec_cpu.yaml \\
       [--steps 10] [--warmup 2] [--threads 2] [--device cpu|cuda] [overrides ...]
 
-Parts: generator forward; each discriminator's forward (MPD, MRSD), in the discriminator
-step (real + detached fake) and in the generator step (frozen); the losses (mel, the
-discriminators' LSGAN loss, the generator's adversarial and feature-matching terms); the
-backward of each optimizer's loss; each optimizer step (clip, step, zero_grad, LR). The
+Parts: generator forward, split into the decoder and the rest (encoder, VQ); each
+discriminator's forward (MPD, MRSD), in the discriminator step (real + detached fake) and
+in the generator step (frozen); the losses (mel, the discriminators' LSGAN loss, the
+generator's adversarial and feature-matching terms); the frozen teachers (distillation:
+teacher, head and loss; the perceptual teacher's forward); the backward of each optimizer's
+loss; each optimizer step (clip, step, zero_grad, LR). Comparing decoders at equal bitrate:
+run it twice, e.g. with `model.decoder=istft` as an override. The
 step context here is the trainer's (toolkit.trainer.trainer._StepContext) with timers: the
 same scaling, clipping and freezing. Batches hold speech-like signals (harmonic tones with
 vibrato in noise) of the config's segment length and batch size. Each boundary is
@@ -23,6 +27,7 @@ adversarial steps/s), plus validation, checkpoints and start-up.
 """
 import argparse
 import contextlib
+import math
 import resource
 import statistics
 import sys
@@ -106,9 +111,8 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     import toolkit.tasks  # noqa: F401
-    from toolkit.config import TASKS, load_config
+    from toolkit.task import TASKS, load_config
     from toolkit.data.datalist import BadCounter
-    from toolkit.task import Batch
     from toolkit.tasks.codec import task as codec_task
     from toolkit.trainer.optim import build_optimizer, build_schedule
     from toolkit.trainer.trainer import Trainer, _StepContext, amp_dtype, release_free_memory
@@ -148,7 +152,14 @@ def main(argv=None):
         sub = getattr(disc, name)
         if sub is not None:
             timers.hook(sub, lambda name=name: f"{name} forward ({phase_of()})")
-    timers.hook(modules["generator"], lambda: "generator forward")
+    timers.hook(modules["generator"], lambda: "generator forward: encoder + VQ")
+    timers.hook(modules["generator"].decoder, lambda: "generator forward: decoder")
+    if "distill_head" in modules:
+        task._distillation = timers.wrap(task._distillation,
+                                         "distillation (teacher, head, loss)")
+    if task.perceptual_on:
+        teacher = task.teacher("perceptual", device)
+        teacher.features = timers.wrap(teacher.features, "perceptual teacher forward")
     timers.hook(task.mel_loss, lambda: "loss: mel")
     for fn, label in (("discriminator_loss", "loss: discriminator LSGAN"),
                       ("generator_adversarial_loss", "loss: adversarial"),
@@ -175,16 +186,22 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     d_start = trainer.start_step("discriminator")
+    perceptual = cfg.loss.perceptual.active_from()
+    p_start = (int(math.ceil(perceptual * total_steps - 1e-9))
+               if cfg.loss.perceptual.unit == "fraction" else int(perceptual)) \
+        if task.perceptual_on else total_steps
+    phases = [("reconstruction", 0)]
+    if d_start < total_steps:
+        phases.append(("adversarial", max(d_start, 1) + 10))
+    if p_start < total_steps and p_start > d_start:
+        phases.append(("perceptual", p_start + 10))
     results = {}
-    for phase, step_index in (("reconstruction", 0), ("adversarial", max(d_start, 1) + 10)):
-        if phase == "adversarial" and d_start >= total_steps:
-            continue
+    for phase, step_index in phases:
         times, cpu_times, parts = [], [], defaultdict(float)
         for i in range(args.warmup + args.steps):
             audio = speech_like(batch_size, task.segment, cfg.model.sample_rate, rng)
-            batch = Batch([f"u{j}" for j in range(batch_size)],
-                          {"audio": audio, "lengths": torch.full((batch_size,), task.segment)},
-                          0.0, BadCounter())
+            batch = task.batch_of(audio.numpy(), [f"u{j}" for j in range(batch_size)])
+            batch.bad = BadCounter()
             trainer.step = step_index + i
             timers.on = i >= args.warmup
             timers.total.clear()
@@ -216,10 +233,14 @@ def main(argv=None):
     if device.type == "cuda":
         line += f", peak CUDA memory {torch.cuda.max_memory_allocated() / 2 ** 20:.0f} MiB"
     print(line)
-    phase = "adversarial" if "adversarial" in results else "reconstruction"
+    phase = list(results)[-1]
     times, parts, _ = results[phase]
     step_ms = 1000 * sum(times) / len(times)
     parts = dict(parts)
+    # The decoder's hook runs inside the generator's: take its time out of the rest.
+    decoder = parts.get("generator forward: decoder", 0.0)
+    parts["generator forward: encoder + VQ"] = parts.get(
+        "generator forward: encoder + VQ", 0.0) - decoder
     parts["other (glue, stats)"] = max(0.0, sum(times) - sum(parts.values()))
     print(f"\nparts of the {phase} step (mean {step_ms:.1f} ms):")
     print(f"| part | ms per step | share |\n|---|---:|---:|")

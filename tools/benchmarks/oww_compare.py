@@ -3,7 +3,8 @@ voices no model was trained on, scored by one common rule.
 
 For each keyword ("hey jarvis", "alexa") and each engine (espeak-ng on the voices the
 recipe's corpus of --seed holds out; flite, if installed, on its held-out voices; festival,
-never used in training, on all its voices) a test set is generated with
+never used in training, on all its voices; Kokoro on its seven reserved voices, which no
+training list or blend holds) a test set is generated with
 `synth_kws_data --test-only` (toolkit.tasks.kws.corpus). Then every clip is scored by:
 
   (a) openWakeWord 0.5.1's pretrained model (hey_jarvis_v0.1.onnx, alexa_v0.1.onnx): the
@@ -53,7 +54,7 @@ logger = logging.getLogger("oww_compare")
 
 OWW_MODELS = {"hey jarvis": "hey_jarvis_v0.1.onnx", "alexa": "alexa_v0.1.onnx"}
 OWW_WINDOW = 16            # embeddings one openWakeWord model call looks at
-ENGINES = ("espeak", "flite", "festival")
+ENGINES = ("espeak", "flite", "festival", "kokoro")
 SIZES = {"tiny": (6, 12), "small": (300, 1350), "full": (1200, 5400)}   # (pos, neg) per set
 FA_TARGETS = (0.5, 1.0, 2.0, 5.0)
 PAD_DBFS = -60.0

@@ -120,8 +120,10 @@ def loader_share(args) -> None:
     import numpy as np
     import torch
     import toolkit.tasks  # noqa: F401
-    from toolkit.config import load_config
+    from toolkit.config import apply_overrides, load_yaml
     from toolkit.data.datalist import DataList
+    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.task import resolve_config
     from toolkit.data.sources import open_source
     from toolkit.tasks.speaker.task import SpeakerTask
     overrides = list(args.overrides)
@@ -129,10 +131,10 @@ def loader_share(args) -> None:
         overrides.append(f"dataset.noise.noise_list={args.noise_list}")
     if args.rir_list:
         overrides.append(f"dataset.reverb.rir_list={args.rir_list}")
-    cfg = load_config(args.config, overrides)
     labels = [json.loads(line)["label"] for line in open(args.wav_list, encoding="utf-8")]
     inventory = [f"s{i}" for i in range(max(labels) + 1)]
-    SpeakerTask.resolve(cfg, inventory, {})
+    cfg, _ = resolve_config(apply_overrides(load_yaml(args.config), overrides),
+                            source=args.config, inventory=inventory)
     task = SpeakerTask(cfg, inventory)
     torch.manual_seed(0)
     modules = task.build_modules()
@@ -152,8 +154,8 @@ def loader_share(args) -> None:
     for form, path, workers in forms:
         source = open_source("auto", path, task.data_requirements("train"), d, task.example_frames)
         batches = source.plan(d, cfg.training.seed, 0, True)[:args.loader_batches + 1]
-        builder = task.example_builder(True, cfg.training.seed, noise, rirs, len(batches),
-                                       len(batches))
+        builder = task.example_builder(FeaturePipeline(d, cfg.training.seed, True, noise, rirs,
+                                                       len(batches), len(batches)))
         loader = source.loader(batches, builder, 0, 0, workers, d.prefetch_factor,
                                cfg.training.seed)
         waits, steps = [], []

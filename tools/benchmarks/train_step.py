@@ -57,15 +57,17 @@ def main(argv=None):
     import numpy as np
 
     import toolkit.tasks  # noqa: F401
-    from toolkit.config import TASKS, load_config
+    from toolkit.config import apply_overrides, load_yaml
+    from toolkit.task import TASKS, resolve_config
     from toolkit.data.datalist import BadCounter
     from toolkit.trainer.clip import clip_and_step
     from toolkit.trainer.optim import build_optimizer
     from toolkit.trainer.trainer import release_free_memory
-    cfg = load_config(args.config, args.overrides)
+    raw = apply_overrides(load_yaml(args.config), args.overrides)
+    task_type = raw.get("task", {}).get("type")
+    inventory = ["keyword"] if task_type == "kws" else [f"c{i}" for i in range(10)]
+    cfg, _ = resolve_config(raw, source=args.config, inventory=inventory)
     task_cls = TASKS.get(cfg.task.type)
-    inventory = ["keyword"] if cfg.task.type == "kws" else [f"c{i}" for i in range(10)]
-    task_cls.resolve(cfg, inventory, {})
     task = task_cls(cfg, inventory)
     torch.manual_seed(0)
     modules = task.build_modules()

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# A 16 kHz neural speech codec trained on synthetic read speech (espeak-ng voices; flite or
-# festival only when named in engines=), measured against naive codecs at the same bitrates.
+# A 16 kHz neural speech codec trained on synthetic read speech from the voice bank
+# (espeak-ng voices, Kokoro's neural voices and blends of them; flite only when named in
+# engines=), measured on voices it never heard (Kokoro's reserved voices, held-out
+# espeak-ng voices) against Codec2, Opus and naive codecs.
 #
 #   bash run.sh                                       # all stages, CPU-sized config
 #   bash run.sh --stage 2 --stop-stage 2              # only training (resumes if killed)
 #   bash run.sh --gpus 0 --config conf/codec_gpu.yaml --exp exp/codec_gpu   # published scale
 #
 # Stages (each rerunnable; outputs under data/ and $exp):
-#   0 synthesize data/{train,dev,test} Kaldi dirs (+ *_noisy with noisy=true), data/voices.txt
-#   1 data lists data/*/data.list
+#   0 synthesize data/{train,dev,test} Kaldi dirs (+ *_noisy with noisy=true), data/voices.tsv,
+#     and the outside test set data/reserved/test (the voices reserved for evaluation);
+#     installs Kokoro first when engines= or test_engines= names it
+#   1 data lists data/*/data.list, data/reserved/test/data.list
 #   2 training through torchrun into $exp
 #   3 averaging of the last $average_num checkpoints -> $exp/avg_${average_num}.pt
 #   4 export encoder/decoder ONNX + TorchScript + safetensors -> $exp/export/ (parity-checked)
-#   5 evaluation on the test set against the baselines -> $exp/eval/ (table printed)
+#   5 evaluation on each of eval_sets against the baselines -> $exp/eval/<set>/ (tables printed)
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./path.sh
@@ -33,6 +37,12 @@ num_test=60
 random_voices=60   # procedural espeak-ng voices added to its 224 fixed ones before the split
 max_voices=0       # > 0: at most this many voices in all (0: every voice)
 engines=espeak     # TTS engines that speak (comma list); one named but missing stops stage 0
+other_share=0.2    # share of the utterances spoken by the engines besides espeak-ng
+blends=0           # blended voices of each engine that mixes voices (kokoro), besides its own
+test_engines=""    # engines of the outside test set data/reserved/test: their voices reserved
+                   # for evaluation (kokoro: its 7; festival: all) and the held-out voices of the
+                   # others; empty: no outside test set
+num_test_reserved=60
 noisy=false        # also write data/*_noisy (the same utterances in noise at 5-25 dB SNR)
 nj=2
 
@@ -45,33 +55,69 @@ test_set=test
 train_overrides=""   # extra config overrides, e.g. "training.max_steps=4000"
 average_num=3
 # Evaluation: the codec with all its codebooks and with the first n_q of them (rates of
-# one model, from quantizer dropout), and naive codecs at about the same bitrates
-# (toolkit.bin.evaluate_codec --help: mulaw:RATE:BITS, melgl:MELS:FPS:BITS).
+# one model, from quantizer dropout), naive codecs at about the same bitrates, and the real
+# speech codecs Codec2 and Opus (toolkit.bin.evaluate_codec --help lists every system and
+# metric). Each system's delay is estimated and removed before the metrics.
 eval_n_q="2 4"
 baselines="mulaw:1200:2 melgl:4:50:4 melgl:8:50:4 melgl:12:50:4"
+baselines+=" codec2:3200 codec2:2400 codec2:1600 codec2:700C opus:6 opus:8"
+eval_metrics=mel_distance,stft_distance,si_sdr,stoi,pesq_wb,pesq_nb,visqol
 eval_max_utts=0      # 0: the whole test set
+eval_sets="reserved test"   # reserved: data/reserved/test (when test_engines= is set);
+                            # test: data/$test_set (held-out voices of the training engines)
 
 help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--config conf/codec_gpu.yaml] ..."
 . utils/parse_options.sh
 
+# The test sets of stage 5, by name: data list (set after option parsing).
+declare -A test_lists
+test_lists[test]=$data/$test_set/data.list
+[ -z "$test_engines" ] || test_lists[reserved]=$data/reserved/test/data.list
+for _set in $eval_sets; do
+  if [ -z "${test_lists[$_set]:-}" ]; then
+    if [ "$_set" = reserved ]; then
+      echo "$0: eval_sets names reserved but test_engines is empty (no outside test set)" >&2
+    else
+      echo "$0: unknown eval set '$_set' in eval_sets (known: ${!test_lists[*]})" >&2
+    fi
+    exit 1
+  fi
+done
+
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing speech into $data"
+  # Kokoro's model and voices are downloaded and checked once, into the cache outside the
+  # repository; an engine other than Kokoro that is missing stops synthesis with one error.
+  case ",$engines,$test_engines," in
+    *,kokoro,*) bash "$TOOLKIT_ROOT/tools/install_voices.sh" kokoro ;;
+  esac
   _noisy_arg=()
   [ "$noisy" = true ] || _noisy_arg=(--no-noisy)
   python -m toolkit.bin.synth_speech_data --out-dir "$data" --seed "$seed" \
     --num-train "$num_train" --num-dev "$num_dev" --num-test "$num_test" \
     --random-voices "$random_voices" --max-voices "$max_voices" --engines "$engines" \
-    --nj "$nj" "${_noisy_arg[@]}"
+    --other-share "$other_share" --blends "$blends" --nj "$nj" "${_noisy_arg[@]}"
+  if [ -n "$test_engines" ]; then
+    # The same seed (and voice pool): the held-out voices of an engine that reserves none
+    # (espeak-ng) are those of data/test; an engine that reserves voices speaks with those.
+    _pool=(--max-voices "$max_voices")
+    case ",$test_engines," in *,espeak,*) _pool+=(--random-voices "$random_voices") ;; esac
+    python -m toolkit.bin.synth_speech_data --test-only --out-dir "$data/reserved" \
+      --seed "$seed" --num-test "$num_test_reserved" --engines "$test_engines" \
+      "${_pool[@]}" --nj "$nj" --no-noisy
+  fi
 fi
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   echo "stage 1: data lists"
   # The codec needs no labels, but make_datalist labels every entry: each split is
   # labelled by its own speakers (spk2utt), which keeps every utterance in the list.
-  for x in $train_set $dev_set $test_set; do
-    cut -d' ' -f1 "$data/$x/spk2utt" > "$data/$x/speakers.txt"
-    python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" \
-      --inventory "$data/$x/speakers.txt" --label-mode speaker --nj "$nj"
+  _dirs=("$data/$train_set" "$data/$dev_set" "$data/$test_set")
+  [ -z "$test_engines" ] || _dirs+=("$data/reserved/test")
+  for x in "${_dirs[@]}"; do
+    cut -d' ' -f1 "$x/spk2utt" > "$x/speakers.txt"
+    python -m toolkit.bin.make_datalist "$x" "$x/data.list" \
+      --inventory "$x/speakers.txt" --label-mode speaker --nj "$nj"
   done
 fi
 
@@ -99,12 +145,15 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
 fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
-  echo "stage 5: evaluating $exp/export on $data/$test_set"
   _eval_args=()
   for q in $eval_n_q; do _eval_args+=(--n-q "$q"); done
   for b in $baselines; do _eval_args+=(--baseline "$b"); done
-  python -m toolkit.bin.evaluate_codec --model "$exp/export" \
-    --test-data "$data/$test_set/data.list" --out-dir "$exp/eval" \
-    --max-utts "$eval_max_utts" --threads "$nj" "${_eval_args[@]}"
-  echo "table: $exp/eval/results.md, spectrograms: $exp/eval/spectrograms.png"
+  for _set in $eval_sets; do
+    echo "stage 5: evaluating $exp/export on ${test_lists[$_set]} ($_set)"
+    python -m toolkit.bin.evaluate_codec --model "$exp/export" \
+      --test-data "${test_lists[$_set]}" --out-dir "$exp/eval/$_set" \
+      --max-utts "$eval_max_utts" --metrics "$eval_metrics" --threads "$nj" --jobs "$nj" \
+      "${_eval_args[@]}"
+    echo "table: $exp/eval/$_set/results.md, spectrograms: $exp/eval/$_set/spectrograms.png"
+  done
 fi

@@ -39,21 +39,22 @@ num_dev_neg=900
 num_test_pos=1200
 num_test_neg=5400
 # Training negatives only: confusable share, and the share of those that are near-homophones
-# of the whole keyword ("hey snoops"), which are what fires on unseen voices.
+# of the whole keyword ("hey snoops"): the negatives a detector most easily fires on, which
+# an in-turn walk over every confusable category would leave with a few copies each.
 train_conf_share=0.5
 train_hard_share=0.5
-# Share of those near-homophones with a random word in the keyword's place ("she snips").
-train_swap_share=0
-# Share of the other near-homophones said inside the positives' carrier phrases.
-train_carrier_share=0
-# Share of the near-homophones made as minimal pairs of positives (same voice, prosody,
-# noise and carrier words; only the keyword changed).
-train_pair_share=0
-# Procedural espeak-ng voices (random variant files) added to the training voices only.
-train_random_voices=0
-# TTS engines that speak (comma list). Flite is opt-in: "espeak,flite" (apt-get install
-# flite) gives it 20 % of the utterances; an engine asked for but missing stops stage 0.
+# TTS engines that speak (comma list); stage 0 installs those that need it
+# (tools/install_voices.sh). Those besides espeak-ng speak other_share of the utterances;
+# blends: that many mixed voices of each engine whose voices mix (Kokoro).
 engines=espeak
+other_share=0.2
+blends=0
+# Outside test sets (comma list of engines): voices no training list or blend holds
+# (Kokoro's seven reserved voices, festival's), written by stage 0 to $data/outside_<engine>
+# and scored by stage 6 beside the recipe's own test. festival needs apt (root).
+outside_engines=""
+num_outside_pos=300
+num_outside_neg=1350
 nj=2
 
 # Front end: fbank (kaldi-native-fbank) or speech_embedding (openWakeWord 0.5.1's frozen
@@ -84,7 +85,7 @@ case "$frontend" in
     bash "$TOOLKIT_ROOT/tools/install_oww.sh" ;;
   *) echo "$0: --frontend must be fbank or speech_embedding, got '$frontend'" >&2; exit 1 ;;
 esac
-_config_type=$(python -c 'import sys, toolkit.tasks; from toolkit.config import load_config
+_config_type=$(python -c 'import sys, toolkit.tasks; from toolkit.task import load_config
 print(load_config(sys.argv[1]).dataset.feature.type)' "$config")
 if [ "$_config_type" != "$frontend" ]; then
   echo "$0: $config computes dataset.feature.type $_config_type, not --frontend $frontend" >&2
@@ -94,15 +95,22 @@ fi
 # --- stage 0: data preparation (a copy of this recipe for a new corpus replaces this block) ---
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing data for \"$keyword\" into $data"
+  _needs_install=$(echo "$engines,$outside_engines" | tr ',' '\n' | grep -xE 'kokoro|rhvoice|pico|mbrola|festival|flite' | sort -u | tr '\n' ' ' || true)
+  [ -z "$_needs_install" ] || bash "$TOOLKIT_ROOT/tools/install_voices.sh" $_needs_install
   python -m toolkit.bin.synth_kws_data --keyword "$keyword" --out-dir "$data" --seed "$seed" \
     --num-train-pos $num_train_pos --num-train-neg $num_train_neg \
     --num-dev-pos $num_dev_pos --num-dev-neg $num_dev_neg \
     --num-test-pos $num_test_pos --num-test-neg $num_test_neg \
     --train-conf-share $train_conf_share --train-hard-share $train_hard_share \
-    --train-swap-share $train_swap_share --train-carrier-share $train_carrier_share \
-    --train-pair-share $train_pair_share \
-    --train-random-voices $train_random_voices --engines "$engines" --nj $nj
+    --engines "$engines" --other-share "$other_share" --blends "$blends" --nj $nj
+  for _e in ${outside_engines//,/ }; do
+    python -m toolkit.bin.synth_kws_data --keyword "$keyword" --out-dir "$data/outside_$_e" \
+      --seed "$seed" --test-only --engines "$_e" --num-test-pos $num_outside_pos \
+      --num-test-neg $num_outside_neg --nj $nj
+  done
 fi
+outside_sets=""
+for _e in ${outside_engines//,/ }; do outside_sets="$outside_sets $data/outside_$_e/test"; done
 # --- end of stage 0 ---
 
 # Stages 1-6 are shared by every keyword recipe.

@@ -1,21 +1,37 @@
-"""Signal-processing codecs at a chosen bitrate, as reference points for neural codecs.
+"""Reference codecs at stated bitrates for judging neural codecs, as registered baselines
+of the codec evaluation (toolkit.bin.evaluate_codec --baseline KIND:ARGS).
 
-mulaw_codec: resample, mu-law companding to `bits` per sample, resample back (G.711-style;
-bitrate target_sr * bits). melgl_codec: a log-mel spectrogram quantised to `bits` per value,
-inverted by the mel pseudo-inverse and Griffin-Lim phase reconstruction (bitrate
-frame_rate * n_mels * bits): it shows what a codec that transmits only a coarse magnitude
-envelope sounds like. Neither uses entropy coding, so both bitrates are fixed-rate upper bounds.
+Real speech codecs, from PyPI wheels that bundle their libraries (the `codec` extra, so no
+result depends on what the host has installed):
+  codec2_codec: Codec2 (pycodec2 4.1.1, bundling libcodec2 1.2) at 8 kHz, resampled there
+    and back with the toolkit's resampler; bitrate from the mode's frame size.
+  opus_codec: Opus through PyAV's libopus (hard CBR, VoIP application, 20 ms frames);
+    bitrate measured from the encoded packet bytes.
+Naive codecs, showing what a bitrate buys without a speech model:
+  mulaw_codec: resample, mu-law companding to `bits` per sample, resample back (G.711-style;
+    bitrate target_sr * bits).
+  melgl_codec: a log-mel spectrogram quantised to `bits` per value, inverted by the mel
+    pseudo-inverse and Griffin-Lim phase reconstruction (bitrate frame_rate * n_mels * bits).
+  Neither uses entropy coding, so both bitrates are fixed-rate upper bounds.
 
 Each codec takes a 1-D float waveform in [-1, 1] and returns (decoded float32 of the same
-length, bitrate in bit/s).
+length, bitrate in bit/s). The decoded signal keeps the codec's own delay: the evaluation
+estimates and removes it for every system alike (toolkit.tasks.codec.delay).
 """
+import ctypes
 import math
-from typing import Optional, Tuple
+import os
+import pickle
+import sys
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
+from toolkit.config import ConfigError
 from toolkit.data.audio import resample
-from toolkit.nn.spectral import mel_filterbank
+from toolkit.registry import Registry
+from toolkit.tasks.codec.packages import import_optional
 
 
 def _check_wave(x) -> np.ndarray:
@@ -131,6 +147,7 @@ def melgl_codec(x, sr: int, n_mels: int, frame_rate: int, bits: int,
     hop = sr // frame_rate
     n_fft = n_fft or 4 * hop
     window = _hann(n_fft)
+    from toolkit.nn.spectral import mel_filterbank
     bank = mel_filterbank(n_mels, n_fft, sr, norm=None).double().numpy()
     row_sums = bank.sum(axis=1)
     if np.any(row_sums == 0):
@@ -150,3 +167,273 @@ def melgl_codec(x, sr: int, n_mels: int, frame_rate: int, bits: int,
     magnitude = np.maximum(np.linalg.pinv(bank) @ mel_hat, 0.0) * scale
     decoded = griffin_lim(magnitude, n_fft, hop, len(x), n_iter=n_iter)
     return decoded.astype(np.float32), float(frame_rate * n_mels * bits)
+
+
+# --------------------------------------------------------------------------- Codec2
+
+CODEC2_RATE = 8000
+CODEC2_REQUIREMENT = "pycodec2==4.1.1"
+# The modes pycodec2 4.1.1 builds (its name -> the library's mode number); Codec2's 450 and
+# 700 (without C) are not among them.
+CODEC2_MODES = {"3200": 3200, "2400": 2400, "1600": 1600, "1400": 1400, "1300": 1300,
+                "1200": 1200, "700C": 700}
+
+
+def _to_int16(x: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(np.asarray(x, dtype=np.float64) * 32767.0), -32768, 32767).astype(
+        np.int16)
+
+
+def _in_fresh_process(fn: Callable, *args):
+    """fn(*args) in a forked child, its result pickled back through a pipe. A child starts
+    from the parent's library state; the parent never calls the library itself."""
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:                    # child: never returns into the caller's code
+        try:
+            os.close(read_fd)
+            try:
+                payload = pickle.dumps(("ok", fn(*args)))
+            except BaseException as err:    # report everything, Ctrl-C included
+                payload = pickle.dumps(("err", f"{type(err).__name__}: {err}"))
+            with os.fdopen(write_fd, "wb") as pipe:
+                pipe.write(payload)
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd, "rb") as pipe:
+            data = pipe.read()
+    finally:
+        _, status = os.waitpid(pid, 0)
+    if not data:
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)} died in its child process "
+                           f"(wait status {status})")
+    kind, value = pickle.loads(data)
+    if kind != "ok":
+        raise RuntimeError(value)
+    return value
+
+
+def _codec2_frames(pcm: np.ndarray, mode_number: int) -> Tuple[np.ndarray, int, int]:
+    """int16 PCM at 8 kHz through a Codec2 encoder and decoder -> (decoded int16, bits per
+    frame, samples per frame); the last frame zero-padded."""
+    import pycodec2
+    ctypes.CDLL(None).srand(1)      # libc's generator, in case the library draws from it
+    # Separate encoder and decoder states, as between a sender and a receiver.
+    encoder = pycodec2.Codec2(mode_number)
+    decoder = pycodec2.Codec2(mode_number)
+    frame = encoder.samples_per_frame()
+    pcm = np.pad(pcm, (0, -len(pcm) % frame))
+    out = np.empty(len(pcm), np.int16)
+    for start in range(0, len(pcm), frame):
+        # pycodec2's encode/decode handle one frame per call (codec2_encode's contract).
+        out[start:start + frame] = decoder.decode(encoder.encode(pcm[start:start + frame]))
+    return out, encoder.bits_per_frame(), frame
+
+
+def codec2_codec(x, sr: int, mode: str) -> Tuple[np.ndarray, float]:
+    """Codec2 in `mode` (a key of CODEC2_MODES) at 8 kHz: resample, encode frame by frame
+    (the last one zero-padded), decode, resample back. Bitrate: the mode's bits per frame
+    over its frame duration (2400: 48 bits per 20 ms).
+
+    libcodec2 draws the phases of unvoiced speech from a process-wide generator that
+    nothing resets, so in one process each utterance's output would depend on every call
+    before it (and on the order of the systems); each call runs in a freshly forked child
+    instead, which makes the output a function of the input alone."""
+    x = _check_wave(x)
+    if mode not in CODEC2_MODES:
+        raise ValueError(f"Codec2 mode {mode!r}: expected one of {', '.join(CODEC2_MODES)}")
+    import_optional("pycodec2", CODEC2_REQUIREMENT, f"baseline codec2:{mode}")
+    pcm = _to_int16(resample(x, sr, CODEC2_RATE))
+    out, bits, frame = _in_fresh_process(_codec2_frames, pcm, CODEC2_MODES[mode])
+    back = resample(out.astype(np.float32) / 32768.0, CODEC2_RATE, sr)
+    return _fit_length(back, len(x)).astype(np.float32), bits * CODEC2_RATE / frame
+
+
+# --------------------------------------------------------------------------- Opus
+
+OPUS_REQUIREMENT = "av==18.1.0"
+OPUS_RATES = (8000, 12000, 16000, 24000, 48000)     # libopus' input and output rates
+OPUS_KBPS_RANGE = (6.0, 510.0)
+
+
+def opus_codec(x, sr: int, kbps: float) -> Tuple[np.ndarray, float]:
+    """Opus at `kbps` kbit/s through libopus (PyAV's wheel bundles it): hard CBR (no VBR),
+    the VoIP application (libopus' speech tuning), 20 ms frames, mono; input at `sr` when
+    libopus takes that rate, else resampled to 48 kHz. The decoder gets the stream header
+    (OpusHead) and so drops the encoder's pre-skip, as an Ogg Opus player does; its output
+    rate (libopus decodes at 48 kHz here) is resampled back to `sr`. Bitrate: the bytes of
+    all encoded packets (Opus payload, no container) over the input's duration."""
+    x = _check_wave(x)
+    if not OPUS_KBPS_RANGE[0] <= kbps <= OPUS_KBPS_RANGE[1]:
+        raise ValueError(f"Opus bitrate {kbps:g} kbit/s outside {OPUS_KBPS_RANGE[0]:g}-"
+                         f"{OPUS_KBPS_RANGE[1]:g}")
+    av = import_optional("av", OPUS_REQUIREMENT, f"baseline opus:{kbps:g}")
+    rate = sr if sr in OPUS_RATES else 48000
+    pcm = resample(x, sr, rate).astype(np.float32)
+    encoder = av.CodecContext.create("libopus", "w")
+    encoder.sample_rate, encoder.layout, encoder.format = rate, "mono", "flt"
+    encoder.bit_rate = int(round(kbps * 1000))
+    encoder.options = {"application": "voip", "vbr": "off", "frame_duration": "20"}
+    encoder.open()
+    frame = encoder.frame_size
+    pcm = np.pad(pcm, (0, -len(pcm) % frame))
+    packets = []
+    for start in range(0, len(pcm), frame):
+        chunk = av.AudioFrame.from_ndarray(pcm[None, start:start + frame], format="flt",
+                                           layout="mono")
+        chunk.sample_rate, chunk.pts = rate, start
+        packets.extend(encoder.encode(chunk))
+    packets.extend(encoder.encode(None))
+    payload_bytes = sum(p.size for p in packets)
+    decoder = av.CodecContext.create("libopus", "r")
+    decoder.layout = "mono"
+    decoder.extradata = encoder.extradata
+    chunks, out_rate = [], None
+    for packet in packets:
+        for decoded in decoder.decode(packet):
+            samples = decoded.to_ndarray().reshape(-1)
+            if samples.dtype.kind == "i":
+                samples = samples.astype(np.float32) / 32768.0
+            chunks.append(samples.astype(np.float32))
+            out_rate = decoded.sample_rate
+    if not chunks:
+        raise RuntimeError(f"libopus decoded nothing from {len(packets)} packets")
+    back = _fit_length(resample(np.concatenate(chunks), out_rate, sr), len(x))
+    return back.astype(np.float32), payload_bytes * 8.0 / (len(x) / sr)
+
+
+# --------------------------------------------------------------------------- registry
+
+CodecFn = Callable[[np.ndarray, int], Tuple[np.ndarray, float]]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One row of the evaluation: `spec` as given (codec2:2400), the row's `name`, the codec
+    and `check`, which raises MissingPackageError when the codec's package is missing."""
+    spec: str
+    name: str
+    run: CodecFn
+    check: Callable[[], None]
+
+
+def _no_package() -> None:
+    return None
+
+
+def _package_check(module: str, requirement: str, what: str) -> Callable[[], None]:
+    def check() -> None:
+        import_optional(module, requirement, what)
+    return check
+
+
+class BaselineKind:
+    """A registered family of baselines: `syntax` and `summary` are the --help text;
+    build() turns the arguments after `KIND:` into a Baseline or raises ValueError."""
+    syntax = ""
+    summary = ""
+
+    def build(self, spec: str, args: List[str]) -> Baseline:
+        raise NotImplementedError
+
+
+BASELINES: Registry = Registry("codec baseline")
+
+
+def _ints(args: List[str], count: int) -> List[int]:
+    if len(args) != count:
+        raise ValueError(f"expected {count} numbers after the kind, got {len(args)}")
+    try:
+        return [int(a) for a in args]
+    except ValueError:
+        raise ValueError(f"expected integers, got {':'.join(args)!r}") from None
+
+
+@BASELINES.register("mulaw")
+class MulawBaseline(BaselineKind):
+    syntax = "mulaw:TARGET_RATE:BITS"
+    summary = ("resample to TARGET_RATE, mu-law quantise to BITS per sample, resample back "
+               "(TARGET_RATE x BITS bit/s; 8000:8 is G.711's 64 kbit/s; no entropy coding)")
+
+    def build(self, spec, args):
+        target, bits = _ints(args, 2)
+        if target <= 0 or not 1 <= bits <= 16:
+            raise ValueError("TARGET_RATE must be positive and BITS in 1-16")
+        return Baseline(spec, f"mu-law {target / 1000:g} kHz {bits} bit",
+                        lambda x, sr: mulaw_codec(x, sr, target, bits), _no_package)
+
+
+@BASELINES.register("melgl")
+class MelGriffinLimBaseline(BaselineKind):
+    syntax = "melgl:N_MELS:FRAME_RATE:BITS"
+    summary = ("a log-mel spectrogram quantised to BITS per value, decoded by Griffin-Lim "
+               "(FRAME_RATE x N_MELS x BITS bit/s; no entropy coding)")
+
+    def build(self, spec, args):
+        n_mels, frame_rate, bits = _ints(args, 3)
+        if n_mels <= 0 or frame_rate <= 0 or not 1 <= bits <= 16:
+            raise ValueError("N_MELS and FRAME_RATE must be positive and BITS in 1-16")
+        return Baseline(spec, f"mel+Griffin-Lim {n_mels} mels {frame_rate} fps {bits} bit",
+                        lambda x, sr: melgl_codec(x, sr, n_mels, frame_rate, bits),
+                        _no_package)
+
+
+@BASELINES.register("codec2")
+class Codec2Baseline(BaselineKind):
+    syntax = "codec2:MODE"
+    summary = (f"Codec2 ({CODEC2_REQUIREMENT}, libcodec2 1.2) at 8 kHz, MODE one of "
+               f"{', '.join(CODEC2_MODES)} (bit/s; 700C: 700)")
+
+    def build(self, spec, args):
+        mode = args[0].upper() if len(args) == 1 else ""
+        if mode not in CODEC2_MODES:
+            raise ValueError(f"MODE must be one of {', '.join(CODEC2_MODES)} (the modes of "
+                             f"{CODEC2_REQUIREMENT}; it has no 450)")
+        return Baseline(spec, f"Codec2 {mode}", lambda x, sr: codec2_codec(x, sr, mode),
+                        _package_check("pycodec2", CODEC2_REQUIREMENT, f"baseline {spec}"))
+
+
+@BASELINES.register("opus")
+class OpusBaseline(BaselineKind):
+    syntax = "opus:KBPS"
+    summary = (f"Opus through libopus ({OPUS_REQUIREMENT}), hard CBR at KBPS kbit/s "
+               f"({OPUS_KBPS_RANGE[0]:g}-{OPUS_KBPS_RANGE[1]:g}), VoIP application, 20 ms "
+               "frames; kbit/s column measured from the packet bytes")
+
+    def build(self, spec, args):
+        try:
+            kbps = float(args[0]) if len(args) == 1 else math.nan
+        except ValueError:
+            kbps = math.nan
+        if not OPUS_KBPS_RANGE[0] <= kbps <= OPUS_KBPS_RANGE[1]:
+            raise ValueError(f"KBPS must be a number in {OPUS_KBPS_RANGE[0]:g}-"
+                             f"{OPUS_KBPS_RANGE[1]:g}")
+        return Baseline(spec, f"Opus {kbps:g} kbit/s CBR",
+                        lambda x, sr: opus_codec(x, sr, kbps),
+                        _package_check("av", OPUS_REQUIREMENT, f"baseline {spec}"))
+
+
+def parse_baseline(spec: str) -> Baseline:
+    """`KIND:ARGS` (one of BASELINES, see baseline_help()) -> Baseline; ConfigError naming
+    the expected syntax otherwise."""
+    kind, _, rest = spec.partition(":")
+    if kind not in BASELINES:
+        raise ConfigError(f"baseline {spec!r}: unknown kind {kind!r}; expected one of "
+                          + ", ".join(BASELINES.get(k).syntax for k in BASELINES.names()))
+    builder = BASELINES.get(kind)()
+    try:
+        return builder.build(spec, rest.split(":") if rest else [])
+    except ValueError as err:
+        raise ConfigError(f"baseline {spec!r}: expected {builder.syntax}: {err}") from None
+
+
+def baseline_help(width: int = 88) -> str:
+    """Each registered kind: its syntax and what it does, wrapped to `width`."""
+    import textwrap
+    return "\n".join(textwrap.fill(f"{BASELINES.get(k).syntax}: {BASELINES.get(k).summary}",
+                                    width, initial_indent="  ", subsequent_indent="      ")
+                     for k in BASELINES.names())

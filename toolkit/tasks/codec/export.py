@@ -1,8 +1,13 @@
 """Export of a trained codec generator: the encoder graph (waveform -> codes) and decoder
 graph (codes -> waveform) as ONNX and TorchScript with graph-friendly copies of the conv
-layers, the safetensors inference checkpoint (weight norm folded in), the metadata every
-file carries (rates, codebooks, bitrate, causal context, weights fingerprint), and the
+layers (and of the istft decoder, whose inverse FFT becomes a fixed-basis matmul), the
+safetensors inference checkpoint (weight norm folded in), the metadata every file carries
+(encoder and output rates, codebooks, bitrate, causal context, weights fingerprint), and the
 parity check of every format against PyTorch. Running an export: toolkit.tasks.codec.runtime.
+
+Format 2 (two rates): `encoder_sample_rate` / `encoder_hop` describe the encoder's input,
+`sample_rate` / `hop` the decoder's output (samples per code frame at sample_rate); a
+format-1 export has one rate for both.
 """
 import copy
 import dataclasses
@@ -18,11 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.tasks.codec.model import (CodecConfig, CodecConv1d, CodecConvTranspose1d,
-                                       CodecModel, history_length, remove_weight_norm)
+                                       CodecModel, IstftDecoder, history_length,
+                                       remove_weight_norm)
 
 logger = logging.getLogger(__name__)
 
-EXPORT_FORMAT_VERSION = 1
+EXPORT_FORMAT_VERSION = 2
 GRAPH_FILES = {"onnx": ("encoder.onnx", "decoder.onnx"), "torch": ("encoder.zip", "decoder.zip")}
 SAFETENSORS_NAME = "model.safetensors"
 
@@ -55,8 +61,36 @@ class _TrimmedConvTranspose(nn.Module):
         return y[:, :, self.left:]
 
 
+class _IstftDecoderGraph(nn.Module):
+    """IstftDecoder without autocast islands, its inverse FFT as the fixed-basis matmul
+    (InverseSTFT.use_fft = False): the same function, in ops that ONNX and TorchScript hold."""
+
+    def __init__(self, decoder: IstftDecoder):
+        super().__init__()
+        decoder = copy.deepcopy(decoder)
+        self.embed, self.norm, self.blocks = decoder.embed, decoder.norm, decoder.blocks
+        self.final_norm, self.head, self.istft = decoder.final_norm, decoder.head, decoder.istft
+        self.istft.use_fft = False
+        self.output_tanh = bool(decoder.output_tanh)
+        self.max_log_magnitude = float(decoder.MAX_LOG_MAGNITUDE)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.embed(z).transpose(1, 2)).transpose(1, 2)
+        for block in self.blocks:
+            x = block(x)
+        x = self.head(self.final_norm(x.transpose(1, 2))).transpose(1, 2)
+        log_mag, phase = x.chunk(2, dim=1)
+        mag = torch.exp(log_mag.clamp(max=self.max_log_magnitude))
+        audio = self.istft(mag * torch.cos(phase), mag * torch.sin(phase))
+        if self.output_tanh:
+            audio = torch.tanh(audio)
+        return audio
+
+
 def _exportable(module: nn.Module) -> nn.Module:
     """A copy of an encoder/decoder stack with graph-friendly conv wrappers (same weights)."""
+    if isinstance(module, IstftDecoder):
+        return _IstftDecoderGraph(module)
     module = copy.deepcopy(module)
 
     def walk(parent: nn.Module) -> None:
@@ -121,7 +155,8 @@ class _StageDecode(nn.Module):
 
 
 class DecoderGraph(nn.Module):
-    """codes (B, n_codebooks, frames) int64 -> wav (B, 1, frames * hop) float32."""
+    """codes (B, n_codebooks, frames) int64 -> wav (B, 1, frames * decoder_hop) float32 at
+    the output rate."""
 
     def __init__(self, model: CodecModel):
         super().__init__()
@@ -163,16 +198,20 @@ def codec_metadata(model: CodecModel) -> dict:
     causal = bool(cfg.causal)
     return {
         "format_version": EXPORT_FORMAT_VERSION, "task": "codec",
-        "sample_rate": int(cfg.sample_rate), "hop": int(model.hop),
+        "sample_rate": int(cfg.sample_rate), "hop": int(model.decoder_hop),
+        "encoder_sample_rate": int(model.encoder_sample_rate), "encoder_hop": int(model.hop),
+        "decoder_type": cfg.decoder,
         "frame_rate": float(model.frames_per_second), "n_codebooks": int(cfg.n_codebooks),
         "codebook_size": int(cfg.codebook_size), "bitrate": float(model.bitrate()),
         "causal": causal, "fingerprint": weights_fingerprint(model),
         "encoder_context_samples": encoder_context_samples(model) if causal else None,
         "decoder_context_frames": decoder_context_frames(model) if causal else None,
         "weight_norm": "removed (folded into the weights)",
-        "encoder": "wav (batch, 1, samples), samples a multiple of hop, mono in [-1, 1] at "
-                   "sample_rate -> codes (batch, n_codebooks, samples / hop) int64",
-        "decoder": "codes (batch, n_codebooks, frames) int64 -> wav (batch, 1, frames * hop)",
+        "encoder": "wav (batch, 1, samples), samples a multiple of encoder_hop, mono in [-1, 1] "
+                   "at encoder_sample_rate -> codes (batch, n_codebooks, samples / encoder_hop) "
+                   "int64",
+        "decoder": "codes (batch, n_codebooks, frames) int64 -> wav (batch, 1, frames * hop) "
+                   "at sample_rate",
     }
 
 

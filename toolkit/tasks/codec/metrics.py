@@ -1,15 +1,27 @@
-"""Objective codec metrics on (reference, decoded) 1-D numpy waveforms.
+"""Objective codec metrics on (reference, decoded) 1-D numpy waveforms, registered by name
+(METRICS) for the evaluation table.
 
 mel_distance and stft_distance are the training losses evaluated without gradients (lower is
-better); si_sdr is in dB (higher is better); stoi needs the `pystoi` package.
+better); si_sdr is in dB (higher is better); stoi (pystoi); pesq_wb and pesq_nb: ITU-T
+P.862.2 wideband at 16 kHz and P.862 narrowband at 8 kHz (pesq 0.0.4), MOS-LQO; visqol:
+ViSQOL v3 speech mode at 16 kHz with its lattice MOS mapping, the C++ tool's default
+(visqol-python 3.8.0). Signals at other rates are resampled with the toolkit's resampler.
+Every metric but the first three needs a package of the `codec` extra; a missing package,
+or a pair a metric cannot score, is an expected error (MetricError) naming the metric.
 """
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 
-from toolkit.tasks.codec.losses import MultiResolutionMelLoss, MultiResolutionSTFTLoss
+from toolkit.errors import UserError
+from toolkit.registry import Registry
+from toolkit.tasks.codec.packages import import_optional
+
+
+class MetricError(UserError, ValueError):
+    """A metric that cannot score a (reference, decoded) pair."""
 
 
 def _mono(x) -> np.ndarray:
@@ -30,22 +42,27 @@ def align(reference, decoded) -> Tuple[np.ndarray, np.ndarray]:
     return ref[:n], dec[:n]
 
 
+# torch is imported where a loss is built, so that listing the metrics (--help) stays light.
 @lru_cache(maxsize=4)
-def _mel_loss(sample_rate: int) -> MultiResolutionMelLoss:
+def _mel_loss(sample_rate: int):
+    from toolkit.tasks.codec.losses import MultiResolutionMelLoss
     return MultiResolutionMelLoss(sample_rate)
 
 
 @lru_cache(maxsize=1)
-def _stft_loss() -> MultiResolutionSTFTLoss:
+def _stft_loss():
+    from toolkit.tasks.codec.losses import MultiResolutionSTFTLoss
     return MultiResolutionSTFTLoss()
 
 
-def _tensor(x: np.ndarray) -> torch.Tensor:
+def _tensor(x: np.ndarray):
+    import torch
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None]
 
 
 def mel_distance(reference, decoded, sample_rate: int) -> float:
     """DAC's multi-resolution log-mel L1 (MultiResolutionMelLoss defaults)."""
+    import torch
     ref, dec = align(reference, decoded)
     with torch.no_grad():
         return float(_mel_loss(int(sample_rate))(_tensor(dec), _tensor(ref)))
@@ -53,6 +70,7 @@ def mel_distance(reference, decoded, sample_rate: int) -> float:
 
 def stft_distance(reference, decoded) -> float:
     """Spectral convergence + log-magnitude L1 (MultiResolutionSTFTLoss defaults)."""
+    import torch
     ref, dec = align(reference, decoded)
     with torch.no_grad():
         sc, mag = _stft_loss()(_tensor(dec), _tensor(ref))
@@ -79,28 +97,136 @@ def si_sdr(reference, estimate, max_db: float = 100.0) -> float:
     return float(np.clip(10.0 * np.log10(target_energy / error_energy), -max_db, max_db))
 
 
+STOI_REQUIREMENT = "pystoi"
+PESQ_REQUIREMENT = "pesq==0.0.4"
+VISQOL_REQUIREMENT = "visqol-python[lattice,accel]==3.8.0"
+
+
+def _pystoi():
+    return import_optional("pystoi", STOI_REQUIREMENT, "the STOI metric").stoi
+
+
 def stoi(reference, decoded, sample_rate: int, extended: bool = False) -> float:
     """Short-time objective intelligibility (Taal et al. 2011) via pystoi; extended=True: ESTOI."""
+    ref, dec = align(reference, decoded)
+    return float(_pystoi()(ref, dec, int(sample_rate), extended=extended))
+
+
+def _at_rate(x: np.ndarray, sample_rate: int, rate: int) -> np.ndarray:
+    from toolkit.data.audio import resample
+    return np.asarray(resample(np.asarray(x, dtype=np.float32), int(sample_rate), rate),
+                      dtype=np.float64)
+
+
+def _pesq_module():
+    return import_optional("pesq", PESQ_REQUIREMENT, "the PESQ metric")
+
+
+def pesq(reference, decoded, sample_rate: int, mode: str = "wb") -> float:
+    """PESQ MOS-LQO: mode "wb" (P.862.2, at 16 kHz: 1.04-4.64) or "nb" (P.862 with the
+    P.862.1 mapping, at 8 kHz: 1.02-4.55); both signals resampled to that rate."""
+    if mode not in ("wb", "nb"):
+        raise ValueError(f"PESQ mode must be wb or nb, got {mode!r}")
+    library = _pesq_module()
+    rate = 16000 if mode == "wb" else 8000
+    ref, dec = align(reference, decoded)
+    ref, dec = _at_rate(ref, sample_rate, rate), _at_rate(dec, sample_rate, rate)
+    name = f"PESQ-{mode.upper()}"
+    if not np.any(ref) or not np.any(dec):
+        raise MetricError(f"{name} is undefined for a silent "
+                          f"{'reference' if not np.any(ref) else 'decoded signal'}")
     try:
-        from pystoi import stoi as _pystoi
-    except ImportError:
-        from toolkit.errors import UserError
-        raise UserError("the STOI metric needs the pystoi package (the codec extra): rerun "
-                        "bash tools/install.sh, or pip install pystoi") from None
-    ref, dec = align(reference, decoded)
-    return float(_pystoi(ref, dec, int(sample_rate), extended=extended))
+        return float(library.pesq(rate, ref, dec, mode))
+    except library.PesqError as err:
+        reason = err.args[0].decode() if err.args and isinstance(err.args[0], bytes) else err
+        raise MetricError(f"{name} failed: {reason} ({len(ref) / rate:.2f} s at {rate} Hz)"
+                          ) from None
 
 
-def evaluate_pair(reference, decoded, sample_rate: int,
-                  with_stoi: bool = True) -> Dict[str, float]:
-    """All metrics for one pair, lengths aligned first. STOI needs pystoi (installed by
-    tools/install.sh); with_stoi=False leaves it out rather than depending on the host."""
+@lru_cache(maxsize=1)
+def _visqol_api():
+    visqol = import_optional("visqol", VISQOL_REQUIREMENT, "the ViSQOL metric")
+    import_optional("ai_edge_litert.interpreter", VISQOL_REQUIREMENT,
+                    "the ViSQOL metric's speech-mode MOS mapping (lattice model)")
+    api = visqol.VisqolApi()
+    # Pinned rather than left to visqol-python's auto-detection, so that the score does
+    # not depend on whether the TFLite runtime happens to be installed.
+    api.create(mode="speech", use_lattice_model=True)
+    return api
+
+
+def visqol(reference, decoded, sample_rate: int) -> float:
+    """ViSQOL v3 MOS-LQO, speech mode at 16 kHz (its own alignment, voice-activity patch
+    selection and lattice mapping)."""
+    api = _visqol_api()
     ref, dec = align(reference, decoded)
-    result = {
-        "mel_distance": mel_distance(ref, dec, sample_rate),
-        "stft_distance": stft_distance(ref, dec),
-        "si_sdr": si_sdr(ref, dec),
-    }
-    if with_stoi:
-        result["stoi"] = stoi(ref, dec, sample_rate)
-    return result
+    ref, dec = _at_rate(ref, sample_rate, 16000), _at_rate(dec, sample_rate, 16000)
+    if not np.any(ref) or not np.any(dec):
+        raise MetricError(f"ViSQOL is undefined for a silent "
+                          f"{'reference' if not np.any(ref) else 'decoded signal'}")
+    try:
+        return float(api.measure_from_arrays(ref, dec, 16000).moslqo)
+    except (ValueError, IndexError, ZeroDivisionError, FloatingPointError) as err:
+        raise MetricError(f"ViSQOL failed: {err} ({len(ref) / 16000:.2f} s)") from err
+
+
+def warm_up_visqol() -> float:
+    """Scores one second of a synthetic vowel against itself, so that ViSQOL's numba
+    kernels compile and land in numba's on-disk cache (tools/install.sh runs this once):
+    the first evaluation then does not spend a minute compiling. Returns the score."""
+    t = np.arange(16000) / 16000.0
+    vowel = sum(np.sin(2 * np.pi * k * 140.0 * t) / k for k in range(1, 12))
+    vowel *= 0.2 * (0.6 + 0.4 * np.sin(2 * np.pi * 4.0 * t))
+    return visqol(vowel, vowel, 16000)
+
+
+# --------------------------------------------------------------------------- registry
+
+@dataclass(frozen=True)
+class Metric:
+    """A column of the evaluation table: compute(reference, decoded, sample_rate) on
+    aligned signals; check() raises MissingPackageError when its package is missing."""
+    name: str
+    title: str
+    fmt: str
+    compute: Callable[[np.ndarray, np.ndarray, int], float]
+    check: Callable[[], None]
+
+
+METRICS: Registry = Registry("codec metric")
+
+
+def _register(name: str, title: str, fmt: str, compute, check=lambda: None) -> None:
+    METRICS.register(name)(Metric(name, title, fmt, compute, check))
+
+
+_register("mel_distance", "mel distance (lower better)", "{:.3f}", mel_distance)
+_register("stft_distance", "STFT distance (lower better)", "{:.3f}",
+          lambda ref, dec, sr: stft_distance(ref, dec))
+_register("si_sdr", "SI-SDR dB (higher better)", "{:.2f}", lambda ref, dec, sr: si_sdr(ref, dec))
+_register("stoi", "STOI (higher better)", "{:.3f}", stoi, _pystoi)
+_register("pesq_wb", "PESQ-WB (higher better)", "{:.3f}",
+          lambda ref, dec, sr: pesq(ref, dec, sr, "wb"), _pesq_module)
+_register("pesq_nb", "PESQ-NB (higher better)", "{:.3f}",
+          lambda ref, dec, sr: pesq(ref, dec, sr, "nb"), _pesq_module)
+_register("visqol", "ViSQOL speech (higher better)", "{:.3f}", visqol, _visqol_api)
+
+# The table's columns, in order, when none are chosen.
+ALL_METRICS = ("mel_distance", "stft_distance", "si_sdr", "stoi", "pesq_wb", "pesq_nb",
+               "visqol")
+
+
+def get_metrics(names: Sequence[str]) -> Tuple[Metric, ...]:
+    """The registered metrics `names`, in that order; KeyError names an unknown one."""
+    return tuple(METRICS.get(n) for n in names)
+
+
+def evaluate_pair(reference, decoded, sample_rate: int, with_stoi: bool = True,
+                  metrics: Optional[Sequence[str]] = None) -> Dict[str, float]:
+    """Metrics for one pair, lengths aligned first (the delay is the caller's: see
+    toolkit.tasks.codec.delay). `metrics`: registered names; by default mel, STFT, SI-SDR
+    and, unless with_stoi=False, STOI."""
+    if metrics is None:
+        metrics = ALL_METRICS[:4] if with_stoi else ALL_METRICS[:3]
+    ref, dec = align(reference, decoded)
+    return {m.name: m.compute(ref, dec, sample_rate) for m in get_metrics(metrics)}

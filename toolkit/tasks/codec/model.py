@@ -9,6 +9,18 @@ Lengths: `forward` and `encode` right-pad the waveform with zeros to a multiple 
 and `forward` trims the output back, so audio out has the input's length. `decode` returns
 frames * hop samples (pass `length` to trim). For T a multiple of the hop nothing is padded.
 
+Two rates (`encoder_sample_rate` below `sample_rate`, e.g. 16 -> 24 kHz): the encoder reads
+audio at its own rate with `hop` samples per code frame; the decoder writes `sample_rate`
+audio with `decoder_hop` = hop x sample_rate / encoder_sample_rate samples per frame (its
+own strides, or the inverse STFT's hop), so one code frame spans the same time on both sides
+and `forward` returns ceil(T x decoder_hop / hop) samples at the output rate.
+
+Decoders (`decoder`): `conv` mirrors the encoder with transposed convs, computing at every
+intermediate rate up to the output rate; `istft` (Vocos, Siuzdak 2023) keeps all its layers
+at the code frame rate (ConvNeXt blocks) and predicts each frame's STFT magnitude and phase,
+turned into audio by an inverse STFT whose hop is `decoder_hop`: most of the work runs at
+~50 frames/s instead of 16,000+ samples/s.
+
 Causal models (`causal=True`): every conv pads on the left only and every transposed conv
 trims its overlap on the right, so output sample n depends on no input after n. Decoding the
 first N frames of codes then gives exactly the first N * hop samples of decoding all of them
@@ -26,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm as _weight_norm
@@ -37,7 +50,11 @@ from toolkit.tasks.codec.quantizer import ResidualVectorQuantizer
 
 @dataclass
 class CodecConfig:
-    sample_rate: int = 16000        # audio rate the codec is built for; sets frames/s and bitrate
+    # rate of the audio the codec reconstructs (decoder output, losses, metrics); equals dataset.sample_rate
+    sample_rate: int = 16000
+    # rate the encoder reads (0: sample_rate); e.g. 16000 with sample_rate 24000: the codes
+    # describe 16 kHz input and the decoder upsamples; with the strides it sets frames/s and bitrate
+    encoder_sample_rate: int = 0
     channels: int = 32              # encoder stem width, doubled per stride; 32 trains on CPU, DAC uses 64
     # downsampling per encoder block; their product is the hop (320: 50 frames/s at 16 kHz)
     strides: List[int] = field(default_factory=lambda: [2, 4, 5, 8])
@@ -45,7 +62,18 @@ class CodecConfig:
     dilations: List[int] = field(default_factory=lambda: [1, 3, 9])
     kernel_size: int = 7            # kernel of the stem, residual and output convs (SEANet/DAC value)
     latent_dim: int = 0             # encoder output width; 0: its top width channels * 2^len(strides) (DAC)
-    decoder_channels: int = 0       # decoder input width, halved per stride; 0: mirror the encoder
+    decoder_channels: int = 0       # conv decoder input width, halved per stride; 0: mirror the encoder
+    # conv decoder upsampling per block, in order; empty: the encoder strides reversed. Their
+    # product is decoder_hop = hop x sample_rate / encoder_sample_rate (e.g. [8, 6, 5, 2] for
+    # 16 -> 24 kHz at hop 320; [7, 7, 6, 3] for 16 -> 44.1 kHz)
+    decoder_strides: List[int] = field(default_factory=list)
+    # conv: transposed convs up to the output rate; istft: ConvNeXt blocks at the frame rate
+    # predicting STFT magnitude and phase, then an inverse STFT (Vocos; far less compute)
+    decoder: str = "conv"
+    istft_dim: int = 256            # istft decoder: ConvNeXt width (Vocos: 512)
+    istft_layers: int = 8           # istft decoder: ConvNeXt blocks (Vocos: 8)
+    istft_kernel_size: int = 7      # istft decoder: depthwise conv kernel of each block (odd)
+    istft_n_fft: int = 0            # istft decoder: FFT size, a multiple of decoder_hop; 0: 4 x decoder_hop
     activation: str = "snake"       # snake (x + sin^2(ax)/a, periodic bias that suits audio) or elu (SEANet)
     weight_norm: bool = True        # weight-normalised convs steady GAN training; remove_weight_norm for export
     causal: bool = False            # left-only padding so the codec can stream; some quality cost at equal size
@@ -59,7 +87,30 @@ class CodecConfig:
 
     @property
     def hop(self) -> int:
+        """Encoder input samples per code frame."""
         return math.prod(self.strides)
+
+    @property
+    def resolved_encoder_sample_rate(self) -> int:
+        return self.encoder_sample_rate or self.sample_rate
+
+    @property
+    def frames_per_second(self) -> float:
+        return self.resolved_encoder_sample_rate / self.hop
+
+    @property
+    def decoder_hop(self) -> int:
+        """Output samples per code frame (at sample_rate); floored when the rates do not
+        divide (validate refuses that)."""
+        return self.hop * self.sample_rate // self.resolved_encoder_sample_rate
+
+    @property
+    def resolved_decoder_strides(self) -> List[int]:
+        return list(self.decoder_strides) or list(reversed(self.strides))
+
+    @property
+    def resolved_istft_n_fft(self) -> int:
+        return self.istft_n_fft or 4 * self.decoder_hop
 
     @property
     def encoder_top_channels(self) -> int:
@@ -87,9 +138,17 @@ class CodecConfig:
         need(self.latent_dim >= 0, "latent_dim", f"must be >= 0, got {self.latent_dim}")
         need(self.decoder_channels >= 0, "decoder_channels",
              f"must be >= 0, got {self.decoder_channels}")
-        rest = self.resolved_decoder_channels // 2 ** len(self.strides)
-        need(rest >= 1, "decoder_channels",
-             f"{self.resolved_decoder_channels} cannot be halved {len(self.strides)} times")
+        need(self.encoder_sample_rate >= 0, "encoder_sample_rate",
+             f"must be >= 0 (0: sample_rate), got {self.encoder_sample_rate}")
+        encoder_rate = self.resolved_encoder_sample_rate
+        need(self.hop * self.sample_rate % encoder_rate == 0, "strides",
+             f"hop {self.hop} at the encoder's {encoder_rate} Hz is {self.hop / encoder_rate:g} s "
+             f"per code frame, not a whole number of samples at sample_rate={self.sample_rate} "
+             f"({self.hop * self.sample_rate / encoder_rate:g}): choose strides whose product is a "
+             f"multiple of {encoder_rate // math.gcd(encoder_rate, self.sample_rate)}")
+        need(self.decoder in DECODERS, "decoder",
+             f"unknown '{self.decoder}'; known: {', '.join(DECODERS.names())}")
+        DECODERS.get(self.decoder).check_config(self)
         need(self.activation in ACTIVATIONS, "activation",
              f"unknown '{self.activation}'; known: {', '.join(ACTIVATIONS.names())}")
         need(self.n_codebooks >= 1, "n_codebooks", f"must be >= 1, got {self.n_codebooks}")
@@ -101,6 +160,23 @@ class CodecConfig:
         need(self.dead_code_threshold >= 0.0, "dead_code_threshold",
              f"must be >= 0, got {self.dead_code_threshold}")
         return self
+
+
+def _factorisation_hint(n: int) -> List[int]:
+    """Prime factors of n merged into at most four factors, largest first (a suggestion
+    for decoder_strides)."""
+    factors, rest, p = [], n, 2
+    while p * p <= rest:
+        while rest % p == 0:
+            factors.append(p)
+            rest //= p
+        p += 1
+    if rest > 1:
+        factors.append(rest)
+    factors.sort()
+    while len(factors) > 4:
+        factors = sorted([factors[0] * factors[1]] + factors[2:])
+    return sorted(factors, reverse=True)
 
 
 # --------------------------------------------------------------------------- layers
@@ -230,8 +306,31 @@ class Encoder(nn.Module):
         return self.layers(wav)
 
 
+DECODERS: Registry = Registry("codec decoder")
+
+
+@DECODERS.register("conv")
 class Decoder(nn.Module):
-    """(B, latent_dim, frames) -> (B, 1, frames * hop)."""
+    """(B, latent_dim, frames) -> (B, 1, frames * decoder_hop)."""
+
+    @staticmethod
+    def check_config(cfg: CodecConfig) -> None:
+        strides = cfg.resolved_decoder_strides
+        if any(s < 1 for s in strides):
+            raise ConfigError(f"model.decoder_strides: integers >= 1, got {strides}")
+        if math.prod(strides) != cfg.decoder_hop:
+            hint = _factorisation_hint(cfg.decoder_hop)
+            given = ("the encoder strides reversed" if not cfg.decoder_strides
+                     else f"{cfg.decoder_strides}")
+            raise ConfigError(
+                f"model.decoder_strides: {given} upsample by {math.prod(strides)}, but a code "
+                f"frame is {cfg.decoder_hop} samples at sample_rate={cfg.sample_rate} (encoder "
+                f"hop {cfg.hop} at {cfg.resolved_encoder_sample_rate} Hz): give strides whose "
+                f"product is {cfg.decoder_hop}, e.g. {hint}")
+        rest = cfg.resolved_decoder_channels // 2 ** len(strides)
+        if rest < 1:
+            raise ConfigError(f"model.decoder_channels: {cfg.resolved_decoder_channels} cannot "
+                              f"be halved {len(strides)} times")
 
     def __init__(self, cfg: CodecConfig):
         super().__init__()
@@ -239,7 +338,7 @@ class Decoder(nn.Module):
         width = cfg.resolved_decoder_channels
         layers: List[nn.Module] = [CodecConv1d(cfg.resolved_latent_dim, width, cfg.kernel_size,
                                                causal=cfg.causal, weight_norm=cfg.weight_norm)]
-        for stride in reversed(cfg.strides):
+        for stride in cfg.resolved_decoder_strides:
             layers += [act(width),
                        CodecConvTranspose1d(width, width // 2, stride, causal=cfg.causal,
                                             weight_norm=cfg.weight_norm)]
@@ -254,6 +353,140 @@ class Decoder(nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.layers(z)
+
+
+class InverseSTFT(nn.Module):
+    """Complex spectra (B, n_fft // 2 + 1, frames) -> waveform (B, 1, frames * hop): periodic
+    Hann window, overlap-add divided by the summed squared window, and "same" framing (frame
+    t is centred on output samples [t * hop, (t + 1) * hop)).
+
+    The inverse real FFT is torch.fft.irfft by default; `use_fft = False` computes it as a
+    matmul with a fixed (windowed) cosine/sine basis instead, which ONNX and TorchScript
+    graphs can hold (same result to float rounding). Overlap-add is n_fft / hop shifted
+    sums of reshaped frames: no col2im, and O(n_fft) per frame."""
+
+    def __init__(self, n_fft: int, hop: int):
+        super().__init__()
+        if n_fft % hop or n_fft < 2 * hop:
+            raise ValueError(f"n_fft {n_fft} must be a multiple of hop {hop}, at least 2x")
+        self.n_fft, self.hop, self.overlap = n_fft, hop, n_fft // hop
+        self.trim_left = (n_fft - hop) // 2
+        self.trim_right = n_fft - hop - self.trim_left
+        self.use_fft = True
+        window = torch.hann_window(n_fft, periodic=True, dtype=torch.float64)
+        bins = torch.arange(n_fft // 2 + 1, dtype=torch.float64)
+        angle = 2 * math.pi * bins[:, None] * torch.arange(n_fft, dtype=torch.float64) / n_fft
+        # irfft weights: DC and Nyquist once, every other bin twice (its conjugate twin).
+        weight = torch.full_like(bins, 2.0)
+        weight[0] = weight[-1] = 1.0
+        weight = weight[:, None] / n_fft
+        basis = torch.cat([weight * torch.cos(angle), -weight * torch.sin(angle)]) * window
+        self.register_buffer("window", window.float(), persistent=False)
+        self.register_buffer("window_sq", (window ** 2).float(), persistent=False)
+        self.register_buffer("basis", basis.float(), persistent=False)   # (2 bins, n_fft)
+
+    def _overlap_add(self, frames: torch.Tensor) -> torch.Tensor:
+        """(B, n_fft, T) -> (B, (T + overlap - 1) * hop): frame t added at t * hop."""
+        hop, r = self.hop, self.overlap
+        parts = frames.reshape(frames.shape[0], r, hop, -1)
+        out = F.pad(parts[:, 0].transpose(1, 2).reshape(frames.shape[0], -1), [0, (r - 1) * hop])
+        for j in range(1, r):
+            part = parts[:, j].transpose(1, 2).reshape(frames.shape[0], -1)
+            out = out + F.pad(part, [j * hop, (r - 1 - j) * hop])
+        return out
+
+    def forward(self, real: torch.Tensor, imag: torch.Tensor) -> torch.Tensor:
+        if self.use_fft:
+            frames = torch.fft.irfft(torch.complex(real, imag), n=self.n_fft, dim=1)
+            frames = frames * self.window[None, :, None]
+        else:
+            frames = torch.matmul(self.basis.t(), torch.cat([real, imag], dim=1))
+        audio = self._overlap_add(frames)
+        envelope = self._overlap_add(torch.zeros_like(frames[:1]) + self.window_sq[None, :, None])
+        # Trimmed before the division: the untrimmed ends hold zeros of the window envelope
+        # (0 / 0 there would put NaN into the gradient). trim_right >= 1 (n_fft >= 2 hop): a
+        # negative end keeps traced graphs length-free.
+        audio = audio[:, self.trim_left:-self.trim_right]
+        envelope = envelope[:, self.trim_left:-self.trim_right]
+        return (audio / envelope)[:, None]
+
+
+class ConvNeXtBlock(nn.Module):
+    """x + gamma * pointwise_mlp(layer_norm(depthwise_conv(x))) over (B, dim, frames)."""
+
+    def __init__(self, dim: int, hidden: int, kernel_size: int, layer_scale: float):
+        super().__init__()
+        self.depthwise = nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.expand = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.project = nn.Linear(hidden, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), float(layer_scale)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.depthwise(x).transpose(1, 2))
+        y = self.project(self.act(self.expand(y))) * self.gamma
+        return x + y.transpose(1, 2)
+
+
+@DECODERS.register("istft")
+class IstftDecoder(nn.Module):
+    """(B, latent_dim, frames) -> (B, 1, frames * decoder_hop): Vocos. A conv embedding and
+    ConvNeXt blocks at the code frame rate, a linear head giving each frame's log magnitude
+    and phase for n_fft // 2 + 1 bins, an inverse STFT with hop decoder_hop. Not causal: a
+    frame's window reaches (n_fft - hop) / 2 samples into its neighbours."""
+
+    @staticmethod
+    def check_config(cfg: CodecConfig) -> None:
+        if cfg.decoder_strides:
+            raise ConfigError("model.decoder_strides: strides belong to the conv decoder; the "
+                              "istft decoder's hop is the code frame (decoder_hop)")
+        if cfg.causal:
+            raise ConfigError("model.causal: the istft decoder is not causal (each frame's "
+                              "window overlaps its neighbours); use decoder: conv to stream")
+        hop, n_fft = cfg.decoder_hop, cfg.resolved_istft_n_fft
+        if n_fft % hop or n_fft < 2 * hop:
+            raise ConfigError(f"model.istft_n_fft: {n_fft} must be a multiple of the code "
+                              f"frame's {hop} output samples, at least 2 x {hop}")
+        for key in ("istft_dim", "istft_layers"):
+            if getattr(cfg, key) < 1:
+                raise ConfigError(f"model.{key}: must be >= 1, got {getattr(cfg, key)}")
+        if cfg.istft_kernel_size < 1 or cfg.istft_kernel_size % 2 == 0:
+            raise ConfigError(f"model.istft_kernel_size: an odd size >= 1, got "
+                              f"{cfg.istft_kernel_size}")
+
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        dim, kernel = cfg.istft_dim, cfg.istft_kernel_size
+        n_fft = cfg.resolved_istft_n_fft
+        self.embed = nn.Conv1d(cfg.resolved_latent_dim, dim, kernel, padding=kernel // 2)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        # Vocos' layer scale 1 / layers: each block starts as a small change of the identity.
+        self.blocks = nn.ModuleList(ConvNeXtBlock(dim, 3 * dim, kernel, 1.0 / cfg.istft_layers)
+                                    for _ in range(cfg.istft_layers))
+        self.final_norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, n_fft + 2)
+        self.istft = InverseSTFT(n_fft, cfg.decoder_hop)
+        self.output_tanh = cfg.output_tanh
+        for module in self.modules():
+            if isinstance(module, (nn.Conv1d, nn.Linear)):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+
+    # exp(log magnitude) is capped at 100 (Vocos): a linear magnitude beyond it is never speech.
+    MAX_LOG_MAGNITUDE = math.log(100.0)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.embed(z).transpose(1, 2)).transpose(1, 2)
+        for block in self.blocks:
+            x = block(x)
+        x = self.head(self.final_norm(x.transpose(1, 2))).transpose(1, 2)
+        # fp32 island: exp, phase and the inverse FFT lose too much in bf16.
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            log_mag, phase = x.float().chunk(2, dim=1)
+            mag = torch.exp(log_mag.clamp(max=self.MAX_LOG_MAGNITUDE))
+            audio = self.istft(mag * torch.cos(phase), mag * torch.sin(phase))
+            return torch.tanh(audio) if self.output_tanh else audio
 
 
 def history_length(module: nn.Module, scale: float = 1.0) -> float:
@@ -282,21 +515,31 @@ class CodecModel(nn.Module):
         super().__init__()
         self.config = (config or CodecConfig()).validate()
         cfg = self.config
-        self.hop = cfg.hop
+        self.hop = cfg.hop                     # encoder input samples per code frame
+        self.decoder_hop = cfg.decoder_hop     # output samples per code frame
         self.encoder = Encoder(cfg)
         self.quantizer = ResidualVectorQuantizer(
             cfg.resolved_latent_dim, cfg.n_codebooks, cfg.codebook_size, cfg.codebook_dim,
             cfg.quantizer_dropout, cfg.ema_decay, cfg.dead_code_threshold)
-        self.decoder = Decoder(cfg)
+        self.decoder = DECODERS.get(cfg.decoder)(cfg)
 
     @property
     def frames_per_second(self) -> float:
-        return self.config.sample_rate / self.hop
+        return self.config.frames_per_second
+
+    @property
+    def encoder_sample_rate(self) -> int:
+        return self.config.resolved_encoder_sample_rate
 
     def bitrate(self, sample_rate: Optional[int] = None, n_q: Optional[int] = None) -> float:
-        """Bits per second: frames_per_s * n_q * log2(codebook_size)."""
-        rate = self.config.sample_rate if sample_rate is None else sample_rate
+        """Bits per second: frames_per_s * n_q * log2(codebook_size), the frame rate that of
+        the encoder (or of `sample_rate` encoder input)."""
+        rate = self.encoder_sample_rate if sample_rate is None else sample_rate
         return self.quantizer.bitrate(rate / self.hop, n_q)
+
+    def output_length(self, input_length: int) -> int:
+        """Output samples (at sample_rate) for `input_length` encoder input samples."""
+        return -(-input_length * self.decoder_hop // self.hop)
 
     def _prepare(self, wav: torch.Tensor) -> torch.Tensor:
         """(B, T) or (B, 1, T) -> (B, 1, T') with T' the next multiple of the hop."""
@@ -307,28 +550,37 @@ class CodecModel(nn.Module):
         extra = (-wav.shape[-1]) % self.hop
         return nn.functional.pad(wav, (0, extra)) if extra else wav
 
-    def forward(self, wav: torch.Tensor, n_q: Optional[int] = None) -> Dict[str, torch.Tensor]:
-        """wav (B, 1, T) -> {audio (B, 1, T), codes (B, n_q, frames), commit_loss,
-        codebook_loss}. In training mode with n_q=None, quantizer dropout applies."""
+    def forward(self, wav: torch.Tensor, n_q: Optional[int] = None,
+                first_stage: bool = False) -> Dict[str, torch.Tensor]:
+        """wav (B, 1, T) at the encoder's rate -> {audio (B, 1, output_length(T)) at
+        sample_rate, codes (B, n_q, frames), commit_loss, codebook_loss, latent (the encoder
+        output, B x latent_dim x frames)}, and with `first_stage` the first VQ stage's output
+        (same shape as latent). In training mode with n_q=None, quantizer dropout applies."""
         length = wav.shape[-1]
         z = self.encoder(self._prepare(wav))
-        z_q, codes, commit, codebook = self.quantizer.quantize(z, n_q)
-        audio = self.decoder(z_q)[..., :length]
-        return {"audio": audio, "codes": codes, "commit_loss": commit,
-                "codebook_loss": codebook}
+        out = {"latent": z}
+        if first_stage:
+            z_q, codes, commit, codebook, out["first_stage"] = \
+                self.quantizer.quantize_with_first_stage(z, n_q)
+        else:
+            z_q, codes, commit, codebook = self.quantizer.quantize(z, n_q)
+        audio = self.decoder(z_q)[..., :self.output_length(length)]
+        out.update(audio=audio, codes=codes, commit_loss=commit, codebook_loss=codebook)
+        return out
 
     @torch.no_grad()
     def encode(self, wav: torch.Tensor, n_q: Optional[int] = None) -> torch.Tensor:
-        """wav (B, 1, T) -> codes (B, n_q, ceil(T / hop)), n_q defaulting to all codebooks.
-        Inference only (no gradients); call in eval mode, or EMA codebooks keep updating."""
+        """wav (B, 1, T) at the encoder's rate -> codes (B, n_q, ceil(T / hop)), n_q
+        defaulting to all codebooks. Inference only (no gradients); call in eval mode, or
+        EMA codebooks keep updating."""
         z = self.encoder(self._prepare(wav))
         _, codes, _, _ = self.quantizer.quantize(z, n_q or self.config.n_codebooks)
         return codes
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, length: Optional[int] = None) -> torch.Tensor:
-        """codes (B, n_q, frames) -> wav (B, 1, frames * hop), trimmed to `length` if given.
-        Inference only (no gradients)."""
+        """codes (B, n_q, frames) -> wav (B, 1, frames * decoder_hop) at sample_rate, trimmed
+        to `length` if given. Inference only (no gradients)."""
         audio = self.decoder(self.quantizer.decode_codes(codes))
         return audio if length is None else audio[..., :length]
 
@@ -377,7 +629,7 @@ class StreamingEncoder:
 
 
 class StreamingDecoder:
-    """Feeds codes in chunks of frames, returns frames * hop new samples per call, equal to
+    """Feeds codes in chunks of frames, returns frames * decoder_hop new samples per call, equal to
     the matching samples of decoding all codes at once (left context = receptive field)."""
 
     def __init__(self, model: CodecModel):
@@ -388,8 +640,8 @@ class StreamingDecoder:
 
     @torch.no_grad()
     def push(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes (B, n_q, f) -> audio (B, 1, f * hop)."""
-        hop = self.model.hop
+        """codes (B, n_q, f) -> audio (B, 1, f * decoder_hop)."""
+        hop = self.model.decoder_hop
         new = codes.shape[-1]
         self._codes = codes if self._codes is None else torch.cat([self._codes, codes], -1)
         audio = self.model.decode(self._codes)[..., -new * hop:] if new else \
@@ -407,7 +659,8 @@ def encode_streaming(model: CodecModel, wav: torch.Tensor, chunk_samples: int,
 
 
 def decode_streaming(model: CodecModel, codes: torch.Tensor, chunk_frames: int) -> torch.Tensor:
-    """Decodes `codes` (B, n_q, frames) `chunk_frames` at a time; returns (B, 1, frames * hop)."""
+    """Decodes `codes` (B, n_q, frames) `chunk_frames` at a time; returns (B, 1, frames *
+    decoder_hop)."""
     decoder = StreamingDecoder(model)
     return torch.cat([decoder.push(codes[..., i:i + chunk_frames])
                       for i in range(0, codes.shape[-1], chunk_frames)], dim=-1)

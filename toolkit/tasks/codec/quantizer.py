@@ -185,6 +185,11 @@ class ResidualVectorQuantizer(nn.Module):
         With `n_q` given every item uses exactly n_q stages. With n_q=None: all stages in
         eval mode; quantizer dropout in training mode, where codes still has n_codebooks
         rows (the ones an item did not use are computed but do not reach z_q)."""
+        return self.quantize_with_first_stage(z, n_q)[:4]
+
+    def quantize_with_first_stage(self, z: torch.Tensor, n_q: Optional[int] = None):
+        """`quantize`'s outputs and the first stage's output (B, input_dim, frames), which
+        every item uses whatever quantizer dropout draws (semantic distillation reads it)."""
         dropout = n_q is None and self.training and self.quantizer_dropout > 0
         n_q = self._check_n_q(n_q)
         with torch.autocast(device_type=z.device.type, enabled=False):
@@ -200,8 +205,10 @@ class ResidualVectorQuantizer(nn.Module):
             commit = residual.new_zeros(())
             codebook = residual.new_zeros(())
             codes = []
+            first = None
             for i, stage in enumerate(self.stages[:n_q]):
                 stage_q, stage_codes, stage_commit, stage_codebook = stage(residual)
+                first = stage_q if first is None else first
                 mask = (active > i).to(residual.dtype)
                 z_q = z_q + stage_q * mask[:, None, None]
                 residual = residual - stage_q
@@ -209,7 +216,7 @@ class ResidualVectorQuantizer(nn.Module):
                 commit = commit + (stage_commit * mask).mean()
                 codebook = codebook + (stage_codebook * mask).mean()
                 codes.append(stage_codes)
-            return z_q, torch.stack(codes, dim=1), commit, codebook
+            return z_q, torch.stack(codes, dim=1), commit, codebook, first
 
     forward = quantize
 

@@ -3,6 +3,11 @@ decodes with the ONNX or TorchScript graphs, whole signals or, for causal models
 chunk with the left context that keeps chunked output equal to whole-signal output; codes
 files (.npz with the fingerprint of the model that decodes them); encoding and decoding of
 sound files in constant memory (toolkit.bin.codec).
+
+Rates: `sample_rate` is the rate the codec reconstructs (decoded audio, codes files'
+lengths); a codec whose encoder reads another rate (`encoder_sample_rate`, e.g. 16 kHz
+codes decoded to 24 kHz) resamples its input to the encoder's rate, so `encode` takes audio
+at sample_rate (or any `rate` given) either way.
 """
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional
@@ -13,7 +18,8 @@ import torch
 from toolkit.config import ConfigError
 from toolkit.data.audio import BadEntry
 from toolkit.errors import DataError, MissingInputError, UserError
-from toolkit.tasks.codec.export import GRAPH_FILES, SAFETENSORS_NAME, pad_to_hop
+from toolkit.tasks.codec.export import (EXPORT_FORMAT_VERSION, GRAPH_FILES, SAFETENSORS_NAME,
+                                        pad_to_hop)
 
 CODES_FORMAT = "toolkit-codec-codes"
 CODES_VERSION = 1
@@ -47,17 +53,33 @@ class ExportedCodec:
             self._encode = torch_runner(torch.jit.load(enc).eval())
             self._decode = torch_runner(torch.jit.load(dec).eval())
         m = self.metadata
+        if int(m.get("format_version", 1)) > EXPORT_FORMAT_VERSION:
+            raise DataError(f"{enc}: codec export format {m['format_version']} is newer than "
+                            f"this toolkit's ({EXPORT_FORMAT_VERSION}): update the toolkit")
+        # Output side (decoded audio) and encoder side; one rate in a format-1 export.
         self.sample_rate, self.hop = int(m["sample_rate"]), int(m["hop"])
+        self.encoder_sample_rate = int(m.get("encoder_sample_rate") or self.sample_rate)
+        self.encoder_hop = int(m.get("encoder_hop") or self.hop)
         self.n_codebooks, self.codebook_size = int(m["n_codebooks"]), int(m["codebook_size"])
         self.causal, self.fingerprint = bool(m["causal"]), str(m["fingerprint"])
         self.bitrate = float(m["bitrate"])
 
-    def encode(self, wave: np.ndarray) -> np.ndarray:
-        """Mono samples at the model's rate -> codes (n_codebooks, ceil(T / hop))."""
-        wave = pad_to_hop(wave, self.hop)
+    def encode(self, wave: np.ndarray, rate: Optional[int] = None) -> np.ndarray:
+        """Mono samples at `rate` (default: sample_rate, the rate decode returns) ->
+        codes (n_codebooks, frames), resampled to the encoder's rate first when it differs;
+        frames = ceil(encoder samples / encoder_hop)."""
+        rate = self.sample_rate if rate is None else int(rate)
+        if rate != self.encoder_sample_rate:
+            from toolkit.data.audio import resample
+            wave = resample(wave, rate, self.encoder_sample_rate)
+        wave = pad_to_hop(wave, self.encoder_hop)
         if not len(wave):
             return np.zeros((self.n_codebooks, 0), np.int64)
         return self._encode(wave[None, None])[0][0]
+
+    def output_length(self, samples: int, rate: int) -> int:
+        """Samples at sample_rate of `samples` input samples at `rate` (rounded up)."""
+        return -(-int(samples) * self.sample_rate // int(rate))
 
     def decode(self, codes: np.ndarray, length: Optional[int] = None) -> np.ndarray:
         """codes (n_q, frames), n_q <= n_codebooks -> frames * hop samples (or `length`)."""
@@ -106,11 +128,12 @@ class ExportedCodec:
                               "this export is not causal: process whole files")
 
     def encode_chunks(self, blocks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-        """Blocks of samples in, codes of the frames completed so far out (the last, partial
-        frame zero padded at the end), equal to encoding the whole signal at once: each
-        window re-reads `encoder_context_samples` before its new frames."""
+        """Blocks of samples at the encoder's rate in, codes of the frames completed so far
+        out (the last, partial frame zero padded at the end), equal to encoding the whole
+        signal at once: each window re-reads `encoder_context_samples` before its new
+        frames."""
         self._need_causal()
-        hop, context = self.hop, int(self.metadata["encoder_context_samples"])
+        hop, context = self.encoder_hop, int(self.metadata["encoder_context_samples"])
         buffer = np.zeros(0, np.float32)
         buffer_start = total = done = 0
         for block in blocks:
@@ -150,8 +173,9 @@ class ExportedCodec:
 
 def write_codes(path: str, codes: np.ndarray, codec: ExportedCodec, length: int) -> None:
     """An .npz: codes (n_q, frames) int16 (int32 for codebooks above 2^15 entries), the
-    sample rate, hop and length of the audio, and the fingerprint of the model that
-    decodes them. Written under a temporary name, then renamed."""
+    sample rate, hop and length of the audio that decoding gives (the codec's output rate),
+    and the fingerprint of the model that decodes them. Written under a temporary name,
+    then renamed."""
     dtype = np.int16 if codec.codebook_size <= 2 ** 15 else np.int32
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -218,17 +242,20 @@ def _load_whole(path: str, rate: int) -> np.ndarray:
         raise DataError(f"{path}: {err}") from None
 
 
-def _chunk_samples(codec: ExportedCodec, chunk_seconds: float) -> int:
+def _chunk_samples(codec: ExportedCodec, chunk_seconds: float, rate: int, hop: int) -> int:
+    """Whole code frames of about `chunk_seconds`, in samples of `hop` per frame."""
     if chunk_seconds <= 0:
         raise ConfigError(f"--chunk-seconds must be positive, got {chunk_seconds}")
-    frames = max(1, int(round(chunk_seconds * codec.sample_rate / codec.hop)))
-    return frames * codec.hop
+    frames = max(1, int(round(chunk_seconds * rate / hop)))
+    return frames * hop
 
 
 def encode_file(codec: ExportedCodec, wav_path: str, codes_path: str,
                 chunk_seconds: float = 1.0) -> Dict[str, Any]:
-    """WAV -> codes file. A causal model at the file's own rate reads and encodes block by
-    block (constant memory); otherwise the file is read (and resampled) whole."""
+    """WAV -> codes file. A causal model with the file at its encoder's rate reads and
+    encodes block by block (constant memory); otherwise the file is read whole and
+    resampled to the encoder's rate. The recorded length is the file's duration at the
+    codec's output rate (what decode writes)."""
     import soundfile as sf
     if not os.path.exists(wav_path):
         raise MissingInputError(f"{wav_path} not found")
@@ -236,21 +263,27 @@ def encode_file(codec: ExportedCodec, wav_path: str, codes_path: str,
         rate = sf.info(wav_path).samplerate
     except RuntimeError as err:
         raise DataError(f"{wav_path}: cannot read audio ({err})") from None
-    chunk = _chunk_samples(codec, chunk_seconds)
-    if codec.causal and rate == codec.sample_rate:
+    chunk = _chunk_samples(codec, chunk_seconds, codec.encoder_sample_rate, codec.encoder_hop)
+    if codec.causal and rate == codec.encoder_sample_rate:
         counter = [0]
         parts = list(codec.encode_chunks(_read_blocks(wav_path, chunk, counter)))
-        length = counter[0]
+        samples = counter[0]
     else:
-        wave = _load_whole(wav_path, codec.sample_rate)
-        length = len(wave)
-        parts = (list(codec.encode_chunks(wave[i:i + chunk] for i in range(0, length, chunk)))
-                 if codec.causal else [codec.encode(wave)])
+        wave = _load_whole(wav_path, rate)                   # at the file's own rate
+        samples = len(wave)
+        if codec.causal:
+            from toolkit.data.audio import resample
+            wave = resample(wave, rate, codec.encoder_sample_rate)
+            parts = list(codec.encode_chunks(wave[i:i + chunk]
+                                             for i in range(0, len(wave), chunk)))
+        else:
+            parts = [codec.encode(wave, rate)]
     codes = (np.concatenate(parts, axis=1) if parts
              else np.zeros((codec.n_codebooks, 0), np.int64))
+    length = codec.output_length(samples, rate)
     write_codes(codes_path, codes, codec, length)
     return {"samples": length, "frames": int(codes.shape[1]), "seconds": length / codec.sample_rate,
-            "resampled_from": rate if rate != codec.sample_rate else None}
+            "resampled_from": rate if rate != codec.encoder_sample_rate else None}
 
 
 def decode_file(codec: ExportedCodec, codes_path: str, wav_path: str,
@@ -260,7 +293,7 @@ def decode_file(codec: ExportedCodec, codes_path: str, wav_path: str,
     import soundfile as sf
     data = read_codes(codes_path, codec)
     codes, length = data["codes"], data["length"]
-    frames = _chunk_samples(codec, chunk_seconds) // codec.hop
+    frames = _chunk_samples(codec, chunk_seconds, codec.sample_rate, codec.hop) // codec.hop
     tmp = wav_path + ".tmp"
     written = 0
     try:

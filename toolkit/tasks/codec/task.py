@@ -17,6 +17,20 @@ Batching: every training example is one segment of `task.segment_seconds`, so
 `dataset.max_frames_in_batch` counts code frames of that segment (segment samples / hop),
 the same number for every utterance: it gives batch_size = max_frames_in_batch /
 segment_frames. Dev batches hold as many utterances, each at most `eval_seconds` long.
+
+Two rates (`model.encoder_sample_rate` below `model.sample_rate` = `dataset.sample_rate`):
+the loader decodes and augments at the target rate, and each example also carries its
+encoder-rate version (`encoder_audio`, resampled from the same excerpt, so both start at the
+same instant and a whole number of code frames is a whole number of samples at both rates).
+The generator reads the encoder version and writes the target rate; losses, discriminators
+and dev metrics all work at the target rate.
+
+Frozen teachers (toolkit.tasks.codec.teachers): semantic distillation of the encoder output
+(or first VQ stage) through a training-only head, and a perceptual loss on a frozen model's
+features of decoded vs reference audio. With the adversarial phase they make the three
+phases of the seed's default: reconstruction + distillation + VQ, then + adversarial,
+discriminator and feature matching, then + perceptual, all set by the loss ramps and
+`optim.discriminator.start_fraction` (conf/codec_phases.yaml of egs/tts_codec/s0).
 """
 import copy
 import math
@@ -29,8 +43,8 @@ import torch
 from torch import nn
 
 from toolkit.config import ConfigError, Ramp, Section, TaskConfigBase
-from toolkit.data.audio import BadEntry
-from toolkit.data.pipeline import FeaturePipeline
+from toolkit.data.audio import BadEntry, resample
+from toolkit.data.pipeline import FeaturePipeline, evaluation_pipeline
 from toolkit.errors import MissingInputError
 from toolkit.task import TASKS, Batch, DataRequirements, ExampleBuilder, Task, pad_sequences
 from toolkit.tasks.codec.discriminators import (MultiPeriodDiscriminator,
@@ -42,6 +56,9 @@ from toolkit.tasks.codec.losses import (MultiResolutionMelLoss, MultiResolutionS
                                         discriminator_loss, feature_matching_loss,
                                         generator_adversarial_loss)
 from toolkit.tasks.codec.model import CodecConfig, CodecModel, count_parameters, remove_weight_norm
+from toolkit.tasks.codec.teachers import (DistillationHead, FrozenTeacher, TeachersConfig,
+                                          check_distillation_config, check_teacher_config,
+                                          distillation_loss, perceptual_loss)
 
 
 # --------------------------------------------------------------------------- config sections
@@ -79,6 +96,11 @@ class CodecLossConfig:
     commitment: Ramp = field(default_factory=lambda: Ramp.constant(0.25))
     # VQ codebook term (codes towards the encoder; DAC: 1); zero in effect with EMA codebooks
     codebook: Ramp = field(default_factory=lambda: Ramp.constant(1.0))
+    # semantic distillation towards teachers.distillation's features (SpeechTokenizer: 1
+    # with cosine); 0: off, no head is built
+    distillation: Ramp = field(default_factory=lambda: Ramp.constant(0.0))
+    # perceptual loss on teachers.perceptual's features of decoded vs reference audio; 0: off
+    perceptual: Ramp = field(default_factory=lambda: Ramp.constant(0.0))
     # mel-loss STFT windows in samples (DAC's, hop = window / 4): short ones time transients
     mel_window_lengths: List[int] = field(
         default_factory=lambda: [32, 64, 128, 256, 512, 1024, 2048])
@@ -86,8 +108,13 @@ class CodecLossConfig:
     mel_n_mels: List[int] = field(default_factory=lambda: [5, 10, 20, 40, 80, 160, 320])
 
 
-WEIGHT_KEYS = ("mel", "adversarial", "feature_matching", "commitment", "codebook")
+WEIGHT_KEYS = ("mel", "adversarial", "feature_matching", "commitment", "codebook",
+               "distillation", "perceptual")
 ADVERSARIAL_KEYS = ("adversarial", "feature_matching")
+
+
+def _ever_on(ramp: Ramp) -> bool:
+    return ramp.initial > 0 or ramp.final > 0
 
 
 def _wrap_sub_error(err: ConfigError, own: str, key: str) -> ConfigError:
@@ -144,16 +171,38 @@ class SegmentBuilder(ExampleBuilder):
     """Training: a `segment` samples excerpt at a random offset (from the utterance's own
     stream: seed, epoch, key), short utterances padded or looped, then the dataset's
     waveform augmentation; cut from a slightly longer excerpt when speed perturbation
-    could shorten it. Evaluation: the first `eval_samples` samples, no randomness."""
+    could shorten it. Evaluation: the first `eval_samples` samples, no randomness.
+
+    With `encoder_rate` (the encoder reads another rate than the dataset's): each example is
+    (target-rate audio, encoder-rate audio), the second resampled from the same excerpt
+    (with `RESAMPLING_MARGIN` more target samples after it, so that the filter sees real
+    signal at the segment's end). Both start at the excerpt's first sample; the segment
+    (whole code frames) and dev utterances (cut to whole `step`s, the target samples of the
+    rates' common period) map to whole samples at both rates."""
+
+    # Target-rate samples resampled beyond the segment: more than the resampling filter's
+    # half width (52 samples for 24 -> 16 kHz, 95 for 44.1 -> 16 kHz).
+    RESAMPLING_MARGIN = 256
 
     def __init__(self, pipeline: FeaturePipeline, segment: int, eval_samples: int,
-                 policy: str):
+                 policy: str, encoder_rate: int = 0):
         self.pipeline = pipeline
         self.segment = segment
         self.eval_samples = eval_samples
         self.policy = policy
+        rate = pipeline.cfg.sample_rate
+        self.encoder_rate = encoder_rate if encoder_rate and encoder_rate != rate else 0
+        self.step = rate // math.gcd(rate, self.encoder_rate) if self.encoder_rate else 1
+        self.encoder_segment = segment * self.encoder_rate // rate if self.encoder_rate else 0
         fastest = max(pipeline.cfg.speed_perturb) if pipeline.cfg.speed_perturb else 1.0
         self.excerpt = int(math.ceil(segment * max(1.0, fastest)))
+        if self.encoder_rate:
+            self.excerpt += self.RESAMPLING_MARGIN
+
+    def encoder_view(self, wave: np.ndarray, length: int) -> np.ndarray:
+        """`length` samples of `wave` (target rate) resampled to the encoder's rate."""
+        out = resample(wave, self.pipeline.cfg.sample_rate, self.encoder_rate)[:length]
+        return np.clip(fit_length(out, length, "pad"), -1.0, 1.0).astype(np.float32)
 
     def __call__(self, entry: dict, epoch: int, audio=None) -> np.ndarray:
         if audio is None and "wav" not in entry:
@@ -162,23 +211,44 @@ class SegmentBuilder(ExampleBuilder):
         p = self.pipeline
         wave = p.load(entry, audio)
         if not p.train:
-            return np.ascontiguousarray(wave[:self.eval_samples], dtype=np.float32)
+            wave = np.ascontiguousarray(wave[:self.eval_samples], dtype=np.float32)
+            if not self.encoder_rate:
+                return wave
+            wave = wave[:len(wave) // self.step * self.step]
+            if not len(wave):
+                raise BadEntry("too_short", f"shorter than {self.step} samples, the common "
+                               "period of the encoder's and the target rate")
+            return wave, self.encoder_view(wave, len(wave) * self.encoder_rate //
+                                           p.cfg.sample_rate)
         rng = p.rng(epoch, entry["key"])
         wave = fit_length(wave, self.excerpt, self.policy)
         start = int(rng.integers(0, len(wave) - self.excerpt + 1))
         piece = p.augment_waveform(wave[start:start + self.excerpt], rng, epoch)
-        piece = fit_length(piece, self.segment, self.policy)[:self.segment]
+        piece = fit_length(piece, self.segment, self.policy)
         # Gain and added noise can leave the PCM range that the (tanh) output covers.
-        return np.clip(piece, -1.0, 1.0).astype(np.float32)
+        target = np.clip(piece[:self.segment], -1.0, 1.0).astype(np.float32)
+        if not self.encoder_rate:
+            return target
+        return target, self.encoder_view(np.clip(piece, -1.0, 1.0), self.encoder_segment)
 
     def collate(self, examples, keys, audio_seconds, bad) -> Batch:
+        dual = bool(self.encoder_rate)
+        targets = [e[0] for e in examples] if dual else examples
         if examples:
-            audio, lengths = pad_sequences(examples)
+            audio, lengths = pad_sequences(targets)
         else:
             audio, lengths = np.zeros((0, self.segment), np.float32), np.zeros(0, np.int64)
-        return Batch(list(keys), {"audio": torch.from_numpy(audio),
-                                  "lengths": torch.as_tensor(lengths, dtype=torch.int64)},
-                     audio_seconds, bad)
+        tensors = {"audio": torch.from_numpy(audio),
+                   "lengths": torch.as_tensor(lengths, dtype=torch.int64)}
+        if dual:
+            if examples:
+                encoder_audio, encoder_lengths = pad_sequences([e[1] for e in examples])
+            else:
+                encoder_audio = np.zeros((0, self.encoder_segment), np.float32)
+                encoder_lengths = np.zeros(0, np.int64)
+            tensors["encoder_audio"] = torch.from_numpy(encoder_audio)
+            tensors["encoder_lengths"] = torch.as_tensor(encoder_lengths, dtype=torch.int64)
+        return Batch(list(keys), tensors, audio_seconds, bad)
 
 
 # --------------------------------------------------------------------------- the task
@@ -203,7 +273,8 @@ class CodecTask(Task):
 
     sections = {"model": Section(schema=CodecConfig),
                 "discriminator": Section(schema=CodecDiscriminatorConfig),
-                "loss": Section(schema=CodecLossConfig)}
+                "loss": Section(schema=CodecLossConfig),
+                "teachers": Section(schema=TeachersConfig)}
     optimizers = ("generator", "discriminator")
     needs_inventory = False
     selection_metric = "mel_distance"
@@ -244,7 +315,8 @@ class CodecTask(Task):
         if cfg.dataset.sample_rate != cfg.model.sample_rate:
             raise ConfigError(f"dataset.sample_rate={cfg.dataset.sample_rate} but "
                               f"model.sample_rate={cfg.model.sample_rate}: the loader resamples "
-                              "to dataset.sample_rate, so set both to the codec's rate")
+                              "to dataset.sample_rate, the rate the codec reconstructs, so set "
+                              "both to it (model.encoder_sample_rate sets the encoder's rate)")
         ds = cfg.dataset
         for key, on in (("spec_aug.enabled", ds.spec_aug.enabled), ("vtlp_range", ds.vtlp_range),
                         ("voice_perturb.prob", ds.voice_perturb.prob > 0),
@@ -262,6 +334,12 @@ class CodecTask(Task):
                               "non-zero number of entries")
         if any(w < 4 for w in loss.mel_window_lengths) or any(m < 1 for m in loss.mel_n_mels):
             raise ConfigError("loss.mel_window_lengths must be >= 4 and loss.mel_n_mels >= 1")
+        teachers = cfg.teachers
+        check_teacher_config(teachers.distillation, "distillation", _ever_on(loss.distillation),
+                             needs_gradient=False)
+        check_distillation_config(teachers.distillation)
+        check_teacher_config(teachers.perceptual, "perceptual", _ever_on(loss.perceptual),
+                             needs_gradient=True)
         cls._check_phase(cfg)
 
     @staticmethod
@@ -297,9 +375,14 @@ class CodecTask(Task):
         super().__init__(cfg, inventory)
         m = cfg.model
         self.hop = m.hop
-        frames = max(1, int(math.ceil(cfg.task.segment_seconds * m.sample_rate / self.hop)))
-        self.segment = frames * self.hop
+        self.encoder_rate = m.resolved_encoder_sample_rate
+        frames = max(1, int(math.ceil(cfg.task.segment_seconds * self.encoder_rate / self.hop)))
+        self.segment = frames * m.decoder_hop             # target-rate samples
+        self.encoder_segment = frames * self.hop          # encoder-rate samples
         self.segment_frames = frames
+        self.distill_on = _ever_on(cfg.loss.distillation)
+        self.perceptual_on = _ever_on(cfg.loss.perceptual)
+        self._teachers: Dict[Tuple[str, str], FrozenTeacher] = {}
         self.eval_samples = max(1, int(round(cfg.task.eval_seconds * m.sample_rate)))
         self.eval_n_q = cfg.task.eval_n_q or m.n_codebooks
         self.mel_loss = MultiResolutionMelLoss(m.sample_rate, cfg.loss.mel_window_lengths,
@@ -311,15 +394,31 @@ class CodecTask(Task):
 
     # ---------------------------------------------------------------- modules
     def build_modules(self) -> Dict[str, nn.Module]:
-        return {"generator": CodecModel(copy.deepcopy(self.cfg.model)),
-                "discriminator": CodecDiscriminator(self.cfg.discriminator)}
+        modules = {"generator": CodecModel(copy.deepcopy(self.cfg.model)),
+                   "discriminator": CodecDiscriminator(self.cfg.discriminator)}
+        if self.distill_on:
+            # Built last, so the other modules draw the same initial weights as without it.
+            dim = self.teacher("distillation", torch.device("cpu")).feature_dim()
+            modules["distill_head"] = DistillationHead(self.cfg.model.resolved_latent_dim, dim)
+        return modules
 
     def optimizer_modules(self):
-        return {"generator": ["generator"], "discriminator": ["discriminator"]}
+        generator = ["generator", "distill_head"] if self.distill_on else ["generator"]
+        return {"generator": generator, "discriminator": ["discriminator"]}
 
     def init_modules(self, task_state=None) -> List[str]:
-        # Fine-tuning starts the discriminators over: a fresh critic for the new data.
+        # Fine-tuning starts the discriminators (and the distillation head, which belongs to
+        # its teacher) over: a fresh critic for the new data.
         return ["generator"]
+
+    def teacher(self, name: str, device: torch.device) -> FrozenTeacher:
+        """teachers.<name>, loaded frozen on `device` on first use; held by the task, never
+        by a module that an optimizer, checkpoint or export sees."""
+        key = (name, str(device))
+        if key not in self._teachers:
+            self._teachers[key] = FrozenTeacher(getattr(self.cfg.teachers, name), name, device,
+                                                differentiable=name == "perceptual")
+        return self._teachers[key]
 
     def adapt_init_state(self, name, module, state):
         """An export holds plain weights (weight norm folded in); a generator built with
@@ -347,23 +446,31 @@ class CodecTask(Task):
         g = modules["generator"]
         d = modules["discriminator"]
         parts = [n for n, sub in (("mpd", d.mpd), ("mrsd", d.mrsd)) if sub is not None]
-        return (f"task codec: generator {count_parameters(g):,} parameters (hop {g.hop}, "
-                f"{g.frames_per_second:g} frames/s, {g.config.n_codebooks} x "
-                f"{g.config.codebook_size} codes = {g.bitrate() / 1000:g} kbit/s"
-                f"{', causal' if g.config.causal else ''}), discriminator "
+        c = g.config
+        rates = (f", {g.encoder_sample_rate} Hz in, {c.sample_rate} Hz out"
+                 if g.encoder_sample_rate != c.sample_rate else "")
+        decoder = f", {c.decoder} decoder" if c.decoder != "conv" else ""
+        text = (f"task codec: generator {count_parameters(g):,} parameters (hop {g.hop}, "
+                f"{g.frames_per_second:g} frames/s, {c.n_codebooks} x "
+                f"{c.codebook_size} codes = {g.bitrate() / 1000:g} kbit/s"
+                f"{', causal' if c.causal else ''}{rates}{decoder}), discriminator "
                 f"{count_parameters(d):,} ({' + '.join(parts)}); segment "
                 f"{self.segment} samples")
+        if "distill_head" in modules:
+            t = self.cfg.teachers.distillation
+            text += (f"; distillation head {count_parameters(modules['distill_head']):,} "
+                     f"({t.source} -> {t.model}, {t.loss})")
+        if self.perceptual_on:
+            text += f"; perceptual teacher {self.cfg.teachers.perceptual.model}"
+        return text
 
     # ---------------------------------------------------------------- data
     def data_requirements(self, split="train"):
         return DataRequirements(require_label=False)
 
-    def example_builder(self, train, seed, noise=None, rirs=None, steps_per_epoch=0,
-                        total_steps=0):
-        pipeline = FeaturePipeline(self.cfg.dataset, seed, train, noise, rirs, steps_per_epoch,
-                                   total_steps)
+    def example_builder(self, pipeline):
         return SegmentBuilder(pipeline, self.segment, self.eval_samples,
-                              self.cfg.task.short_utterances)
+                              self.cfg.task.short_utterances, self.encoder_rate)
 
     def example_frames(self, durations: np.ndarray) -> np.ndarray:
         return np.full(len(durations), self.segment_frames, dtype=np.int64)
@@ -372,8 +479,20 @@ class CodecTask(Task):
         # A quiet tone, not zeros: feature matching divides by the real activations' scale.
         t = np.arange(self.segment) / self.cfg.model.sample_rate
         wave = (0.1 * np.sin(2 * np.pi * 220.0 * t)).astype(np.float32)
-        return Batch(["<empty>"], {"audio": torch.from_numpy(wave[None]),
-                                   "lengths": torch.tensor([self.segment])})
+        return self.batch_of(wave[None], ["<empty>"])
+
+    def batch_of(self, waves: np.ndarray, keys: List[str]) -> Batch:
+        """A training batch of (B, segment) target-rate waveforms, as the loader builds it
+        (with their encoder-rate versions when the rates differ)."""
+        n = waves.shape[0]
+        tensors = {"audio": torch.from_numpy(np.ascontiguousarray(waves, dtype=np.float32)),
+                   "lengths": torch.full((n,), waves.shape[1], dtype=torch.int64)}
+        if self.encoder_rate != self.cfg.model.sample_rate:
+            encoder = np.stack([resample(w, self.cfg.model.sample_rate, self.encoder_rate)
+                                [:self.encoder_segment] for w in waves]).astype(np.float32)
+            tensors["encoder_audio"] = torch.from_numpy(encoder)
+            tensors["encoder_lengths"] = torch.full((n,), encoder.shape[1], dtype=torch.int64)
+        return Batch(list(keys), tensors)
 
     # ---------------------------------------------------------------- steps
     def _weights(self, ctx) -> Dict[str, float]:
@@ -381,13 +500,20 @@ class CodecTask(Task):
 
     def train_step(self, batch, ctx) -> Dict[str, float]:
         real = batch.audio.to(ctx.device, non_blocking=True).unsqueeze(1)      # (B, 1, T)
+        source = batch.get("encoder_audio")                                  # encoder's rate
+        source = real if source is None else \
+            source.to(ctx.device, non_blocking=True).unsqueeze(1)
         n = real.shape[0]
         w = self._weights(ctx)
         adversarial = ctx.active("discriminator") and (
             w["adversarial"] > 0 or w["feature_matching"] > 0)
+        distill = self.distill_on and w["distillation"] > 0
+        first_stage = distill and self.cfg.teachers.distillation.source == "first_stage"
         stats: Dict[str, float] = {}
         with ctx.autocast():
-            out = ctx.module("generator")(real)          # quantizer dropout: n_q drawn per item
+            # quantizer dropout: n_q drawn per item
+            out = ctx.module("generator")(source, **({"first_stage": True} if first_stage
+                                                     else {}))
         fake = out["audio"]
 
         if adversarial:
@@ -415,11 +541,40 @@ class CodecTask(Task):
             fm = feature_matching_loss(real_features, fake_features)
             total = total + w["adversarial"] * adv + w["feature_matching"] * fm
             stats.update(adv_g=float(adv.detach()), fm=float(fm.detach()))
+        if distill:
+            d_loss_value = self._distillation(out["first_stage" if first_stage else "latent"],
+                                              real, source, ctx)
+            total = total + w["distillation"] * d_loss_value
+            stats["distill"] = float(d_loss_value.detach())
+        if self.perceptual_on and w["perceptual"] > 0:
+            teacher = self.teacher("perceptual", ctx.device)
+            rate = self.cfg.model.sample_rate
+            with torch.no_grad():
+                real_features = teacher.features(real, rate)
+            p_loss = perceptual_loss(teacher.features(fake, rate), real_features)
+            total = total + w["perceptual"] * p_loss
+            stats["perceptual"] = float(p_loss.detach())
         ctx.backward(total, "generator")
         ctx.step("generator")
         stats.update(total=float(total.detach()), mel=float(mel.detach()),
                      commit=float(commit.detach()), codebook=float(codebook.detach()))
         return stats
+
+    def _distillation(self, latent: torch.Tensor, real: torch.Tensor, source: torch.Tensor,
+                      ctx) -> torch.Tensor:
+        """The head's projection of `latent` against the teacher's features of the input
+        audio: read from the encoder-rate audio when the teacher has that rate, else from the
+        target-rate audio (the richer one) resampled."""
+        teacher = self.teacher("distillation", ctx.device)
+        if teacher.sample_rate == self.encoder_rate:
+            audio, rate = source, self.encoder_rate
+        else:
+            audio, rate = real, self.cfg.model.sample_rate
+        target = teacher.features(audio, rate)
+        with ctx.autocast():
+            prediction = ctx.module("distill_head")(latent)
+        with ctx.fp32():
+            return distillation_loss(prediction, target, self.cfg.teachers.distillation.loss)
 
     def _mel(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mel loss as an fp32 island (the STFTs are float32 inside as well)."""
@@ -432,10 +587,13 @@ class CodecTask(Task):
         generator = ctx.module("generator")
         self.eval_mel.to(ctx.device)
         sums = {k: 0.0 for k in self.eval_metric_names()}
+        encoder_audio = batch.get("encoder_audio")
         for i in range(len(batch)):        # each utterance at its own length: no padding
             ref = batch.audio[i:i + 1, :int(batch.lengths[i])].to(ctx.device).unsqueeze(1)
+            source = ref if encoder_audio is None else encoder_audio[
+                i:i + 1, :int(batch.encoder_lengths[i])].to(ctx.device).unsqueeze(1)
             with ctx.autocast():
-                decoded = generator(ref, n_q=self.eval_n_q)["audio"]
+                decoded = generator(source, n_q=self.eval_n_q)["audio"]
             with torch.autocast(device_type=ctx.device.type, enabled=False):
                 decoded = decoded.float()
                 sums["mel_distance"] += float(self.eval_mel(decoded, ref))
@@ -445,7 +603,9 @@ class CodecTask(Task):
         return {k: v / max(1, len(batch)) for k, v in sums.items()}
 
     def train_metric_names(self) -> Tuple[str, ...]:
-        return ("total", "mel", "commit", "codebook", "adv_g", "fm", "d_loss")
+        teachers = (("distill",) if self.distill_on else ()) + \
+            (("perceptual",) if self.perceptual_on else ())
+        return ("total", "mel", "commit", "codebook", "adv_g", "fm", "d_loss") + teachers
 
     def eval_metric_names(self) -> Tuple[str, ...]:
         return ("mel_distance", "stft_distance", "si_sdr")
@@ -468,10 +628,12 @@ class CodecTask(Task):
         model = CodecModel(copy.deepcopy(self.cfg.model))
         model.load_state_dict(states["generator"])
         model = remove_weight_norm(model.eval())
-        pipeline = FeaturePipeline(self.cfg.dataset, seed=0, train=False)
+        pipeline = evaluation_pipeline(self.cfg.dataset)
         limit = int(max(self.cfg.task.eval_seconds, 10.0) * model.config.sample_rate)
+        rate = model.config.sample_rate
 
         def make(entry):
-            return (pad_to_hop(pipeline.load(entry)[:limit], model.hop)[None, None],)
+            wave = resample(pipeline.load(entry)[:limit], rate, model.encoder_sample_rate)
+            return (pad_to_hop(wave, model.hop)[None, None],)
         cases = parity_inputs(test_data, make, num_check)
         return export_codec(model, out_dir, cases, tolerance)

@@ -2,72 +2,59 @@
 
 Produces Kaldi data dirs ``{train,dev,test}`` (wav.scp, text, utt2dur, utt2spk, spk2utt,
 utt2kind, kw_times), the WAVs under ``wavs/<split>/``, ``dict/keywords.txt`` (line i =
-class i) and ``dict/tts_engines``.
+class i), ``dict/tts_engines`` and the voice inventory ``voices.tsv``.
 
-Engines: the TTS engines that speak are an explicit choice (``engines``, the binary's
-``--engines``; names of toolkit.tts.engines.ENGINES), espeak-ng alone by default. An
-engine that is not asked for is never looked at, so what happens to be installed does not
-change the corpus; one that is asked for but missing is an error before any work. The
-engines besides espeak-ng speak OTHER_ENGINES_SHARE of the utterances, shared alike.
-espeak-ng is needed whatever speaks: its phonemes keep keyword sound-alikes out of the
-negatives. ``dict/tts_engines`` holds one ``<engine> <share>`` line per engine (its planned
-share of the utterances; a split without voices of an engine gets none of it), and the
-stamp records the engines, shares and voices.
+This module is the corpus design (keywords, carriers, negatives, confusables, their mix);
+engines, voices, the forked rendering, the stamp and the output dir are toolkit.tts.corpus.
+Engines: those named in ``engines`` speak (espeak-ng alone by default); the engines besides
+espeak-ng speak OTHER_ENGINES_SHARE of the utterances, shared alike. espeak-ng is needed
+whatever speaks: its phonemes keep keyword sound-alikes out of the negatives.
+``dict/tts_engines`` holds one ``<engine> <share>`` line per engine (its planned share of
+the utterances; a split without voices of an engine gets none of it). Voices are split by
+accent (espeak-ng) or engine; reserved voices (festival's) speak only in a ``test_only``
+corpus.
 
 Keyword timings (kw_times, positives only) come from the engine's word onsets (espeak-ng;
 flite, from its phone segments, when they add up: toolkit.tts.flite). From an engine that
 times no words (festival, or flite when they do not add up), a positive that is the
 keyword alone spans its whole speech and one in a carrier phrase gets no kw_times line.
 
-Determinism: libespeak-ng keeps internal waveform state from one utterance to the next
-and nothing resets it, so the corpus is planned in the parent (all text/voice/parameter
-choices) and rendered in fixed groups, each in a freshly forked child that loads
-espeak-ng itself (toolkit.tts.pool).  Group composition never depends on ``nj``, so output
-files are byte-identical for any ``nj``.  The parent process never loads espeak-ng.
-espeak-ng also seeds its own noise generator (breath/echo voices) from the clock, so every
-utterance reseeds it (espeak_ng_SetRandSeed) and libc rand() from the group's rng.
+espeak-ng seeds its own noise generator (breath/echo voices) from the clock, so every
+utterance reseeds it (espeak_ng_SetRandSeed) and libc rand() from the group's generator.
 """
-import json
 import logging
 import math
 import os
 import re
-import shutil
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from toolkit.data import kaldi
-from toolkit.data.audio import resample
 from toolkit.fileio import atomic_write_text
 from toolkit.tts import SynthError, Voice, word_char_starts
-from toolkit.tts.engines import ENGINES, Engine, engine_class
-from toolkit.tts.espeak import (ACCENTS, INSTALL_HINT, MAX_RANDOM_VOICES, Espeak,
-                                espeak_fingerprint, espeak_paths, espeak_voices,
-                                loaded_in_this_process, private_espeak_data, random_voices)
-from toolkit.tts.pool import run_forked, single_thread_blas
-from toolkit.tts.signal import (active_power, babble_noise, colored_noise, mix_at_snr,
-                                speech_bounds, to_int16)
+from toolkit.tts.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
+                                corpus_stamp, data_dir_summary, engine_blends, engine_shares,
+                                open_engines, split_by_stratum, split_with_blends)
+from toolkit.tts.espeak import ACCENTS, INSTALL_HINT, Espeak, espeak_voices
+from toolkit.tts.pool import run_forked
+from toolkit.tts.render import Clip, Renderer
+from toolkit.tts.signal import active_power, babble_noise, colored_noise, mix_at_snr, to_int16
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 3           # bump when the outputs change, so old stamps are stale
+FORMAT_VERSION = 4           # bump when the outputs change, so old stamps are stale
                              # (2: kw_times, the keyword's span in each positive;
-                             # 3: dict/tts_engines, kw_times of flite positives)
-SPLITS = ("train", "dev", "test")
+                             # 3: dict/tts_engines, kw_times of flite positives;
+                             # 4: the stamp and voices.tsv of toolkit.tts.corpus)
 GROUP_SIZE = 64              # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_kws_data.json"
 NOISE_TEXT = "<noise>"
-# Fraction of the utterances spoken by the engines asked for besides espeak-ng, shared alike
-# (measured with flite: README).
-OTHER_ENGINES_SHARE = 0.2
-VOICE_SPLIT = {"dev": 0.1, "test": 0.2}   # per accent (espeak) or engine; the rest is train
-# Engines reserved for the unseen-engine test: never in a training set, only in corpora
-# made with test_only (all their voices then go to test).
-TEST_ONLY_ENGINES = ("festival",)
+# Held-out voices per accent (espeak) or engine; the rest is train. Test holds more than
+# dev: its false-alarm rate per hour needs hours of negatives from unseen voices.
+VOICE_SPLIT = {"dev": 0.1, "test": 0.2}
 
 RATE_WPM = (120, 220)        # espeak default is 175
 PITCH = (20, 80)             # espeak 0-100, default 50
@@ -78,28 +65,14 @@ NOISE_ONLY_S = (1.0, 4.0)
 NOISE_TYPES = ("white", "pink", "brown", "babble")
 BABBLE_POOL = 6              # babble sentences synthesized per group
 NEG_MIX = {"noise": 0.1, "conf": 0.3}     # rest of the negatives: random word sequences
-# Train split only: the share of confusables among negatives, and the share of those that are
-# near-homophones of the whole keyword (category `substitute`, or `similar` for a one-word
-# keyword). Categories taken in turn give each of the ~90 "hey snips" substitutes ~3 training
-# copies while the one "snips hey" gets 300, and the substitutes are what fires on unseen
-# voices (measured: the top test false alarms). The recipe sets 0.5 and 0.5.
+# Train split only: the share of confusables among negatives, and the share of those that
+# are near-homophones of the whole keyword (category `substitute`, or `similar` for a
+# one-word keyword). Categories taken in turn give each of the ~90 "hey snips" substitutes
+# a few training copies while the one "snips hey" gets hundreds, yet the near-homophones
+# are the negatives a detector most easily fires on: the hard share gives them their own
+# draw. Dev and test keep NEG_MIX, so that their figures do not move with these.
 TRAIN_CONF_SHARE = 0.3
 TRAIN_HARD_SHARE = 0.0
-# Share of those whole-keyword near-homophones whose changed word is any vocabulary word,
-# among random words ("brother she snips coffee"), instead of a similar-sounding one. It
-# halved such false alarms on the recipe's test, but as it takes the place of similar-word
-# near-homophones, those ("hey sneeps") fired three times as often (README).
-TRAIN_SWAP_SHARE = 0.0
-# Share of the other near-homophones spoken inside a carrier phrase ("okay hey sneeps"), as
-# positives are: when every near-homophone is a bare phrase, "bare" itself is a sign of
-# "negative" (the recipe's default model misses the keyword alone 3.5x as often as in a
-# carrier). It helped the bare positives and cost the carried ones (README).
-TRAIN_CARRIER_SHARE = 0.0
-# Share of the whole-keyword near-homophones made as minimal pairs of a training positive:
-# the same voice, rate, pitch, level, noise, SNR, silences and carrier words, with only the
-# keyword changed ("okay hey snips" -> "okay hey sneeps"). Nothing but the changed phoneme
-# then tells the pair apart, so voice or context cannot stand in for it.
-TRAIN_PAIR_SHARE = 0.0
 RANDOM_WORDS = (2, 8)
 POS_ALONE = 0.4              # positives with no carrier phrase
 
@@ -270,15 +243,6 @@ class UttSpec:
     kw_words: Optional[Tuple[int, int]] = None   # positives: word range [a, b) of the keyword
 
 
-@dataclass
-class Group:
-    split: str
-    index: int
-    seed: Tuple[int, ...]
-    specs: List[UttSpec]
-    babble: List[UttSpec] = field(default_factory=list)
-
-
 def _rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), *stream])
 
@@ -286,22 +250,7 @@ def _rng(seed: int, *stream: int) -> np.random.Generator:
 def split_voices(voices: Sequence[Voice], seed: int) -> Dict[str, List[Voice]]:
     """Disjoint voice sets per split, stratified by accent (espeak) or engine (the others)
     so that every split hears every accent, but never a voice of another split."""
-    rng = _rng(seed, 0)
-    strata: Dict[str, List[Voice]] = {}
-    for v in voices:
-        key = v.name.split("+")[0] if v.engine == "espeak" else v.engine
-        strata.setdefault(key, []).append(v)
-    out: Dict[str, List[Voice]] = {s: [] for s in SPLITS}
-    for key in sorted(strata):
-        group = sorted(strata[key], key=lambda v: v.spk)
-        order = [group[i] for i in rng.permutation(len(group))]
-        n = len(order)
-        n_test = max(1, round(VOICE_SPLIT["test"] * n)) if n >= 3 else (1 if n == 2 else 0)
-        n_dev = max(1, round(VOICE_SPLIT["dev"] * n)) if n >= 3 else 0
-        out["test"] += order[:n_test]
-        out["dev"] += order[n_test:n_test + n_dev]
-        out["train"] += order[n_test + n_dev:]
-    return {s: sorted(v, key=lambda x: x.spk) for s, v in out.items()}
+    return split_by_stratum(voices, seed, VOICE_SPLIT)
 
 
 class TextFilter:
@@ -429,32 +378,15 @@ def _confusable_text(i: int, rng, keywords: Sequence[str], cats: Dict[str, Dict[
 
 
 def _hard_confusable_text(i: int, rng, keywords: Sequence[str],
-                          cats: Dict[str, Dict[str, List[str]]], filt: TextFilter,
-                          swap_share: float = 0.0, carrier_share: float = 0.0) -> str:
+                          cats: Dict[str, Dict[str, List[str]]], filt: TextFilter) -> str:
     """The i-th hard confusable: a near-homophone of the whole keyword (one word changed in
-    a phrase, the word changed for a one-word keyword), keywords taken in turn. With
-    probability `swap_share` (phrases only) the word is changed for a random vocabulary
-    word and the phrase put among random words; otherwise, with probability
-    `carrier_share`, the near-homophone is put in one of the positives' carrier phrases."""
+    a phrase, the word changed for a one-word keyword), keywords taken in turn."""
     kw = keywords[i % len(keywords)]
-    words = kw.split()
-    if len(words) > 1 and swap_share > 0 and rng.random() < swap_share:
-        for _ in range(100):
-            at = int(rng.integers(len(words)))
-            phrase = words[:at] + _random_words(rng, 1, 1) + words[at + 1:]
-            text = " ".join(_random_words(rng, 0, 2) + phrase + _random_words(rng, 0, 3))
-            if filt.is_negative(text):
-                return text
     items = cats[kw]["substitute"] or cats[kw]["similar"]
-    carrier = None
-    if carrier_share > 0 and rng.random() < carrier_share:
-        carrier = CARRIERS[int(rng.integers(len(CARRIERS)))]
     for _ in range(100):
         if not items:
             break
         text = items[int(rng.integers(len(items)))]
-        if carrier is not None:
-            text = carrier.format(kw=text)
         if filt.is_negative(text):
             return text
     return _confusable_text(i, rng, keywords, cats, filt)
@@ -463,14 +395,9 @@ def _hard_confusable_text(i: int, rng, keywords: Sequence[str],
 def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
                voices: Sequence[Voice], filt: TextFilter, cats, seed: int,
                snr: Tuple[float, float], other_share: float = OTHER_ENGINES_SHARE,
-               conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0,
-               swap_share: float = 0.0, carrier_share: float = 0.0,
-               pair_share: float = 0.0) -> List[Group]:
+               conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0) -> List[Group]:
     """All utterances of one split, in fixed groups of GROUP_SIZE. `conf_share` of the
-    negatives are confusables, `hard_share` of those near-homophones of a whole keyword,
-    `swap_share` of these with a random word in the keyword's place and `carrier_share` of
-    the others inside a carrier phrase; `pair_share` of the near-homophones are remade as
-    minimal pairs of positives (see `_pair_with_positives`)."""
+    negatives are confusables, `hard_share` of those near-homophones of a whole keyword."""
     si = SPLITS.index(split)
     rng = _rng(seed, 1, si)
     n_noise = int(round(NEG_MIX["noise"] * n_neg))
@@ -482,7 +409,6 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
     width = max(5, len(str(len(kinds))))
     specs: List[UttSpec] = []
     n_seen = {"pos": 0, "conf": 0, "hard": 0}
-    hard: List[int] = []
     for i, kind in enumerate(kinds):
         p = _sample_params(rng, voices, snr, other_share)
         kw_words = None
@@ -494,10 +420,8 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             a = next(j for j in range(len(words)) if words[j:j + len(kww)] == kww)
             kw_words = (a, a + len(kww))
         elif kind == "conf" and hard_share > 0 and rng.random() < hard_share:
-            text = _hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt, swap_share,
-                                         carrier_share)
+            text = _hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt)
             counter = "hard"            # the in-turn walk counts only its own picks
-            hard.append(i)
         elif kind == "conf":
             text = _confusable_text(n_seen["conf"], rng, keywords, cats, filt)
         elif kind == "neg":
@@ -515,45 +439,18 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             spec = UttSpec(f"{spk}-{kind}-{i:0{width}d}", spk, kind, text, **p,
                            kw_words=kw_words)
         specs.append(spec)
-    if pair_share > 0:   # drawn after the loop: every other utterance stays as it was
-        to_pair = [i for i in hard if rng.random() < pair_share]
-        _pair_with_positives(specs, to_pair, rng, cats, filt, width)
+    # Babble is noise: espeak-ng speaks it when it can (~1 ms a sentence, where a neural
+    # engine takes a second), so its cost does not grow with the other engines' share.
+    talkers = [v for v in voices if v.engine == "espeak"] or list(voices)
     groups = []
     for g, start in enumerate(range(0, len(specs), GROUP_SIZE)):
         babble = []
         for _ in range(BABBLE_POOL):
-            p = _sample_params(rng, voices, snr, other_share)
+            p = _sample_params(rng, talkers, snr, other_share)
             text = _negative_text(rng, filt, 8, 14)
             babble.append(UttSpec("babble", p["voice"].spk, "babble", text, **p))
         groups.append(Group(split, g, (int(seed), 2, si, g), specs[start:start + GROUP_SIZE], babble))
     return groups
-
-
-def _pair_with_positives(specs: List[UttSpec], indices: Sequence[int], rng,
-                         cats: Dict[str, Dict[str, List[str]]], filt: TextFilter,
-                         width: int) -> None:
-    """Remakes the near-homophones at `indices` in place as minimal pairs: each copies a
-    positive (in a random order; one is used twice only when there are more pairs than
-    positives) with its keyword words replaced by a near-homophone of that keyword."""
-    positives = [s for s in specs if s.kind == "pos" and s.kw_words is not None]
-    if not positives:
-        return
-    order: List[int] = []
-    while len(order) < len(indices):
-        order += [int(j) for j in rng.permutation(len(positives))]
-    for i, j in zip(indices, order):
-        pos = positives[j]
-        words = pos.text.split()
-        a, b = pos.kw_words
-        kw = " ".join(words[a:b])
-        items = cats[kw]["substitute"] or cats[kw]["similar"]
-        for _ in range(100 if items else 0):
-            sub = items[int(rng.integers(len(items)))]
-            text = " ".join(words[:a] + sub.split() + words[b:])
-            if filt.is_negative(text):
-                specs[i] = replace(pos, utt=f"{pos.spk}-conf-{i:0{width}d}", kind="conf",
-                                   text=text, kw_words=None)
-                break
 
 
 # --------------------------------------------------------------------------------------
@@ -578,38 +475,21 @@ def keyword_span(text: str, word_range: Tuple[int, int], word_starts: Sequence[T
     return start / rate_out, end / rate_out
 
 
-class Renderer:
-    """TTS front end of one child process: speaks a spec at the output rate. Each engine
-    is made on its first utterance (espeak-ng is loaded only where it speaks)."""
-
-    def __init__(self, sample_rate: int, tmp_dir: str, espeak_data: Optional[str] = None):
-        self.sr = sample_rate
-        self.tmp_dir = tmp_dir
-        self._options = {"espeak": {"data_path": espeak_data}}
-        self._engines: Dict[str, Engine] = {}
-
-    def _engine(self, name: str) -> Engine:
-        if name not in self._engines:
-            self._engines[name] = ENGINES.get(name)(self.tmp_dir, **self._options.get(name, {}))
-        return self._engines[name]
-
-    def speak(self, spec: UttSpec, seed: int) -> Tuple[np.ndarray, Optional[Tuple[float, float]]]:
-        """Trimmed speech, and for positives the keyword's (start, end) seconds in it: from
-        the engine's word onsets, or the whole speech when the text is the keyword alone
-        and the engine times no words; None when neither applies."""
-        v = spec.voice
-        speech = self._engine(v.engine).synth(spec.text, v, spec.rate, spec.pitch, spec.prange,
-                                              seed, time_words=spec.kw_words is not None)
-        audio = resample(speech.audio, speech.sample_rate, self.sr)
-        bounds = speech_bounds(audio)
-        span = None
-        if spec.kw_words is not None:
-            if speech.word_onsets:
-                span = keyword_span(spec.text, spec.kw_words, speech.word_onsets,
-                                    speech.sample_rate, self.sr, bounds)
-            elif speech.word_onsets is None and spec.kw_words == (0, len(spec.text.split())):
-                span = (0.0, (bounds[1] - bounds[0]) / self.sr)
-        return audio[bounds[0]:bounds[1]], span
+def speak(tts: Renderer, spec: UttSpec, seed: int
+          ) -> Tuple[np.ndarray, Optional[Tuple[float, float]]]:
+    """Trimmed speech, and for positives the keyword's (start, end) seconds in it: from
+    the engine's word onsets, or the whole speech when the text is the keyword alone
+    and the engine times no words; None when neither applies."""
+    clip: Clip = tts.utterance(spec.utt, spec.text, spec.voice, spec.rate, spec.pitch,
+                               spec.prange, seed, time_words=spec.kw_words is not None)
+    span = None
+    if spec.kw_words is not None:
+        if clip.word_onsets:
+            span = keyword_span(spec.text, spec.kw_words, clip.word_onsets, clip.engine_rate,
+                                tts.sample_rate, clip.bounds)
+        elif clip.word_onsets is None and spec.kw_words == (0, len(spec.text.split())):
+            span = (0.0, len(clip.audio) / tts.sample_rate)
+    return clip.audio, span
 
 
 def render_utterance(spec: UttSpec, speech: Optional[np.ndarray], rng: np.random.Generator,
@@ -630,44 +510,31 @@ def render_utterance(spec: UttSpec, speech: Optional[np.ndarray], rng: np.random
     return to_int16(mixed)
 
 
-def _render_group(group: Group, out_dir: str, sr: int, espeak_data: Optional[str] = None
+def _render_group(group: Group, tts: Renderer, rng: np.random.Generator, wav_dir: str
                   ) -> List[Tuple[str, int, Optional[Tuple[float, float]]]]:
     """Child body: babble pool first, then every utterance; writes WAVs, returns
     (utterance, samples, keyword span in seconds or None)."""
     import soundfile as sf
-    single_thread_blas()
-    rng = np.random.default_rng(list(group.seed))
-    wav_dir = os.path.join(out_dir, "wavs", group.split)
-    with tempfile.TemporaryDirectory(prefix="synth_") as tmp:
-        tts = Renderer(sr, tmp, espeak_data)
-        pool = [tts.speak(b, int(rng.integers(2 ** 31)))[0] for b in group.babble]
-        out = []
-        for spec in group.specs:
-            tts_seed = int(rng.integers(2 ** 31))
-            speech, span = (None, None) if spec.kind == "noise" else tts.speak(spec, tts_seed)
-            if speech is not None and len(speech) == 0:
-                raise SynthError(f"{spec.utt}: TTS produced no audio for {spec.text!r}")
-            audio = render_utterance(spec, speech, rng, pool, sr)
-            sf.write(os.path.join(wav_dir, spec.utt + ".wav"), audio, sr, subtype="PCM_16")
-            if span is not None:
-                lead = int(round(spec.lead_s * sr)) / sr      # as render_utterance pads
-                span = (lead + span[0], lead + span[1])
-            out.append((spec.utt, len(audio), span))
+    sr = tts.sample_rate
+    pool = [tts.clip(b.text, b.voice, b.rate, b.pitch, b.prange, int(rng.integers(2 ** 31))).audio
+            for b in group.babble]
+    out = []
+    for spec in group.specs:
+        tts_seed = int(rng.integers(2 ** 31))
+        speech, span = (None, None) if spec.kind == "noise" else speak(tts, spec, tts_seed)
+        audio = render_utterance(spec, speech, rng, pool, sr)
+        sf.write(os.path.join(wav_dir, spec.utt + ".wav"), audio, sr, subtype="PCM_16")
+        if span is not None:
+            lead = int(round(spec.lead_s * sr)) / sr      # as render_utterance pads
+            span = (lead + span[0], lead + span[1])
+        out.append((spec.utt, len(audio), span))
     return out
 
 
-def _probe(words: Sequence[str], voices: Sequence[Voice], espeak_data: Optional[str] = None,
-           procedural: Sequence[Voice] = ()) -> dict:
-    """Child body: checks espeak-ng works, which `voices` exist, that the `procedural`
-    voices load their variant files, and phonemizes `words`."""
-    es = Espeak(espeak_data)
+def _probe(words: Sequence[str], voices: Sequence[Voice]) -> dict:
+    """Child body: checks espeak-ng works, which `voices` exist, and phonemizes `words`."""
+    es = Espeak()
     ok = [v for v in voices if v.engine != "espeak" or es.set_voice(v.name)]
-    for v in procedural:
-        # espeak falls back to the plain accent, silently, when a variant file is missing
-        if not (es.set_voice(v.name) and
-                es.current_identifier().endswith("+" + v.name.split("+")[1])):
-            raise SynthError(f"espeak-ng ignored the procedural voice {v.name} "
-                             f"(variant file not found in {espeak_data})")
     phon = {a: {w: _clean_phonemes(es.phonemes(w, a)) for w in words}
             for a in ACCENTS if es.set_voice(a)}
     return {"voices": ok, "phonemes": phon, "rate": es.rate}
@@ -679,12 +546,9 @@ def _probe(words: Sequence[str], voices: Sequence[Voice], espeak_data: Optional[
 
 @dataclass(frozen=True)
 class TrainMix:
-    """How the training negatives differ from dev/test (see TRAIN_CONF_SHARE and below)."""
+    """How the training negatives differ from dev/test (see TRAIN_CONF_SHARE)."""
     conf_share: float = TRAIN_CONF_SHARE
     hard_share: float = TRAIN_HARD_SHARE
-    swap_share: float = TRAIN_SWAP_SHARE
-    carrier_share: float = TRAIN_CARRIER_SHARE
-    pair_share: float = TRAIN_PAIR_SHARE
 
 
 @dataclass(frozen=True)
@@ -703,9 +567,8 @@ class Sizes:
 # kw_times: `utt start end` (seconds) of the keyword in each positive whose TTS reports
 # word onsets; a plain table outside Kaldi's utt2* family because it covers positives only.
 DATA_FILES = ("wav.scp", "text", "utt2dur", "utt2spk", "spk2utt", "utt2kind", "kw_times")
-
-
 ENGINES_FILE = "tts_engines"    # in dict/: `<engine> <share>`, see the module docstring
+DICT_FILES = ("keywords.txt", ENGINES_FILE)
 
 
 def write_data_dir(data_dir: str, wav_dir: str, specs: Sequence[UttSpec],
@@ -725,79 +588,8 @@ def write_data_dir(data_dir: str, wav_dir: str, specs: Sequence[UttSpec],
     })
 
 
-def check_engines(engines: Sequence[str]) -> List[str]:
-    """The engine names, espeak first then sorted (the stamp's form); SynthError, before
-    any work, for an unknown, repeated or unavailable one. Only these are looked at."""
-    names = [str(e).strip() for e in engines]
-    if not names or "" in names:
-        raise SynthError(f"--engines needs engine names, e.g. espeak or espeak,flite; got "
-                         f"{','.join(names)!r}")
-    if len(set(names)) != len(names):
-        raise SynthError(f"engine named twice in --engines: {','.join(names)}")
-    for name in names:
-        reason = engine_class(name).unavailable_reason()
-        if reason:
-            raise SynthError(f"{name} was asked for (--engines) but {reason}")
-    return sorted(names, key=lambda n: (n != "espeak", n))
-
-
-def engine_shares(engines: Sequence[str]) -> Dict[str, float]:
-    """Planned fraction of the speech per engine: OTHER_ENGINES_SHARE to the engines other
-    than espeak-ng when it is among them (all of it otherwise), shared alike."""
-    others = [e for e in engines if e != "espeak"]
-    if "espeak" not in engines:
-        return {e: 1.0 / len(others) for e in others}
-    if not others:
-        return {"espeak": 1.0}
-    return {"espeak": 1.0 - OTHER_ENGINES_SHARE,
-            **{e: OTHER_ENGINES_SHARE / len(others) for e in others}}
-
-
-def _stamp_config(keywords, seed, sizes: Sizes, sample_rate, snr, engines: Sequence[str],
-                  other_voices: Sequence[Voice], train_mix: TrainMix,
-                  train_random_voices: int = 0) -> dict:
-    voices: Dict[str, List[str]] = {}
-    for v in other_voices:          # espeak-ng's voices are fixed here; its build is below
-        voices.setdefault(v.engine, []).append(v.name)
-    return {"format": FORMAT_VERSION, "keywords": list(keywords), "seed": int(seed),
-            "sizes": asdict(sizes), "sample_rate": int(sample_rate),
-            "snr_db": [float(snr[0]), float(snr[1])],
-            "engines": list(engines), "engine_shares": engine_shares(engines),
-            "engine_voices": voices,
-            **{f"train_{k}": float(v) for k, v in asdict(train_mix).items()},
-            "train_random_voices": int(train_random_voices),
-            "espeak": espeak_fingerprint()}
-
-
-def is_complete(out_dir: str, config: dict, splits: Sequence[str] = SPLITS) -> bool:
-    """Stamp matches `config` and every data file and listed WAV of `splits` exists."""
-    try:
-        with open(os.path.join(out_dir, STAMP_NAME), encoding="utf-8") as f:
-            if json.load(f) != config:
-                return False
-        if not all(os.path.exists(os.path.join(out_dir, "dict", n))
-                   for n in ("keywords.txt", ENGINES_FILE)):
-            return False
-        for split in splits:
-            d = os.path.join(out_dir, split)
-            if not all(os.path.exists(os.path.join(d, n)) for n in DATA_FILES):
-                return False
-            with open(os.path.join(d, "wav.scp"), encoding="utf-8") as f:
-                if not all(os.path.exists(line.split(maxsplit=1)[1].strip()) for line in f):
-                    return False
-    except (OSError, ValueError, IndexError):
-        return False
-    return True
-
-
-def _clean_outputs(out_dir: str) -> None:
-    """Removes only what this generator writes (stale features in the split dirs too)."""
-    for name in (STAMP_NAME, "wavs", "dict", ".synth_tmp") + SPLITS:
-        p = os.path.join(out_dir, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p)
-        elif os.path.lexists(p):
-            os.unlink(p)
+def corpus_dir(out_dir: str) -> CorpusDir:
+    return CorpusDir(out_dir, STAMP_NAME, ("dict",) + SPLITS)
 
 
 def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
@@ -806,19 +598,18 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     engines: Sequence[str] = ("espeak",),
                     train_conf_share: float = TRAIN_CONF_SHARE,
                     train_hard_share: float = TRAIN_HARD_SHARE,
-                    train_swap_share: float = TRAIN_SWAP_SHARE,
-                    train_carrier_share: float = TRAIN_CARRIER_SHARE,
-                    train_pair_share: float = TRAIN_PAIR_SHARE,
-                    train_random_voices: int = 0, test_only: bool = False) -> dict:
+                    other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
+                    test_only: bool = False) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
-    The `train_*_share` arguments shape the training negatives only (see TRAIN_CONF_SHARE
-    and the shares after it); dev and test do not depend on them, nor on `train_random_voices`,
-    the number of procedural espeak-ng voices added to the training voices. `engines`: the
-    TTS engines that speak (toolkit.tts.engines names; see OTHER_ENGINES_SHARE); those of
-    TEST_ONLY_ENGINES only with `test_only`, which writes the test split alone (the same
-    held-out voices as the full corpus of this seed, plus every voice of a test-only
-    engine): an evaluation set from other engines."""
+    `train_conf_share` and `train_hard_share` shape the training negatives only (see
+    TRAIN_CONF_SHARE). `engines`: the TTS engines that speak (toolkit.tts.engines names;
+    `other_share` of the utterances go to those besides espeak-ng). `blends`: that many
+    blended voices of each engine that mixes voices (Kokoro) join the voices; the voices
+    they are made of then all train, the blends are shared out like other voices.
+    `test_only` writes the test split alone: the same held-out
+    voices as the full corpus of this seed plus every reserved voice of the engines (all
+    of festival's): an evaluation set from other voices and engines."""
     keywords = [normalize_keyword(k) for k in keywords]
     if not keywords:
         raise SynthError("no keyword given: use --keyword 'hey snips'")
@@ -838,106 +629,74 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     if not 0.0 <= train_conf_share <= 1.0 - NEG_MIX["noise"]:
         raise SynthError(f"train confusable share {train_conf_share} is outside "
                          f"[0, {1.0 - NEG_MIX['noise']}] (the rest holds the noise-only share)")
-    for name, share in (("hard-confusable", train_hard_share), ("swap", train_swap_share),
-                        ("carrier", train_carrier_share), ("pair", train_pair_share)):
-        if not 0.0 <= share <= 1.0:
-            raise SynthError(f"train {name} share {share} is outside [0, 1]")
-    if not 0 <= train_random_voices <= MAX_RANDOM_VOICES:
-        raise SynthError(f"train random voices {train_random_voices} is outside "
-                         f"[0, {MAX_RANDOM_VOICES}] (espeak-ng lists at most 349 voice files)")
-    reserved = [e for e in TEST_ONLY_ENGINES if e in [str(n).strip() for n in engines]]
-    if reserved and not test_only:      # before looking for it: refused even when absent
-        raise SynthError(
-            f"{', '.join(reserved)} is reserved for the unseen-engine test and never speaks in "
-            f"a training set: make its evaluation set alone with --test-only (e.g. "
-            f"synth_kws_data --test-only --engines {reserved[0]} --out-dir data_test_{reserved[0]})")
+    if not 0.0 <= train_hard_share <= 1.0:
+        raise SynthError(f"train hard-confusable share {train_hard_share} is outside [0, 1]")
+    if not 0.0 <= other_share <= 1.0:
+        raise SynthError(f"other-engine share {other_share} is outside [0, 1]")
+    if blends < 0:
+        raise SynthError(f"blends must be >= 0, got {blends}")
     splits = ("test",) if test_only else SPLITS
-    espeak_paths()   # clear message before any work when the TTS is not installed
-    engines = check_engines(engines)
-    if train_random_voices and "espeak" not in engines:
-        raise SynthError("train random voices are espeak-ng voices: add espeak to --engines")
-    if loaded_in_this_process():
-        logger.warning("espeak-ng was loaded in this process: output may not be reproducible")
-    other_voices = [v for e in engines if e != "espeak" for v in engine_class(e).voices()]
-    train_mix = TrainMix(train_conf_share, train_hard_share, train_swap_share,
-                         train_carrier_share, train_pair_share)
-    config = _stamp_config(keywords, seed, sizes, sample_rate, snr_db, engines, other_voices,
-                           train_mix, train_random_voices)
-    if test_only:
-        config["splits"] = list(splits)      # only then: full corpora keep their stamp
-    if is_complete(out_dir, config, splits):
+    named = open_engines(engines, test_only, needs_espeak=True)
+    settings = {"keywords": list(keywords), "seed": int(seed), "sizes": asdict(sizes),
+                "sample_rate": int(sample_rate), "snr_db": [float(snr_db[0]), float(snr_db[1])],
+                "engine_shares": engine_shares(named.names, other_share), "blends": int(blends),
+                "train_conf_share": float(train_conf_share),
+                "train_hard_share": float(train_hard_share)}
+    config = corpus_stamp(FORMAT_VERSION, settings, named, tools=("espeak",))
+    out = corpus_dir(out_dir)
+    required = {**{s: DATA_FILES for s in splits}, "dict": DICT_FILES}
+    if out.is_complete(config, required):
         logger.info("%s is complete for these arguments; nothing to do", out_dir)
         return summarize(out_dir, splits)
 
     t0 = time.time()
-    _clean_outputs(out_dir)
-    tmp_dir = os.path.join(out_dir, ".synth_tmp")
-    os.makedirs(tmp_dir)
-    try:
-        groups, espeak_data = plan_corpus(keywords, seed, sizes, snr_db, other_voices, tmp_dir,
-                                          train_mix, train_random_voices,
-                                          use_espeak="espeak" in engines, splits=splits)
+    with out.workspace() as tmp_dir:
+        groups, by_split = plan_corpus(keywords, seed, sizes, snr_db, named, tmp_dir,
+                                       TrainMix(train_conf_share, train_hard_share), splits,
+                                       other_share, blends)
         logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
                     sum(len(g.specs) for g in groups), len(groups), time.time() - t0, nj)
-        from toolkit.progress import Progress
-        bar = Progress(len(groups), "rendering", "groups", interval_s=10.0, log=logger)
-
-        def progress(done, total):
-            bar.update(done - bar.done)
-
-        out_abs = os.path.abspath(out_dir)
-        for split in splits:
-            os.makedirs(os.path.join(out_abs, "wavs", split))
-        results = run_forked(lambda g: _render_group(g, out_abs, sample_rate, espeak_data),
-                             groups, nj, tmp_dir, progress)
-        bar.close()
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        results = out.render(groups, lambda g, tts, rng: _render_group(
+            g, tts, rng, out.wav_dir(g.split)), nj, tmp_dir, sample_rate, splits)
     lengths = {utt: n for res in results for utt, n, _ in res}
     spans = {utt: span for res in results for utt, _, span in res if span is not None}
     for split in splits:
         specs = [s for g in groups if g.split == split for s in g.specs]
-        write_data_dir(os.path.join(out_dir, split), os.path.join(out_dir, "wavs", split),
-                       specs, lengths, sample_rate, spans)
+        write_data_dir(os.path.join(out_dir, split), out.wav_dir(split), specs, lengths,
+                       sample_rate, spans)
     atomic_write_text(os.path.join(out_dir, "dict", "keywords.txt"),
                       "".join(k + "\n" for k in keywords))
     kaldi.write_table(os.path.join(out_dir, "dict", ENGINES_FILE),
-                      {e: f"{share:g}" for e, share in engine_shares(engines).items()})
-    with open(os.path.join(out_dir, STAMP_NAME), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=1, sort_keys=True)   # written last: marks completion
+                      {e: f"{share:g}" for e, share in
+                       engine_shares(named.names, other_share).items()})
+    out.write_inventory(by_split, {s.spk for g in groups for s in g.specs},
+                        config["engine_versions"])
+    out.write_stamp(config)
     logger.info("wrote %s in %.1f s", out_dir, time.time() - t0)
     return summarize(out_dir, splits)
 
 
 def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[float, float],
-                other_voices: Sequence[Voice], tmp_dir: str,
-                train_mix: TrainMix = TrainMix(),
-                train_random_voices: int = 0,
-                use_espeak: bool = True,
-                splits: Sequence[str] = SPLITS) -> Tuple[List[Group], Optional[str]]:
-    """Every group of every split, and the private espeak-ng data dir that the procedural
-    voices need (None without them). The speakers: espeak-ng's fixed voices when
-    `use_espeak`, and `other_voices` (other engines). espeak is only asked (in a forked
-    probe) which voices exist and how words sound; the plan itself is pure numpy
-    randomness from `seed`."""
-    voices = (espeak_voices() if use_espeak else []) + list(other_voices)
-    # Procedural voices join the training split only, after the fixed voices are split,
-    # so dev and test are the same with or without them.
-    procedural = random_voices(train_random_voices, ACCENTS, seed)
-    espeak_data = private_espeak_data(procedural, tmp_dir)
+                engines: Engines, tmp_dir: str,
+                train_mix: TrainMix = TrainMix(), splits: Sequence[str] = SPLITS,
+                other_share: float = OTHER_ENGINES_SHARE, blends: int = 0
+                ) -> Tuple[List[Group], Dict[str, List[Voice]]]:
+    """Every group of `splits` and the voices of every split. The speakers: espeak-ng's
+    fixed voices when it speaks, and the other engines' voices; reserved voices join the
+    test split of a test-only corpus. espeak is only asked (in a forked probe) which voices
+    exist and how words sound; the plan itself is pure numpy randomness from `seed`."""
+    voices = (espeak_voices() if "espeak" in engines.names else []) + list(engines.voices)
+    mixed = engine_blends(engines.names, blends, seed)
     words = lexicon_words(keywords)
-    # the first and last variant file: espeak-ng's voice list is filled in order
-    probe = run_forked(lambda _: _probe(words, voices, espeak_data,
-                                        procedural[:1] + procedural[-1:]), [None], 1, tmp_dir)[0]
+    probe = run_forked(lambda _: _probe(words, voices), [None], 1, tmp_dir)[0]
     if not probe["phonemes"]:
         raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: {INSTALL_HINT}")
-    by_split = split_voices([v for v in probe["voices"] if v.engine not in TEST_ONLY_ENGINES],
-                            seed)
-    unseen = [v for v in probe["voices"] if v.engine in TEST_ONLY_ENGINES]
-    if unseen:
-        by_split["test"] = sorted(by_split["test"] + unseen, key=lambda v: v.spk)
-    accents = set(probe["phonemes"])
-    by_split["train"] += [v for v in procedural if v.name.split("+")[0] in accents]
+    free, reserved = engines.usable(probe["voices"])
+    by_split = split_with_blends(free, mixed, seed, VOICE_SPLIT,
+                                 lambda vs: split_voices(vs, seed))
+    if reserved:
+        by_split["test"] = sorted(engines.outside_test(by_split["test"], reserved),
+                                  key=lambda v: v.spk)
     for split in splits:
         if not by_split[split]:
             raise SynthError(f"no voices left for {split}")
@@ -947,20 +706,20 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     for split in splits:
         mix = asdict(train_mix) if split == "train" else {}
         groups += plan_split(split, *sizes.of(split), keywords, by_split[split], filt, cats,
-                             seed, snr_db, **mix)
-    return groups, espeak_data
+                             seed, snr_db, other_share, **mix)
+    return groups, by_split
 
 
 def summarize(out_dir: str, splits: Sequence[str] = SPLITS) -> dict:
-    """Per split: utterance count, hours, and hours per kind (from utt2dur/utt2kind)."""
+    """Per split: utterance count, hours, speakers and hours per kind."""
     out = {}
     for split in splits:
         d = os.path.join(out_dir, split)
-        dur = dict(line.split() for line in open(os.path.join(d, "utt2dur"), encoding="utf-8"))
-        kind = dict(line.split() for line in open(os.path.join(d, "utt2kind"), encoding="utf-8"))
-        per = {}
+        dur = kaldi.read_table(os.path.join(d, "utt2dur"))
+        kind = kaldi.read_table(os.path.join(d, "utt2kind"))
+        per: Dict[str, float] = {}
         for u, s in dur.items():
             per[kind[u]] = per.get(kind[u], 0.0) + float(s) / 3600
-        out[split] = {"utts": len(dur), "hours": sum(per.values()),
+        out[split] = {**data_dir_summary(d),
                       "hours_by_kind": {k: round(v, 3) for k, v in sorted(per.items())}}
     return out

@@ -247,8 +247,8 @@ class WeightedSumLoss(nn.Module):
 
 
 def _coerce_ramp(value, path: str) -> Ramp:
-    from toolkit.config import _coerce
-    return _coerce(value, Ramp, path)
+    from toolkit.config import coerce
+    return coerce(value, Ramp, path)
 
 
 def build_loss(config) -> nn.Module:

@@ -10,8 +10,8 @@ from torch import nn
 from toolkit.config import ConfigError, Section, TaskConfigBase
 from toolkit.data.cmvn import read_cmvn
 from toolkit.data.features import FEATURES, build_extractor
-from toolkit.data.pipeline import FeaturePipeline
-from toolkit.task import TASKS, DataRequirements, Task
+from toolkit.data.pipeline import evaluation_pipeline
+from toolkit.task import TASKS, DataRequirements, Task, TaskInput
 from toolkit.tasks.kws.data import KwsExampleBuilder, collate
 from toolkit.tasks.kws.losses import LOSSES, WeightedSumLoss, build_loss, uses_ctc_head
 from toolkit.tasks.kws.models import MODELS, build_model
@@ -53,6 +53,12 @@ class KwsTask(Task):
     sections = {"model": Section(registry=MODELS),
                 "loss": Section(registry=LOSSES, default_type="max_pooling")}
     optimizers = ("model",)
+    inputs = (TaskInput("cmvn", "global CMVN statistics (JSON or Kaldi stats, "
+                        "toolkit.bin.compute_cmvn), applied inside the model",
+                        "model.cmvn_file"),
+              TaskInput("units", "CTC unit list (<blank> first; toolkit.bin.make_lexicon) for "
+                        "a loss with a ctc component; its size is the CTC head's",
+                        "model.ctc_outputs"))
 
     # ---------------------------------------------------------------- config
     @classmethod
@@ -62,33 +68,36 @@ class KwsTask(Task):
                               "with a keyword loss and a ctc component")
 
     @classmethod
-    def resolve(cls, cfg, inventory, extras) -> None:
-        m = cfg.model
-        if extras.get("cmvn"):
-            m.cmvn_file = extras["cmvn"]
+    def derived_values(cls, draft, inventory, inputs) -> Dict[str, object]:
+        m = draft.model
+        out: Dict[str, object] = {}
+        if inputs.get("cmvn"):
+            out["model.cmvn_file"] = inputs["cmvn"]
         if m.input_dim <= 0:
-            m.input_dim = feature_dim(cfg.dataset)
+            out["model.input_dim"] = feature_dim(draft.dataset)
         if m.num_outputs <= 0:
-            m.num_outputs = len(inventory)
-        if m.num_outputs != len(inventory):
+            out["model.num_outputs"] = len(inventory)
+        elif m.num_outputs != len(inventory):
             raise ConfigError(f"model.num_outputs={m.num_outputs} but the inventory "
-                              f"{extras.get('inventory_path')} has {len(inventory)} entries")
-        if not uses_ctc_head(build_loss(cfg.loss)):
-            return
-        units_path = extras.get("units")
+                              f"{inputs.get('inventory')} has {len(inventory)} entries")
+        if not uses_ctc_head(build_loss(draft.loss)):
+            return out          # a unit list given for another config changes nothing
+        units_path = inputs.get("units")
+        ctc_outputs = m.ctc_outputs
         if units_path:
             try:
                 units = read_units(units_path)
             except (OSError, ValueError) as err:
                 raise ConfigError(f"--units: {err}") from None
-            if m.ctc_outputs <= 0:
-                m.ctc_outputs = len(units)
-            if m.ctc_outputs != len(units):
-                raise ConfigError(f"model.ctc_outputs={m.ctc_outputs} but the unit list "
+            if ctc_outputs <= 0:
+                ctc_outputs = out["model.ctc_outputs"] = len(units)
+            if ctc_outputs != len(units):
+                raise ConfigError(f"model.ctc_outputs={ctc_outputs} but the unit list "
                                   f"{units_path} has {len(units)} entries")
-        if m.ctc_outputs <= 0:
+        if ctc_outputs <= 0:
             raise ConfigError("the loss has a ctc component but model.ctc_outputs is 0: "
                               "pass --units (toolkit.bin.make_lexicon) or set it")
+        return out
 
     def __init__(self, cfg, inventory=None):
         super().__init__(cfg, inventory)
@@ -114,10 +123,7 @@ class KwsTask(Task):
         return DataRequirements(require_label=True, num_classes=self.cfg.model.num_outputs,
                                 allow_negative_label=True)
 
-    def example_builder(self, train, seed, noise=None, rirs=None, steps_per_epoch=0,
-                        total_steps=0):
-        pipeline = FeaturePipeline(self.cfg.dataset, seed, train, noise, rirs,
-                                   steps_per_epoch, total_steps)
+    def example_builder(self, pipeline):
         return KwsExampleBuilder(pipeline, self.cfg.task.spec_aug_positives,
                                  self.cfg.model.ctc_outputs if self.use_ctc else None)
 
@@ -181,7 +187,7 @@ class KwsTask(Task):
         extractor = build_extractor(d.feature, d.sample_rate)
         metadata = build_metadata(model, extractor.metadata(), self.inventory, threshold)
         paths = export_model_files(model, out_dir, metadata)
-        pipeline = FeaturePipeline(d, seed=0, train=False)
+        pipeline = evaluation_pipeline(d)
         features = parity_inputs(test_data, lambda e: pipeline.features(e, 0), num_check)
         worst = check_parity(model, paths, features, tolerance)
         if d.feature.type != "fbank":

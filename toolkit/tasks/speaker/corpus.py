@@ -1,58 +1,70 @@
 """Synthetic speaker-verification corpus: TTS voices are the speakers.
 
 Writes Kaldi data dirs ``{train,dev,test}`` (wav.scp, text, utt2spk, spk2utt, utt2dur,
-spk2voice), the WAVs under ``wavs/<split>/``, and ``test/trials`` (Kaldi form: every pair
-of test utterances, `enroll test target|nontarget`).
+spk2voice), the WAVs under ``wavs/<split>/``, ``test/trials`` (Kaldi form: every pair of
+test utterances, `enroll test target|nontarget`) and the voice inventory ``voices.tsv``.
+This module is the corpus design (speakers, their prosody, utterances, trials); engines,
+voices, the forked rendering, the stamp and the output dir are toolkit.tts.corpus.
 
 Speakers. espeak-ng's fixed voices (toolkit.tts.espeak: accents x variants) come in
 families: the accents of one variant share its voice design (formants, pitch, voice
-source), so a family is never split across train, dev and test; test and dev take whole
-families, training the rest, one voice of each remaining family in turn. When the fixed
-voices do not cover the sizes asked for, procedural espeak-ng voices (random variant
-files) fill the gap, test first, then dev, then train; each is a family of its own. Other
-engines speak only when named (``engines``), never because they are installed; flite's
-voices are families of their own like the fixed ones, festival's go to test only (voices
-of an engine never heard in training).
+source), so a family is never split across train, dev and test (split_by_family). When the
+fixed voices do not cover the espeak-ng sizes asked for, procedural espeak-ng voices
+(random variant files) fill the gap, test first, then dev, then train; each is a family of
+its own. The sizes count espeak-ng's speakers: the other engines speak only when named
+(``engines``), with every voice they have besides those reserved, each voice a speaker;
+an engine's held-out voices (ENGINE_SPLIT) follow from the seed and that engine's own
+voice list alone, so that they are the same whatever else a corpus names. ``blends``
+adds that many blended voices of each named engine that mixes voices (Kokoro), each a
+speaker: the voices they are made of then all train, the blends themselves are shared
+out by BLEND_SPLIT (toolkit.tts.corpus.split_with_blends).
+
+Reserved voices (festival's, seven of Kokoro's: toolkit.tts.is_reserved) speak only in a
+test-only corpus (``test_only``): its test split is the held-out test speakers of the
+full corpus of the same seed and engines, plus every reserved voice; an engine with
+reserved voices is heard there through those alone (Engines.outside_test).
 
 Each speaker has its own speaking rate, pitch and pitch range (drawn from a stream of its
 own name, so a speaker sounds the same at any corpus size); each utterance varies them
 around it, says 8-16 random English words, at its own level, between silences, in white,
-pink, brown or babble noise at its own SNR.
+pink, brown or babble noise at its own SNR. A slow engine (Kokoro: about a CPU-second per
+short clip, where espeak-ng takes a millisecond) can be given fewer training utterances
+and fewer words per utterance (``engine_sizing``). Babble is spoken by the split's
+espeak-ng voices when it has any, so that its cost does not grow with the other engines.
 
-Determinism: planned in the parent (every choice except noise waveforms), rendered in
-fixed groups, each in a freshly forked child that loads the engines itself
-(toolkit.tts.pool); group composition never depends on ``nj``, so the files are
-byte-identical for any ``nj``. The parent never loads espeak-ng.
+Trials: ``test/trials`` holds every pair of test utterances (cross-engine pairs among
+them), and when the test split has speakers of more than one engine, ``test/trials_<engine>``
+the pairs within each engine that has two speakers or more there (in a test-only corpus
+of Kokoro, its reserved voices alone).
 """
-import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 import zlib
-from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from toolkit.data import kaldi
+from toolkit.fileio import atomic_write_text
 from toolkit.tts import SynthError, Voice
-from toolkit.tts.engines import engine_class
-from toolkit.tts.espeak import (ACCENTS, MAX_RANDOM_VOICES, Espeak, espeak_fingerprint,
-                                espeak_paths, espeak_voices, loaded_in_this_process,
+from toolkit.tts.corpus import (SPLITS, CorpusDir, Engines, Group, corpus_stamp,
+                                data_dir_summary, engine_blends, espeak_voices_here,
+                                open_engines, split_by_family, split_with_blends)
+from toolkit.tts.espeak import (ACCENTS, MAX_RANDOM_VOICES, espeak_voices,
                                 private_espeak_data, random_voices)
-from toolkit.tts.pool import run_forked, single_thread_blas
 from toolkit.tts.render import NOISE_TYPES, Renderer, place_in_noise
 from toolkit.tts.text import random_words
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1           # bump when the outputs change, so old stamps are stale
-SPLITS = ("train", "dev", "test")
+FORMAT_VERSION = 3           # bump when the outputs change, so old stamps are stale
+                             # (2: the stamp and voices.tsv of toolkit.tts.corpus;
+                             # 3: engines besides espeak-ng on top of its sizes, split
+                             # per engine; blends; espeak-ng babble; trials per engine)
 GROUP_SIZE = 32              # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_speaker_data.json"
-TEST_ONLY_ENGINES = ("festival",)
 # Every test pair is a trial up to this many; above, all targets (up to the same cap) and
 # ten times as many sampled nontargets.
 MAX_TRIALS = 500_000
@@ -69,6 +81,10 @@ LEVEL_DBFS = (-32.0, -14.0)  # active-speech level
 SILENCE_S = (0.1, 0.5)       # leading and trailing, filled with the same noise
 SNR_DB = (10.0, 30.0)
 BABBLE_POOL = 4              # babble sentences per group, by voices of the same split
+# Held-out voices of each engine besides espeak-ng (at least one test voice of two, one
+# dev voice of three), and of the blends: blends are many, and a slow engine's.
+ENGINE_SPLIT = {"dev": 0.1, "test": 0.2}
+BLEND_SPLIT = {"dev": 0.05, "test": 0.05}
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,28 @@ class Sizes:
 
     def utts(self, split: str) -> int:
         return getattr(self, f"{split}_utts")
+
+
+@dataclass(frozen=True)
+class EngineSizing:
+    """One engine's own sizes, where they differ from the corpus's: utterances per
+    training speaker, and the (fewest, most) words of an utterance in every split."""
+    train_utts: Optional[int] = None
+    words: Optional[Tuple[int, int]] = None
+
+
+def check_engine_sizing(sizing: Mapping[str, EngineSizing], engines: Sequence[str]) -> None:
+    """SynthError for sizing of an engine the corpus does not name, or bad values."""
+    for name, own in sorted(sizing.items()):
+        if name not in engines:
+            raise SynthError(f"sizes given for the engine {name!r}, which --engines does not "
+                             f"name ({','.join(engines)})")
+        if own.train_utts is not None and not 2 <= own.train_utts <= 1000:
+            raise SynthError(f"{name}: training utterances per speaker must be 2-1000, got "
+                             f"{own.train_utts}")
+        if own.words is not None and not 1 <= own.words[0] <= own.words[1] <= 100:
+            raise SynthError(f"{name}: words per utterance must be a range 1 <= low <= high "
+                             f"<= 100, got {own.words[0]}-{own.words[1]}")
 
 
 @dataclass
@@ -112,15 +150,6 @@ class UttSpec:
     trail_s: float = 0.3
 
 
-@dataclass
-class Group:
-    split: str
-    index: int
-    seed: Tuple[int, ...]
-    specs: List[UttSpec]
-    babble: List[UttSpec] = field(default_factory=list)
-
-
 def _rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), *stream])
 
@@ -133,38 +162,31 @@ def _name_stream(name: str) -> int:
 # Speakers
 # --------------------------------------------------------------------------------------
 
-def voice_family(voice: Voice) -> str:
-    """espeak-ng fixed voices: their variant (en+f3 and en-us+f3 are one design in two
-    accents); any other voice is a family of its own."""
-    if voice.engine == "espeak" and not voice.variant:
-        return "espeak+" + voice.name.split("+", 1)[1]
-    return f"{voice.engine}:{voice.name}"
+def assign_voices(voices: Sequence[Voice], sizes: Sizes, seed: int
+                  ) -> Tuple[Dict[str, List[Voice]], Dict[str, int]]:
+    """espeak-ng's voices of each split by family (toolkit.tts.corpus.split_by_family),
+    and how many speakers each split still lacks."""
+    return split_by_family(voices, {s: sizes.speakers(s) for s in SPLITS}, seed)
 
 
-def assign_voices(voices: Sequence[Voice], sizes: Sizes, seed: int,
-                  test_only: Sequence[Voice] = ()) -> Tuple[Dict[str, List[Voice]], Dict[str, int]]:
-    """Voices of each split, families never shared, and how many speakers each split still
-    lacks. `test_only` voices (festival) are test speakers first."""
-    rng = _rng(seed, 0)
-    families: Dict[str, List[Voice]] = {}
-    for v in sorted(voices, key=lambda v: v.spk):
-        families.setdefault(voice_family(v), []).append(v)
-    keys = sorted(families)
-    queue = [keys[i] for i in rng.permutation(len(keys))]
-    members = {k: [families[k][i] for i in rng.permutation(len(families[k]))] for k in queue}
+def split_engine_voices(voices: Sequence[Voice], seed: int) -> Dict[str, List[Voice]]:
+    """The voices of the engines besides espeak-ng per split: each engine gives test and
+    dev their ENGINE_SPLIT fractions (one test voice of two or more, one dev voice of
+    three or more), drawn from a stream of the seed and the engine's name over its own
+    voices alone, so that its held-out voices do not depend on the other engines named."""
     out: Dict[str, List[Voice]] = {s: [] for s in SPLITS}
-    out["test"] = sorted(test_only, key=lambda v: v.spk)[:sizes.test_speakers]
-    for split in ("test", "dev"):
-        while len(out[split]) < sizes.speakers(split) and queue:
-            fam = members[queue.pop(0)]
-            out[split] += fam[:sizes.speakers(split) - len(out[split])]
-    # Training: one voice of every remaining family in turn, for the most voice designs.
-    while len(out["train"]) < sizes.train_speakers and any(members[k] for k in queue):
-        for k in queue:
-            if members[k] and len(out["train"]) < sizes.train_speakers:
-                out["train"].append(members[k].pop(0))
-    missing = {s: sizes.speakers(s) - len(out[s]) for s in SPLITS}
-    return out, missing
+    by_engine: Dict[str, List[Voice]] = {}
+    for v in sorted(voices, key=lambda v: v.spk):
+        by_engine.setdefault(v.engine, []).append(v)
+    for engine, own in sorted(by_engine.items()):
+        order = [own[i] for i in _rng(seed, 5, _name_stream(engine)).permutation(len(own))]
+        n = len(order)
+        n_test = max(1, round(ENGINE_SPLIT["test"] * n)) if n >= 2 else 0
+        n_dev = max(1, round(ENGINE_SPLIT["dev"] * n)) if n >= 3 else 0
+        out["test"] += order[:n_test]
+        out["dev"] += order[n_test:n_test + n_dev]
+        out["train"] += order[n_test + n_dev:]
+    return {s: sorted(vs, key=lambda v: v.spk) for s, vs in out.items()}
 
 
 def speaker_profile(voice: Voice, seed: int) -> Speaker:
@@ -179,8 +201,8 @@ def _clip(value: float, low: int, high: int) -> int:
     return int(min(max(round(value), low), high))
 
 
-def plan_utterances(speaker: Speaker, count: int, seed: int, snr_db: Tuple[float, float]
-                    ) -> List[UttSpec]:
+def plan_utterances(speaker: Speaker, count: int, seed: int, snr_db: Tuple[float, float],
+                    words: Tuple[int, int] = WORDS_PER_UTT) -> List[UttSpec]:
     """`count` utterances of one speaker, from a stream of the speaker's name: the first
     n of them are the same whatever `count` is."""
     rng = _rng(seed, 2, _name_stream(speaker.spk))
@@ -189,7 +211,7 @@ def plan_utterances(speaker: Speaker, count: int, seed: int, snr_db: Tuple[float
         rate = speaker.rate * (1 + float(rng.uniform(-RATE_SPREAD, RATE_SPREAD)))
         specs.append(UttSpec(
             utt=f"{speaker.spk}-{u:03d}", spk=speaker.spk,
-            text=random_words(rng, *WORDS_PER_UTT), voice=speaker.voice,
+            text=random_words(rng, *words), voice=speaker.voice,
             rate=_clip(rate, 80, 450),
             pitch=_clip(speaker.pitch + rng.uniform(-PITCH_SPREAD, PITCH_SPREAD), 0, 100),
             prange=_clip(speaker.prange + rng.uniform(-RANGE_SPREAD, RANGE_SPREAD), 0, 100),
@@ -201,16 +223,23 @@ def plan_utterances(speaker: Speaker, count: int, seed: int, snr_db: Tuple[float
 
 
 def plan_groups(split: str, speakers: Sequence[Speaker], utts: int, seed: int,
-                snr_db: Tuple[float, float]) -> List[Group]:
+                snr_db: Tuple[float, float],
+                engine_sizing: Mapping[str, EngineSizing] = {}) -> List[Group]:
     si = SPLITS.index(split)
-    specs = [s for spk in sorted(speakers, key=lambda s: s.spk)
-             for s in plan_utterances(spk, utts, seed, snr_db)]
+    specs = []
+    for spk in sorted(speakers, key=lambda s: s.spk):
+        own = engine_sizing.get(spk.voice.engine, EngineSizing())
+        count = own.train_utts if split == "train" and own.train_utts else utts
+        specs += plan_utterances(spk, count, seed, snr_db, own.words or WORDS_PER_UTT)
+    # Babble is noise: espeak-ng speaks it when the split has its voices (~1 ms a
+    # sentence, where a neural engine takes a second).
+    talkers = [s for s in speakers if s.voice.engine == "espeak"] or list(speakers)
     rng = _rng(seed, 3, si)
     groups = []
     for g, start in enumerate(range(0, len(specs), GROUP_SIZE)):
         babble = []
         for _ in range(BABBLE_POOL):
-            talker = speakers[int(rng.integers(len(speakers)))]
+            talker = talkers[int(rng.integers(len(talkers)))]
             babble.append(UttSpec("babble", talker.spk, random_words(rng, 12, 20), talker.voice,
                                   talker.rate, talker.pitch, talker.prange))
         groups.append(Group(split, g, (int(seed), 4, si, g), specs[start:start + GROUP_SIZE],
@@ -218,94 +247,77 @@ def plan_groups(split: str, speakers: Sequence[Speaker], utts: int, seed: int,
     return groups
 
 
-def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: Sequence[str],
-                other_voices: Sequence[Voice], tmp_dir: str
+def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: Engines,
+                tmp_dir: str, splits: Sequence[str] = SPLITS, blends: int = 0,
+                engine_sizing: Mapping[str, EngineSizing] = {}
                 ) -> Tuple[List[Group], Dict[str, List[Speaker]], Optional[str]]:
-    """Groups of every split, the speakers, and the private espeak-ng data dir of the
-    procedural voices (None without them)."""
+    """Groups of `splits`, the speakers of every split, and the private espeak-ng data
+    dir of the procedural voices (None without them)."""
     fixed: List[Voice] = []
     accents: List[str] = []
-    if "espeak" in engines:
-        probe = run_forked(lambda _: _probe_fixed(espeak_voices()), [None], 1, tmp_dir)[0]
-        fixed, accents = probe["voices"], probe["accents"]
+    if "espeak" in engines.names:
+        fixed, accents = espeak_voices_here(espeak_voices(), tmp_dir)
         if not accents:
             raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}")
-    test_only = [v for v in other_voices if v.engine in TEST_ONLY_ENGINES]
-    pool = fixed + [v for v in other_voices if v.engine not in TEST_ONLY_ENGINES]
-    by_split, missing = assign_voices(pool, sizes, seed, test_only)
-    need = sum(missing.values())
+    free, reserved = engines.usable(fixed + list(engines.voices))
+    espeak_sizes = sizes if "espeak" in engines.names else Sizes(0, 0, 0, 0, 0, 0)
+    by_split, missing = assign_voices([v for v in free if v.engine == "espeak"],
+                                      espeak_sizes, seed)
+    # Procedural voices go to test first, so a test-only corpus needs only test's share.
+    need = sum(missing[s] for s in splits)
     espeak_data = None
     if need:
-        have = len(pool) + len(test_only)
-        if "espeak" not in engines:
-            raise SynthError(f"{sum(sizes.speakers(s) for s in SPLITS)} speakers asked for, "
-                             f"but {','.join(engines)} have {have} voices (add espeak to "
-                             f"--engines for procedural voices)")
         if need > MAX_RANDOM_VOICES:
-            raise SynthError(f"{sum(sizes.speakers(s) for s in SPLITS)} speakers asked for: "
-                             f"the voices here cover at most {have + MAX_RANDOM_VOICES} "
-                             f"({have} fixed and {MAX_RANDOM_VOICES} procedural)")
+            asked = sum(sizes.speakers(s) for s in splits)
+            have = len(fixed)
+            raise SynthError(f"{asked} espeak-ng speakers asked for: the voices here cover at "
+                             f"most {have + MAX_RANDOM_VOICES} ({have} fixed and "
+                             f"{MAX_RANDOM_VOICES} procedural)")
         procedural = random_voices(need, accents, seed)
         espeak_data = private_espeak_data(procedural, tmp_dir)
-        run_forked(lambda _: _probe_procedural(procedural[:1] + procedural[-1:], espeak_data),
-                   [None], 1, tmp_dir)
+        # the first and last variant file: espeak-ng's voice list is filled in order
+        espeak_voices_here(procedural[:1] + procedural[-1:], tmp_dir, espeak_data)
         start = 0
         for split in ("test", "dev", "train"):
-            by_split[split] += procedural[start:start + missing[split]]
-            start += missing[split]
-    speakers = {s: [speaker_profile(v, seed) for v in sorted(by_split[s], key=lambda v: v.spk)]
-                for s in SPLITS}
+            if split in splits:
+                by_split[split] += procedural[start:start + missing[split]]
+                start += missing[split]
+    others = split_with_blends([v for v in free if v.engine != "espeak"],
+                               engine_blends(engines.names, blends, seed), seed, BLEND_SPLIT,
+                               lambda vs: split_engine_voices(vs, seed))
     for split in SPLITS:
-        if sizes.speakers(split) and len(speakers[split]) < 2:
+        by_split[split] = list(by_split[split]) + others[split]
+    if engines.test_only:
+        by_split["test"] = Engines.outside_test(by_split["test"], reserved)
+    speakers = {s: [speaker_profile(v, seed) for v in sorted(by_split[s], key=lambda v: v.spk)]
+                for s in splits}
+    for split in splits:
+        if len(speakers[split]) < 2:
             raise SynthError(f"{split} needs at least 2 speakers, got {len(speakers[split])}")
-    groups = [g for s in SPLITS for g in plan_groups(s, speakers[s], sizes.utts(s), seed, snr_db)]
+    groups = [g for s in splits for g in plan_groups(s, speakers[s], sizes.utts(s), seed,
+                                                     snr_db, engine_sizing)]
     return groups, speakers, espeak_data
-
-
-def _probe_fixed(voices: Sequence[Voice]) -> dict:
-    """Child body: the fixed espeak-ng voices that exist here."""
-    es = Espeak()
-    return {"voices": [v for v in voices if es.set_voice(v.name)],
-            "accents": [a for a in ACCENTS if es.set_voice(a)]}
-
-
-def _probe_procedural(voices: Sequence[Voice], espeak_data: str) -> bool:
-    """Child body: espeak-ng loads the procedural voices' variant files (it falls back to
-    the plain accent, silently, when one is missing)."""
-    es = Espeak(espeak_data)
-    for v in voices:
-        if not (es.set_voice(v.name)
-                and es.current_identifier().endswith("+" + v.name.split("+")[1])):
-            raise SynthError(f"espeak-ng ignored the procedural voice {v.name} "
-                             f"(variant file not found in {espeak_data})")
-    return True
 
 
 # --------------------------------------------------------------------------------------
 # Rendering (forked children)
 # --------------------------------------------------------------------------------------
 
-def _render_group(group: Group, out_dir: str, sr: int, espeak_data: Optional[str]
+def _render_group(group: Group, tts: Renderer, rng: np.random.Generator, wav_dir: str
                   ) -> List[Tuple[str, int]]:
     """Child body: babble pool first, then every utterance; returns (utterance, samples)."""
     import soundfile as sf
-    single_thread_blas()
-    rng = np.random.default_rng(list(group.seed))
-    wav_dir = os.path.join(out_dir, "wavs", group.split)
+    sr = tts.sample_rate
+    pool = [tts.clip(b.text, b.voice, b.rate, b.pitch, b.prange, int(rng.integers(2 ** 31))).audio
+            for b in group.babble]
     out = []
-    with tempfile.TemporaryDirectory(prefix="synth_") as tmp:
-        tts = Renderer(sr, tmp, espeak_data)
-        pool = [tts.speak(b.text, b.voice, b.rate, b.pitch, b.prange, int(rng.integers(2 ** 31)))
-                for b in group.babble]
-        for s in group.specs:
-            speech = tts.speak(s.text, s.voice, s.rate, s.pitch, s.prange,
-                               int(rng.integers(2 ** 31)))
-            if len(speech) == 0:
-                raise SynthError(f"{s.utt}: TTS produced no audio for {s.text!r}")
-            audio = place_in_noise(speech, rng, sr, s.level_db, s.noise, s.snr_db, s.lead_s,
-                                   s.trail_s, pool)
-            sf.write(os.path.join(wav_dir, s.utt + ".wav"), audio, sr, subtype="PCM_16")
-            out.append((s.utt, len(audio)))
+    for s in group.specs:
+        speech = tts.utterance(s.utt, s.text, s.voice, s.rate, s.pitch, s.prange,
+                               int(rng.integers(2 ** 31))).audio
+        audio = place_in_noise(speech, rng, sr, s.level_db, s.noise, s.snr_db, s.lead_s,
+                               s.trail_s, pool)
+        sf.write(os.path.join(wav_dir, s.utt + ".wav"), audio, sr, subtype="PCM_16")
+        out.append((s.utt, len(audio)))
     return out
 
 
@@ -318,7 +330,6 @@ DATA_FILES = ("wav.scp", "text", "utt2spk", "spk2utt", "utt2dur", "spk2voice")
 
 def write_trials(path: str, keys: Sequence[str], speakers: Sequence[str], seed: int) -> int:
     """Every pair of `keys` (C order) as a Kaldi trial, or a sample above MAX_TRIALS."""
-    from toolkit.tasks.speaker.data import make_trials
     order = sorted(range(len(keys)), key=lambda i: kaldi.c_order(keys[i]))
     keys = [keys[i] for i in order]
     speakers = [speakers[i] for i in order]
@@ -327,12 +338,28 @@ def write_trials(path: str, keys: Sequence[str], speakers: Sequence[str], seed: 
         rows = [f"{keys[a]} {keys[b]} {'target' if speakers[a] == speakers[b] else 'nontarget'}"
                 for a in range(n) for b in range(a + 1, n)]
     else:
+        from toolkit.tasks.speaker.data import make_trials   # imports torch: only when needed
         enroll, test, labels = make_trials(keys, speakers, seed, MAX_TRIALS // 11, 10.0)
         rows = [f"{e} {t} {'target' if lab else 'nontarget'}"
                 for e, t, lab in zip(enroll, test, labels)]
-    from toolkit.fileio import atomic_write_text
     atomic_write_text(path, "".join(r + "\n" for r in rows))
     return len(rows)
+
+
+def write_test_trials(test_dir: str, specs: Sequence[UttSpec], seed: int) -> List[str]:
+    """`trials` (every pair), and `trials_<engine>` for each engine with two speakers or
+    more when the test split hears more than one engine; returns the names written."""
+    write_trials(os.path.join(test_dir, "trials"), [s.utt for s in specs],
+                 [s.spk for s in specs], seed)
+    names = ["trials"]
+    engines = sorted({s.voice.engine for s in specs})
+    for engine in engines if len(engines) > 1 else ():
+        own = [s for s in specs if s.voice.engine == engine]
+        if len({s.spk for s in own}) >= 2:
+            write_trials(os.path.join(test_dir, f"trials_{engine}"), [s.utt for s in own],
+                         [s.spk for s in own], seed)
+            names.append(f"trials_{engine}")
+    return names
 
 
 def write_split(out_dir: str, split: str, specs: Sequence[UttSpec], speakers: Sequence[Speaker],
@@ -348,67 +375,22 @@ def write_split(out_dir: str, split: str, specs: Sequence[UttSpec], speakers: Se
     })
 
 
-def _stamp_config(seed: int, sizes: Sizes, sample_rate: int, snr_db, engines: Sequence[str],
-                  other_voices: Sequence[Voice]) -> dict:
-    voices: Dict[str, List[str]] = {}
-    for v in other_voices:
-        voices.setdefault(v.engine, []).append(v.name)
-    return {"format": FORMAT_VERSION, "seed": int(seed), "sizes": asdict(sizes),
-            "sample_rate": int(sample_rate), "snr_db": [float(snr_db[0]), float(snr_db[1])],
-            "engines": list(engines), "engine_voices": voices, "espeak": espeak_fingerprint()}
-
-
-def is_complete(out_dir: str, config: dict) -> bool:
-    """Stamp matches `config` and every data file and listed WAV exists."""
-    try:
-        with open(os.path.join(out_dir, STAMP_NAME), encoding="utf-8") as f:
-            if json.load(f) != config:
-                return False
-        if not os.path.exists(os.path.join(out_dir, "test", "trials")):
-            return False
-        for split in SPLITS:
-            d = os.path.join(out_dir, split)
-            if not all(os.path.exists(os.path.join(d, n)) for n in DATA_FILES):
-                return False
-            with open(os.path.join(d, "wav.scp"), encoding="utf-8") as f:
-                if not all(os.path.exists(line.split(maxsplit=1)[1].strip()) for line in f):
-                    return False
-    except (OSError, ValueError, IndexError):
-        return False
-    return True
-
-
-def _clean_outputs(out_dir: str) -> None:
-    """Removes what this generator writes (and what later stages left in the split dirs)."""
-    for name in (STAMP_NAME, "wavs", ".synth_tmp") + SPLITS:
-        p = os.path.join(out_dir, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p)
-        elif os.path.lexists(p):
-            os.unlink(p)
-
-
-def check_engines(engines: Sequence[str]) -> List[str]:
-    """Engine names, espeak first then sorted; SynthError for an unknown, repeated or
-    unavailable one, before any work. Only these are looked at."""
-    names = [str(e).strip() for e in engines]
-    if not names or "" in names:
-        raise SynthError(f"--engines needs engine names, e.g. espeak or espeak,flite; got "
-                         f"{','.join(names)!r}")
-    if len(set(names)) != len(names):
-        raise SynthError(f"engine named twice in --engines: {','.join(names)}")
-    for name in names:
-        reason = engine_class(name).unavailable_reason()
-        if reason:
-            raise SynthError(f"{name} was asked for (--engines) but {reason}")
-    return sorted(names, key=lambda n: (n != "espeak", n))
+def corpus_dir(out_dir: str) -> CorpusDir:
+    return CorpusDir(out_dir, STAMP_NAME, SPLITS)
 
 
 def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: int = 2,
                     sample_rate: int = 16000, snr_db: Tuple[float, float] = SNR_DB,
-                    engines: Sequence[str] = ("espeak",)) -> dict:
+                    engines: Sequence[str] = ("espeak",), test_only: bool = False,
+                    blends: int = 0, engine_sizing: Mapping[str, EngineSizing] = {}) -> dict:
     """Writes the corpus; returns the summary (`summarize`). Does nothing when `out_dir`
-    already holds a complete corpus made with the same arguments."""
+    already holds a complete corpus made with the same arguments. `sizes` count espeak-ng's
+    speakers; the other `engines` add their voices, `blends` blended voices of each engine
+    that mixes them (Kokoro). `engine_sizing`: an engine's own training utterances per
+    speaker and words per utterance. `test_only` writes the test split alone (and its
+    trials): the test speakers the full corpus of this seed holds out, plus every reserved
+    voice of `engines` (see the module docstring)."""
+    splits = ("test",) if test_only else SPLITS
     if seed < 0:
         raise SynthError(f"seed must be >= 0, got {seed}")
     if nj < 1:
@@ -417,70 +399,59 @@ def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: i
         raise SynthError(f"sample rate {sample_rate} too low (need >= 8000)")
     if snr_db[0] > snr_db[1]:
         raise SynthError(f"bad SNR range {snr_db}: min > max")
-    for split in SPLITS:
+    if blends < 0:
+        raise SynthError(f"blends must be >= 0, got {blends}")
+    for split in splits:
         if sizes.speakers(split) < 2 or sizes.utts(split) < 2:
             raise SynthError(f"{split} needs at least 2 speakers of at least 2 utterances "
                              f"(trials need same- and different-speaker pairs), got "
                              f"{sizes.speakers(split)} x {sizes.utts(split)}")
         if sizes.utts(split) > 1000:
             raise SynthError(f"{split}: at most 1000 utterances per speaker")
-    engines = check_engines(engines)
-    if "espeak" in engines:
-        espeak_paths()
-    if loaded_in_this_process():
-        logger.warning("espeak-ng was loaded in this process: output may not be reproducible")
-    other_voices = [v for e in engines if e != "espeak" for v in engine_class(e).voices()]
-    config = _stamp_config(seed, sizes, sample_rate, snr_db, engines, other_voices)
-    if is_complete(out_dir, config):
+    named = open_engines(engines, test_only)
+    check_engine_sizing(engine_sizing, named.names)
+    settings = {"seed": int(seed), "sizes": asdict(sizes), "sample_rate": int(sample_rate),
+                "snr_db": [float(snr_db[0]), float(snr_db[1])], "blends": int(blends),
+                "engine_sizing": {name: asdict(own) for name, own in sorted(engine_sizing.items())}}
+    config = corpus_stamp(FORMAT_VERSION, settings, named)
+    out = corpus_dir(out_dir)
+    required = {s: DATA_FILES + (("trials",) if s == "test" else ()) for s in splits}
+    if out.is_complete(config, required):
         logger.info("%s is complete for these arguments; nothing to do", out_dir)
-        return summarize(out_dir)
+        return summarize(out_dir, splits)
 
     t0 = time.time()
-    _clean_outputs(out_dir)
-    tmp_dir = os.path.join(out_dir, ".synth_tmp")
-    os.makedirs(tmp_dir)
-    try:
-        groups, speakers, espeak_data = plan_corpus(seed, sizes, snr_db, engines, other_voices,
-                                                    tmp_dir)
-        logger.info("planned %d utterances of %s speakers in %d groups; rendering with nj=%d",
-                    sum(len(g.specs) for g in groups),
-                    "/".join(str(len(speakers[s])) for s in SPLITS), len(groups), nj)
-        step = max(1, len(groups) // 10)
-
-        def progress(done, total):
-            if done % step == 0 or done == total:
-                logger.info("rendered %d/%d groups (%.1f s)", done, total, time.time() - t0)
-
-        out_abs = os.path.abspath(out_dir)
-        for split in SPLITS:
-            os.makedirs(os.path.join(out_abs, "wavs", split))
-        results = run_forked(lambda g: _render_group(g, out_abs, sample_rate, espeak_data),
-                             groups, nj, tmp_dir, progress)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+    with out.workspace() as tmp_dir:
+        groups, speakers, espeak_data = plan_corpus(seed, sizes, snr_db, named, tmp_dir, splits,
+                                                    blends, engine_sizing)
+        planned = [s for g in groups for s in g.specs]
+        per_engine = {e: sum(s.voice.engine == e for s in planned) for e in named.names}
+        logger.info("planned %d utterances (%s) of %s speakers in %d groups; rendering with "
+                    "nj=%d", len(planned), ", ".join(f"{e} {n}" for e, n in per_engine.items()),
+                    "/".join(str(len(speakers[s])) for s in splits), len(groups), nj)
+        results = out.render(groups, lambda g, tts, rng: _render_group(
+            g, tts, rng, out.wav_dir(g.split)), nj, tmp_dir, sample_rate, splits, espeak_data)
     lengths = {utt: n for res in results for utt, n in res}
-    for split in SPLITS:
+    for split in splits:
         specs = [s for g in groups if g.split == split for s in g.specs]
         write_split(out_dir, split, specs, speakers[split], lengths, sample_rate)
-    test = [s for g in groups if g.split == "test" for s in g.specs]
-    write_trials(os.path.join(out_dir, "test", "trials"), [s.utt for s in test],
-                 [s.spk for s in test], seed)
-    with open(os.path.join(out_dir, STAMP_NAME), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=1, sort_keys=True)     # written last: marks completion
+    write_test_trials(os.path.join(out_dir, "test"),
+                      [s for g in groups if g.split == "test" for s in g.specs], seed)
+    out.write_inventory({s: [p.voice for p in speakers[s]] for s in splits},
+                        {p.spk for s in splits for p in speakers[s]}, config["engine_versions"])
+    out.write_stamp(config)
     logger.info("wrote %s in %.1f s", out_dir, time.time() - t0)
-    return summarize(out_dir)
+    return summarize(out_dir, splits)
 
 
-def summarize(out_dir: str) -> dict:
-    """Per split: speakers, utterances and hours; the test trial counts."""
-    out = {}
-    for split in SPLITS:
-        d = os.path.join(out_dir, split)
-        dur = kaldi.read_table(os.path.join(d, "utt2dur"))
-        spk = kaldi.read_table(os.path.join(d, "utt2spk"))
-        out[split] = {"speakers": len(set(spk.values())), "utts": len(dur),
-                      "hours": sum(float(v) for v in dur.values()) / 3600}
-    with open(os.path.join(out_dir, "test", "trials"), encoding="utf-8") as f:
-        labels = [line.split()[2] for line in f if line.strip()]
-    out["trials"] = {"trials": len(labels), "targets": labels.count("target")}
+def summarize(out_dir: str, splits: Sequence[str] = SPLITS) -> dict:
+    """Per split: speakers, utterances and hours; the counts of each test trial list
+    (`trials` under "trials", `trials_<engine>` under "trials_<engine>")."""
+    out = {split: data_dir_summary(os.path.join(out_dir, split)) for split in splits}
+    test_dir = os.path.join(out_dir, "test")
+    for name in sorted(os.listdir(test_dir)):
+        if name == "trials" or name.startswith("trials_"):
+            with open(os.path.join(test_dir, name), encoding="utf-8") as f:
+                labels = [line.split()[2] for line in f if line.strip()]
+            out[name] = {"trials": len(labels), "targets": labels.count("target")}
     return out

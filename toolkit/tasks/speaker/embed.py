@@ -53,7 +53,7 @@ def export_embedder(task, checkpoint: str, out_dir: str, test_data: str, num_che
     """model.onnx (dynamic batch and time axes), model.zip (TorchScript), model.safetensors
     + config.json; each checked against PyTorch on real test utterances of their own
     lengths. The classification head is not exported."""
-    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.data.pipeline import evaluation_pipeline
     model, _ = model_from_checkpoint(checkpoint)
     d = task.cfg.dataset
     metadata = build_metadata(model, fbank_metadata(options_from_config(d.feature, d.sample_rate)),
@@ -67,7 +67,7 @@ def export_embedder(task, checkpoint: str, out_dir: str, test_data: str, num_che
                         {"feats": {0: "batch", 1: "frames"}, "embedding": {0: "batch"}}, metadata)
     writers.export_safetensors(model, os.path.join(out_dir, "model.safetensors"), metadata,
                                metadata["model_config"])
-    pipeline = FeaturePipeline(d, seed=0, train=False)
+    pipeline = evaluation_pipeline(d)
     cases = parity_inputs(test_data, lambda e: (pipeline.features(e, 0)[None],), num_check)
     return compare(torch_runner(model), {
         "torchscript": torch_runner(torch.jit.load(paths["torchscript"]).eval()),
@@ -153,7 +153,7 @@ def _extract_part(args) -> Tuple[int, int, List[str]]:
     import kaldiio
     from toolkit.data.audio import BadEntry
     from toolkit.data.datalist import BadCounter, DataList, split_range
-    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.data.pipeline import evaluation_pipeline
     from toolkit.config import DatasetConfig
     embedder = Embedder.from_path(model_path, threads)
     f = embedder.metadata["feature"]
@@ -161,7 +161,7 @@ def _extract_part(args) -> Tuple[int, int, List[str]]:
     dcfg.feature.num_mel_bins = int(f["num_mel_bins"])
     dcfg.feature.frame_length_ms = float(f["frame_length_ms"])
     dcfg.feature.frame_shift_ms = float(f["frame_shift_ms"])
-    pipeline = FeaturePipeline(dcfg, seed=0, train=False)
+    pipeline = evaluation_pipeline(dcfg)
     datalist = DataList.load(list_path, require_label=False)
     start, end = split_range(len(datalist), parts, part)
     ark = os.path.join(out_dir, f"embeddings.{part + 1}.ark")

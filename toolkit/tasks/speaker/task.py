@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.config import ConfigError, Section, TaskConfigBase
-from toolkit.data.pipeline import FeaturePipeline
 from toolkit.task import TASKS, Batch, DataRequirements, Task
 from toolkit.tasks.speaker import scoring
 from toolkit.tasks.speaker.data import ChunkBuilder, make_trials
@@ -47,18 +46,21 @@ class SpeakerTask(Task):
             raise ConfigError("task.chunk_frames must be >= 2")
 
     @classmethod
-    def resolve(cls, cfg, inventory, extras) -> None:
-        bins = cfg.dataset.feature.num_mel_bins
-        if cfg.model.input_dim != bins:
-            if cfg.model.input_dim != type(cfg.model)().input_dim:
-                raise ConfigError(f"model.input_dim={cfg.model.input_dim} but "
+    def derived_values(cls, draft, inventory, inputs) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        bins = draft.dataset.feature.num_mel_bins
+        if draft.model.input_dim != bins:
+            if draft.model.input_dim != type(draft.model)().input_dim:
+                raise ConfigError(f"model.input_dim={draft.model.input_dim} but "
                                   f"dataset.feature.num_mel_bins={bins}")
-            cfg.model.input_dim = bins
-        if cfg.head.num_classes <= 0:
-            cfg.head.num_classes = len(inventory)
-        if cfg.head.num_classes != len(inventory):
-            raise ConfigError(f"head.num_classes={cfg.head.num_classes} but the speaker inventory "
-                              f"{extras.get('inventory_path')} has {len(inventory)} entries")
+            out["model.input_dim"] = bins
+        if draft.head.num_classes <= 0:
+            out["head.num_classes"] = len(inventory)
+        elif draft.head.num_classes != len(inventory):
+            raise ConfigError(f"head.num_classes={draft.head.num_classes} but the speaker "
+                              f"inventory {inputs.get('inventory')} has {len(inventory)} "
+                              "entries")
+        return out
 
     # ---------------------------------------------------------------- modules
     def build_modules(self) -> Dict[str, nn.Module]:
@@ -96,10 +98,7 @@ class SpeakerTask(Task):
                                     allow_negative_label=False)
         return DataRequirements(require_label=False)     # dev speakers may be unseen
 
-    def example_builder(self, train, seed, noise=None, rirs=None, steps_per_epoch=0,
-                        total_steps=0):
-        pipeline = FeaturePipeline(self.cfg.dataset, seed, train, noise, rirs, steps_per_epoch,
-                                   total_steps)
+    def example_builder(self, pipeline):
         return ChunkBuilder(pipeline, self.cfg.task.chunk_frames, self.cfg.task.eval_max_frames)
 
     def example_frames(self, durations: np.ndarray) -> np.ndarray:

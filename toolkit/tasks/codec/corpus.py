@@ -1,34 +1,29 @@
-"""Synthetic read speech from many voices, for models that need speech but no labels
-(codecs, enhancement, voice activity): Kaldi data dirs ``{train,dev,test}`` of noise-free
-speech and, with ``noisy``, parallel dirs ``{train,dev,test}_noisy`` holding the same
-utterances in white, pink, brown or babble noise (same keys, same speech samples: noisy =
-clean + noise, to int16 rounding). WAVs under ``wavs/<dir>/``; ``voices.txt`` lists every
-voice used (``<spk> <split> <engine> <engine voice>``).
+"""Synthetic read speech from many voices, for the codec (and any model that needs speech
+but no labels): Kaldi data dirs ``{train,dev,test}`` of noise-free speech and, with
+``noisy``, parallel dirs ``{train,dev,test}_noisy`` holding the same utterances in white,
+pink, brown or babble noise (same keys, same speech samples: noisy = clean + noise, to
+int16 rounding). WAVs under ``wavs/<dir>/``, the voice inventory ``voices.tsv``.
+This module is the corpus design (a sentence grammar, the voice pool, per-split plans,
+clean and noisy versions); engines, voices, the forked rendering, the stamp and the output
+dir are toolkit.tts.corpus.
 
 Texts are sentences from a small grammar (statements, questions, requests, numbers and
 names), one to three per utterance, so that the prosody is that of read sentences rather
 than of word lists. Voices: espeak-ng's fixed voices (8 English accents x 28 variants),
 optionally procedural espeak-ng voices (random vocal tracts and sources,
-toolkit.tts.espeak.random_voices), and the voices of the other engines asked for. Train,
-dev and test never share a voice; the split is stratified by accent (espeak-ng) or engine,
-so that every split hears every accent.
-
-Engines: only those named in ``engines`` are looked at (espeak-ng alone by default, so
-that what happens to be installed never changes the data); one that is named but missing
-is an error before any work. Festival in particular is used only when named.
-
-Determinism: the plan (texts, voices, prosody, levels, noise, SNR) is drawn in the parent
-from the seed alone; rendering runs in fixed groups of GROUP_SIZE utterances, each in a
-freshly forked child that loads the engines itself (toolkit.tts.pool), and reseeds the TTS
-before each utterance. Groups do not depend on ``nj``, so the files are byte-identical for
-any ``nj``. The parent never loads espeak-ng.
+toolkit.tts.espeak.random_voices), the voices of the other engines named, and blends of
+the voices of an engine that mixes them (Kokoro: ``blends`` per engine). The engines
+besides espeak-ng speak ``other_share`` of the utterances, shared alike. Train, dev and
+test never share a voice; the split is stratified by accent (espeak-ng) or engine, so
+that every split hears every accent; the voices blends are made of all train, and the
+blends are shared out like other voices. Reserved voices (festival's, seven of Kokoro's:
+toolkit.tts.RESERVED_VOICES) speak only in a test-only corpus (``test_only``), whose test
+split is the held-out test voices of the full corpus of the same seed plus the reserved
+ones (an engine that reserves voices is heard through those alone).
 """
-import json
 import logging
 import math
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -36,29 +31,26 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from toolkit.data import kaldi
-from toolkit.data.audio import resample
-from toolkit.fileio import atomic_write_text
 from toolkit.tts import SynthError, Voice
-from toolkit.tts.engines import ENGINES, engine_class
-from toolkit.tts.espeak import (ACCENTS, INSTALL_HINT, MAX_RANDOM_VOICES, Espeak,
-                                espeak_fingerprint, espeak_paths, espeak_voices,
-                                loaded_in_this_process, private_espeak_data, random_voices)
-from toolkit.tts.pool import run_forked, single_thread_blas
-from toolkit.tts.signal import (active_power, babble_noise, colored_noise, mix_at_snr,
-                                trim_silence)
+from toolkit.tts.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
+                                corpus_stamp, data_dir_summary, engine_blends, engine_shares,
+                                espeak_voices_here, open_engines, split_by_stratum,
+                                split_with_blends)
+from toolkit.tts.espeak import (ACCENTS, INSTALL_HINT, MAX_RANDOM_VOICES, espeak_voices,
+                                private_espeak_data, random_voices)
+from toolkit.tts.render import Renderer
+from toolkit.tts.signal import active_power, babble_noise, colored_noise, mix_at_snr
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1            # bump when the outputs change, so that old stamps are stale
-SPLITS = ("train", "dev", "test")
+FORMAT_VERSION = 3            # bump when the outputs change, so that old stamps are stale
+                              # (2: the stamp and voices.tsv of toolkit.tts.corpus;
+                              # 3: blends and the other engines' share in the stamp)
 NOISY_SUFFIX = "_noisy"
 GROUP_SIZE = 32               # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_speech_data.json"
-VOICES_FILE = "voices.txt"
+LEGACY_VOICES_FILE = "voices.txt"   # written before voices.tsv; removed with the rest
 VOICE_SHARE = {"test": 0.1, "dev": 0.1}    # per accent or engine; the rest is train
-# Share of the utterances spoken by the engines named besides espeak-ng, shared alike:
-# they have a handful of voices each against espeak-ng's hundreds.
-OTHER_ENGINES_SHARE = 0.2
 
 RATE_WPM = (130, 210)         # espeak default 175
 PITCH = (25, 75)              # espeak 0-100, 50: the voice's own
@@ -184,90 +176,19 @@ def utterance_text(rng: np.random.Generator, sentences: Tuple[int, int] = SENTEN
 # Voices and engines
 # --------------------------------------------------------------------------------------
 
-def check_engines(engines: Sequence[str]) -> List[str]:
-    """The engine names, espeak first then sorted; SynthError before any work for an
-    unknown, repeated or unavailable one. Engines not named are never looked at."""
-    names = [str(e).strip() for e in engines]
-    if not names or "" in names:
-        raise SynthError(f"engines: need engine names such as espeak or espeak,flite; got "
-                         f"{','.join(names)!r}")
-    if len(set(names)) != len(names):
-        raise SynthError(f"engine named twice: {','.join(names)}")
-    for name in names:
-        reason = engine_class(name).unavailable_reason()
-        if reason:
-            raise SynthError(f"{name} was asked for (--engines) but {reason}")
-    return sorted(names, key=lambda n: (n != "espeak", n))
-
-
-def engine_shares(engines: Sequence[str]) -> Dict[str, float]:
-    """Planned share of the utterances per engine (OTHER_ENGINES_SHARE to the others
-    when espeak-ng is among them, shared alike; all to them otherwise)."""
-    others = [e for e in engines if e != "espeak"]
-    if "espeak" not in engines:
-        return {e: 1.0 / len(others) for e in others}
-    return {"espeak": 1.0 - OTHER_ENGINES_SHARE * bool(others),
-            **{e: OTHER_ENGINES_SHARE / len(others) for e in others}}
-
-
-def _stratum(voice: Voice) -> str:
-    if voice.engine != "espeak":
-        return voice.engine
-    return voice.name.split("+")[0] + (":procedural" if voice.variant else "")
-
-
-def _interleave(strata: Dict[str, List[Voice]]) -> List[Voice]:
-    """Round robin over the strata, so that any prefix covers the accents evenly."""
-    out, lists = [], [strata[k] for k in sorted(strata)]
-    for i in range(max((len(v) for v in lists), default=0)):
-        out += [v[i] for v in lists if i < len(v)]
-    return out
-
-
 def split_voices(voices: Sequence[Voice], seed: int, max_voices: int = 0
                  ) -> Dict[str, List[Voice]]:
     """Disjoint voice lists per split, stratified by accent or engine (a stratum of three
     or more voices gives each split at least one), each list interleaved across strata.
     `max_voices` > 0 keeps that many in all: 10 % (at least one) each for test and dev."""
-    rng = np.random.default_rng([int(seed), 0])
-    strata: Dict[str, List[Voice]] = {}
-    for v in sorted(voices, key=lambda v: v.spk):
-        strata.setdefault(_stratum(v), []).append(v)
-    per_split: Dict[str, Dict[str, List[Voice]]] = {s: {} for s in SPLITS}
-    for key in sorted(strata):
-        order = [strata[key][i] for i in rng.permutation(len(strata[key]))]
-        n = len(order)
-        n_test = max(1, round(VOICE_SHARE["test"] * n)) if n >= 2 else 0
-        n_dev = max(1, round(VOICE_SHARE["dev"] * n)) if n >= 3 else 0
-        per_split["test"][key] = order[:n_test]
-        per_split["dev"][key] = order[n_test:n_test + n_dev]
-        per_split["train"][key] = order[n_test + n_dev:]
-    out = {s: _interleave(per_split[s]) for s in SPLITS}
+    out = split_by_stratum(voices, seed, VOICE_SHARE, interleave=True)
     if max_voices:
         if max_voices < 3:
             raise SynthError(f"max voices {max_voices}: need at least 3 (one per split)")
         n_held = max(1, round(0.1 * max_voices))
         caps = {"test": n_held, "dev": n_held, "train": max_voices - 2 * n_held}
         out = {s: out[s][:caps[s]] for s in SPLITS}
-    for s in SPLITS:
-        if not out[s]:
-            raise SynthError(f"no voices left for {s} ({len(voices)} voices in all)")
     return out
-
-
-def _probe(voices: Sequence[Voice], espeak_data: Optional[str]) -> List[Voice]:
-    """Child body: the espeak-ng voices among `voices` that load (a procedural one only
-    when its variant file is applied: espeak falls back to the plain accent silently)."""
-    es = Espeak(espeak_data)
-    ok = []
-    for v in voices:
-        if not es.set_voice(v.name):
-            continue
-        if v.variant and not es.current_identifier().endswith("+" + v.name.split("+")[1]):
-            raise SynthError(f"espeak-ng ignored the procedural voice {v.name} (variant file "
-                             f"not found in {espeak_data})")
-        ok.append(v)
-    return ok
 
 
 # --------------------------------------------------------------------------------------
@@ -295,14 +216,6 @@ class UttSpec:
     trail_s: float
     noise: str
     snr_db: float
-
-
-@dataclass
-class Group:
-    split: str
-    index: int
-    seed: Tuple[int, ...]
-    specs: List[UttSpec]
 
 
 def plan_split(split: str, n: int, voices: Sequence[Voice], seed: int,
@@ -342,20 +255,6 @@ def plan_split(split: str, n: int, voices: Sequence[Voice], seed: int,
 # Rendering (forked children)
 # --------------------------------------------------------------------------------------
 
-def _speak(engines: dict, tmp: str, espeak_data: Optional[str], spec: UttSpec, sr: int,
-           seed: int) -> np.ndarray:
-    name = spec.voice.engine
-    if name not in engines:     # made on first use: espeak-ng loads only in this child
-        options = {"data_path": espeak_data} if name == "espeak" else {}
-        engines[name] = ENGINES.get(name)(tmp, **options)
-    speech = engines[name].synth(spec.text, spec.voice, spec.rate, spec.pitch, spec.prange,
-                                 seed, time_words=False)
-    audio = trim_silence(resample(speech.audio, speech.sample_rate, sr))
-    if not len(audio):
-        raise SynthError(f"{spec.utt}: {name} produced no audio for {spec.text!r}")
-    return audio
-
-
 def place(speech: np.ndarray, spec: UttSpec, sr: int) -> np.ndarray:
     """Speech at its active level between the leading and trailing silences (float32)."""
     lead, trail = int(round(spec.lead_s * sr)), int(round(spec.trail_s * sr))
@@ -369,17 +268,14 @@ def _pcm16(x: np.ndarray) -> np.ndarray:
     return np.round(np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
 
 
-def _render_group(group: Group, out_dir: str, sr: int, espeak_data: Optional[str],
+def _render_group(group: Group, tts: Renderer, rng: np.random.Generator, out_dir: str,
                   noisy: bool) -> List[Tuple[str, int, str]]:
     """Child body: every utterance's speech first (the babble pool is the group's other
     utterances), then the clean and noisy WAVs. Returns (utt, samples, noise used)."""
     import soundfile as sf
-    single_thread_blas()
-    rng = np.random.default_rng(list(group.seed))
-    with tempfile.TemporaryDirectory(prefix="speech_") as tmp:
-        engines: dict = {}
-        speech = [_speak(engines, tmp, espeak_data, s, sr, int(rng.integers(2 ** 31)))
-                  for s in group.specs]
+    sr = tts.sample_rate
+    speech = [tts.utterance(s.utt, s.text, s.voice, s.rate, s.pitch, s.prange,
+                            int(rng.integers(2 ** 31))).audio for s in group.specs]
     out = []
     for i, spec in enumerate(group.specs):
         clean = place(speech[i], spec, sr)
@@ -405,78 +301,77 @@ def _render_group(group: Group, out_dir: str, sr: int, espeak_data: Optional[str
 # Output
 # --------------------------------------------------------------------------------------
 
-def output_dirs(noisy: bool) -> List[str]:
-    return list(SPLITS) + ([s + NOISY_SUFFIX for s in SPLITS] if noisy else [])
+def output_dirs(noisy: bool, splits: Sequence[str] = SPLITS) -> List[str]:
+    return list(splits) + ([s + NOISY_SUFFIX for s in splits] if noisy else [])
 
 
-def _stamp_config(seed, sizes: Sizes, sample_rate, snr_db, engines, other_voices,
-                  n_random_voices, max_voices, noisy, sentences) -> dict:
-    voices: Dict[str, List[str]] = {}
-    for v in other_voices:          # espeak-ng's voices follow from its build, below
-        voices.setdefault(v.engine, []).append(v.name)
-    return {"format": FORMAT_VERSION, "seed": int(seed), "sizes": asdict(sizes),
-            "sample_rate": int(sample_rate), "snr_db": [float(x) for x in snr_db],
-            "engines": list(engines), "engine_shares": engine_shares(engines),
-            "engine_voices": voices, "random_voices": int(n_random_voices),
-            "max_voices": int(max_voices), "noisy": bool(noisy),
-            "sentences": [int(x) for x in sentences],
-            "espeak": espeak_fingerprint() if "espeak" in engines else None}
+def corpus_dir(out_dir: str) -> CorpusDir:
+    return CorpusDir(out_dir, STAMP_NAME, [LEGACY_VOICES_FILE] + output_dirs(True))
 
 
-def is_complete(out_dir: str, config: dict) -> bool:
-    """The stamp matches `config` and every data file and listed WAV exists."""
-    try:
-        with open(os.path.join(out_dir, STAMP_NAME), encoding="utf-8") as f:
-            if json.load(f) != config:
-                return False
-        for name in output_dirs(config["noisy"]):
-            d = os.path.join(out_dir, name)
-            files = NOISY_FILES if name.endswith(NOISY_SUFFIX) else DATA_FILES
-            if not all(os.path.exists(os.path.join(d, n)) for n in files):
-                return False
-            with open(os.path.join(d, "wav.scp"), encoding="utf-8") as f:
-                if not all(os.path.exists(line.split(maxsplit=1)[1].strip()) for line in f):
-                    return False
-    except (OSError, ValueError, IndexError, KeyError):
-        return False
-    return True
-
-
-def _clean_outputs(out_dir: str) -> None:
-    """Removes only what this generator writes (and what a rerun would leave stale)."""
-    names = [STAMP_NAME, VOICES_FILE, "wavs", ".synth_tmp"] + output_dirs(True)
-    for name in names:
-        p = os.path.join(out_dir, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p)
-        elif os.path.lexists(p):
-            os.unlink(p)
-
-
-def summarize(out_dir: str) -> Dict[str, dict]:
+def summarize(out_dir: str, names: Sequence[str]) -> Dict[str, dict]:
     """Per data dir: utterances, hours, voices."""
-    with open(os.path.join(out_dir, STAMP_NAME), encoding="utf-8") as f:
-        noisy = json.load(f)["noisy"]
     out = {}
-    for name in output_dirs(noisy):
-        d = os.path.join(out_dir, name)
-        dur = kaldi.read_table(os.path.join(d, "utt2dur"))
-        spk = kaldi.read_table(os.path.join(d, "spk2utt"))
-        out[name] = {"utts": len(dur), "hours": sum(float(v) for v in dur.values()) / 3600,
-                     "voices": len(spk)}
+    for name in names:
+        info = data_dir_summary(os.path.join(out_dir, name))
+        out[name] = {"utts": info["utts"], "hours": info["hours"], "voices": info["speakers"]}
     return out
+
+
+def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: Engines,
+                n_random_voices: int, max_voices: int, sentences: Tuple[int, int],
+                tmp_dir: str, splits: Sequence[str] = SPLITS,
+                other_share: float = OTHER_ENGINES_SHARE, blends: int = 0
+                ) -> Tuple[List[Group], Dict[str, List[Voice]], Optional[str]]:
+    """Groups of `splits`, the voices of every split, and the private espeak-ng data dir of
+    the procedural voices (None without them)."""
+    voices = list(engines.voices)
+    espeak_data = None
+    if "espeak" in engines.names:
+        procedural = random_voices(n_random_voices, ACCENTS, seed)
+        espeak_data = private_espeak_data(procedural, tmp_dir)
+        fixed, _ = espeak_voices_here(espeak_voices() + procedural, tmp_dir, espeak_data)
+        if not fixed:
+            raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: "
+                             f"{INSTALL_HINT}")
+        voices += fixed
+    free, reserved = engines.usable(voices)
+    mixed = engine_blends(engines.names, blends, seed)
+    if mixed:
+        by_split = split_with_blends(free, mixed, seed, VOICE_SHARE,
+                                     lambda vs: split_voices(vs, seed, max_voices))
+    else:
+        by_split = split_voices(free, seed, max_voices)
+    if reserved:
+        by_split["test"] = engines.outside_test(by_split["test"], reserved)
+    for split in splits:
+        if not by_split[split]:
+            raise SynthError(f"no voices left for {split} ({len(voices)} voices in all)")
+    shares = engine_shares(engines.names, other_share)
+    groups = [g for split in splits
+              for g in plan_split(split, getattr(sizes, split), by_split[split], seed,
+                                  snr_db, shares, sentences)]
+    return groups, by_split, espeak_data
 
 
 def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: int = 2,
                     sample_rate: int = 16000, engines: Sequence[str] = ("espeak",),
                     n_random_voices: int = 0, max_voices: int = 0,
                     snr_db: Tuple[float, float] = (5.0, 25.0), noisy: bool = True,
-                    sentences: Tuple[int, int] = SENTENCES) -> Dict[str, dict]:
+                    sentences: Tuple[int, int] = SENTENCES, test_only: bool = False,
+                    other_share: float = OTHER_ENGINES_SHARE, blends: int = 0
+                    ) -> Dict[str, dict]:
     """Writes the corpus (module docstring) and returns summarize()'s figures. Does
     nothing when `out_dir` already holds a complete corpus of the same arguments.
     `n_random_voices`: procedural espeak-ng voices added to the pool before the split;
-    `max_voices` > 0: at most that many voices in all (split_voices)."""
-    for split in SPLITS:
+    `max_voices` > 0: at most that many voices in all (split_voices; the voices blends are
+    made of come on top). `other_share`: the share of the utterances the engines besides
+    espeak-ng speak, alike. `blends`: that many blended voices of each named engine that
+    mixes voices (Kokoro). `test_only`: the test dirs alone, on the test voices of the full
+    corpus of this seed plus every reserved voice of `engines` (festival's; Kokoro's seven,
+    and no other Kokoro voice or blend)."""
+    splits = ("test",) if test_only else SPLITS
+    for split in splits:
         if getattr(sizes, split) < 1:
             raise SynthError(f"{split}: need at least one utterance, got {getattr(sizes, split)}")
     if seed < 0 or nj < 1:
@@ -485,80 +380,57 @@ def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: 
         raise SynthError(f"sample rate {sample_rate} too low (need >= 8000)")
     if snr_db[0] > snr_db[1] or not 1 <= sentences[0] <= sentences[1]:
         raise SynthError(f"bad ranges: SNR {snr_db}, sentences {sentences}")
+    if not 0.0 <= other_share <= 1.0:
+        raise SynthError(f"other-engine share {other_share} is outside [0, 1]")
+    if blends < 0:
+        raise SynthError(f"blends must be >= 0, got {blends}")
     if not 0 <= n_random_voices <= MAX_RANDOM_VOICES:
         raise SynthError(f"random voices {n_random_voices} is outside [0, {MAX_RANDOM_VOICES}] "
                          "(espeak-ng lists at most 349 voice files)")
-    engines = check_engines(engines)
-    if n_random_voices and "espeak" not in engines:
+    named = open_engines(engines, test_only)
+    if n_random_voices and "espeak" not in named.names:
         raise SynthError("random voices are espeak-ng voices: add espeak to --engines")
-    if "espeak" in engines:
-        espeak_paths()
-        if loaded_in_this_process():
-            logger.warning("espeak-ng was loaded in this process: output may not be "
-                           "reproducible")
-    other_voices = [v for e in engines if e != "espeak" for v in engine_class(e).voices()]
-    config = _stamp_config(seed, sizes, sample_rate, snr_db, engines, other_voices,
-                           n_random_voices, max_voices, noisy, sentences)
-    if is_complete(out_dir, config):
+    settings = {"seed": int(seed), "sizes": asdict(sizes), "sample_rate": int(sample_rate),
+                "snr_db": [float(x) for x in snr_db],
+                "engine_shares": engine_shares(named.names, other_share), "blends": int(blends),
+                "random_voices": int(n_random_voices), "max_voices": int(max_voices),
+                "noisy": bool(noisy), "sentences": [int(x) for x in sentences]}
+    config = corpus_stamp(FORMAT_VERSION, settings, named)
+    out = corpus_dir(out_dir)
+    names = output_dirs(noisy, splits)
+    required = {n: NOISY_FILES if n.endswith(NOISY_SUFFIX) else DATA_FILES for n in names}
+    if out.is_complete(config, required):
         logger.info("%s is complete for these arguments; nothing to do", out_dir)
-        return summarize(out_dir)
+        return summarize(out_dir, names)
 
     t0 = time.time()
-    _clean_outputs(out_dir)
-    out_abs = os.path.abspath(out_dir)
-    tmp_dir = os.path.join(out_abs, ".synth_tmp")
-    os.makedirs(tmp_dir)
-    try:
-        voices = list(other_voices)
-        espeak_data = None
-        if "espeak" in engines:
-            procedural = random_voices(n_random_voices, ACCENTS, seed)
-            espeak_data = private_espeak_data(procedural, tmp_dir)
-            fixed = run_forked(lambda _: _probe(espeak_voices() + procedural, espeak_data),
-                               [None], 1, tmp_dir)[0]
-            if not fixed:
-                raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: "
-                                 f"{INSTALL_HINT}")
-            voices += fixed
-        by_split = split_voices(voices, seed, max_voices)
-        shares = engine_shares(engines)
-        groups = [g for split in SPLITS
-                  for g in plan_split(split, getattr(sizes, split), by_split[split], seed,
-                                      snr_db, shares, sentences)]
+    with out.workspace() as tmp_dir:
+        groups, by_split, espeak_data = plan_corpus(seed, sizes, snr_db, named, n_random_voices,
+                                                    max_voices, sentences, tmp_dir, splits,
+                                                    other_share, blends)
         logger.info("planned %d utterances (%s voices) in %d groups; rendering with nj=%d",
                     sum(len(g.specs) for g in groups),
-                    "/".join(str(len(by_split[s])) for s in SPLITS), len(groups), nj)
-        for name in output_dirs(noisy):
-            os.makedirs(os.path.join(out_abs, "wavs", name))
-        from toolkit.progress import Progress
-        bar = Progress(len(groups), "rendering", "groups", interval_s=10.0, log=logger)
-        results = run_forked(lambda g: _render_group(g, out_abs, sample_rate, espeak_data, noisy),
-                             groups, nj, tmp_dir, lambda done, _: bar.update(done - bar.done))
-        bar.close()
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+                    "/".join(str(len(by_split[s])) for s in splits), len(groups), nj)
+        results = out.render(groups, lambda g, tts, rng: _render_group(
+            g, tts, rng, out.abspath, noisy), nj, tmp_dir, sample_rate, names, espeak_data)
     rendered = {utt: (n, noise) for res in results for utt, n, noise in res}
-    for split in SPLITS:
+    for split in splits:
         specs = [s for g in groups if g.split == split for s in g.specs]
         tables = {"text": {s.utt: s.text for s in specs},
                   "utt2spk": {s.utt: s.spk for s in specs},
                   "utt2dur": {s.utt: f"{rendered[s.utt][0] / sample_rate:.3f}" for s in specs}}
-        for name in output_dirs(noisy):
-            if name.split(NOISY_SUFFIX)[0] != split:
+        for name in (split, split + NOISY_SUFFIX):
+            if name not in names:
                 continue
             extra = {}
             if name != split:
                 extra = {"utt2noise": {s.utt: rendered[s.utt][1] for s in specs},
                          "utt2snr": {s.utt: f"{s.snr_db:.2f}" for s in specs}}
-            wav_dir = os.path.join(out_abs, "wavs", name)
             kaldi.write_data_dir(os.path.join(out_dir, name), {
-                "wav.scp": {s.utt: os.path.join(wav_dir, s.utt + ".wav") for s in specs},
-                **tables, **extra})
-    speaking = {s.spk for g in groups for s in g.specs}
-    atomic_write_text(os.path.join(out_dir, VOICES_FILE), "".join(
-        f"{v.spk} {split} {v.engine} {v.name}\n" for split in SPLITS for v in by_split[split]
-        if v.spk in speaking))
-    with open(os.path.join(out_dir, STAMP_NAME), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=1, sort_keys=True)      # written last: marks completion
+                "wav.scp": {s.utt: os.path.join(out.wav_dir(name), s.utt + ".wav")
+                            for s in specs}, **tables, **extra})
+    out.write_inventory(by_split, {s.spk for g in groups for s in g.specs},
+                        config["engine_versions"])
+    out.write_stamp(config)
     logger.info("wrote %s in %.1f s", out_dir, time.time() - t0)
-    return summarize(out_dir)
+    return summarize(out_dir, names)

@@ -1,0 +1,160 @@
+"""docs/config_reference.md: every key of every section of every task, with its type,
+default and the one line its dataclass field's comment gives (`python -m
+toolkit.bin.train --print-config-reference`; tests/test_layout.py keeps the file current)."""
+import dataclasses
+import inspect
+import io
+import re
+import tokenize
+import typing
+from typing import Any, Dict, Iterable, List, Tuple
+
+import yaml
+
+from toolkit.config.ramps import Ramp
+from toolkit.config.schema import DatasetConfig, OptimConfig, TrainingConfig
+from toolkit.config.validate import type_name
+
+
+def field_docs(cls) -> Dict[str, str]:
+    """One line per dataclass field, read from the comment on the field's line or the
+    comment lines just above it, across the class's bases."""
+    docs: Dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        own = klass.__dict__.get("__annotations__", {})
+        if not own:
+            continue
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        docs.update(_parse_field_comments(source, set(own)))
+    return docs
+
+
+def _parse_field_comments(source: str, names: set) -> Dict[str, str]:
+    lines = source.splitlines()
+    # Only the class's own body: skip the lines of nested classes/functions.
+    body_indent = None
+    out: Dict[str, str] = {}
+    pending: List[str] = []
+    comments = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    except (tokenize.TokenError, IndentationError):
+        pass
+    first = next((i for i, l in enumerate(lines) if l.lstrip().startswith("class ")), 0)
+    for lineno, line in enumerate(lines[first + 1:], first + 2):
+        stripped = line.strip()
+        if not stripped:
+            pending = []
+            continue
+        indent = len(line) - len(line.lstrip())
+        if body_indent is None and not stripped.startswith(('"""', "'''", "#", "@")):
+            body_indent = indent
+        if stripped.startswith("#"):
+            if body_indent is None or indent == body_indent:
+                pending.append(comments.get(lineno, stripped.lstrip("#").strip()))
+            continue
+        m = re.match(r"(\w+)\s*:", stripped)
+        if m and indent == body_indent and m.group(1) in names:
+            trailing = comments.get(lineno)
+            text = trailing or " ".join(pending)
+            if text:
+                out[m.group(1)] = text
+        pending = []
+    return out
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        value = f.default_factory()  # type: ignore[misc]
+    else:
+        return "(required)"
+    if isinstance(value, Ramp):
+        return f"{value.final:g}" if value.is_constant else str(dataclasses.asdict(value))
+    if dataclasses.is_dataclass(value):
+        return "(section)"
+    if value == "":
+        return '""'
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def reference_rows(cls, path: str) -> List[Tuple[str, str, str, str]]:
+    """(key path, type, default, doc) for every field of `cls`, nested sections expanded."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp = hints[f.name]
+        key = f"{path}.{f.name}" if path else f.name
+        if dataclasses.is_dataclass(tp) and tp is not Ramp:
+            rows.extend(reference_rows(tp, key))
+            continue
+        item = (typing.get_args(tp) or (None,))[0]
+        if typing.get_origin(tp) in (list, List) and dataclasses.is_dataclass(item):
+            # A list of sections: the list itself, then the keys of each item.
+            rows.append((key, "list", "[]", docs.get(f.name, "")))
+            rows.extend(reference_rows(item, key + "[]"))
+            continue
+        type_text = "number or ramp" if tp is Ramp else type_name(tp).replace("typing.", "")
+        rows.append((key, type_text, _default_text(f), docs.get(f.name, "")))
+    return rows
+
+
+def _flat_defaults(node: Dict[str, Any], path: str) -> List[Tuple[str, Any]]:
+    out: List[Tuple[str, Any]] = []
+    for key, value in node.items():
+        if isinstance(value, dict):
+            out.extend(_flat_defaults(value, f"{path}.{key}"))
+        else:
+            out.append((f"{path}.{key}", value))
+    return out
+
+
+def config_reference(tasks: Iterable[type]) -> str:
+    """Markdown listing every key of every section of every task (docs/config_reference.md)."""
+    out = ["# Configuration reference", "",
+           "Generated by `python -m toolkit.bin.train --print-config-reference`; a test keeps "
+           "it in sync with the code. Every section rejects keys not listed here.", ""]
+
+    def table(title: str, rows) -> None:
+        out.extend([f"### {title}", "", "| key | type | default | what it does |",
+                    "|---|---|---|---|"])
+        for key, tp, default, doc in rows:
+            out.append(f"| `{key}` | {tp} | `{default}` | {doc.replace('|', '/')} |")
+        out.append("")
+
+    out.extend(["## Generic sections", ""])
+    table("dataset", reference_rows(DatasetConfig, "dataset"))
+    table("optim (one optimizer, or one such section per optimizer name)",
+          reference_rows(OptimConfig, "optim"))
+    table("training", reference_rows(TrainingConfig, "training"))
+    table("ramp (any `number or ramp` key)", reference_rows(Ramp, "<key>"))
+    for task in sorted(tasks, key=lambda t: t.name):
+        out.extend([f"## Task `{task.name}`", "",
+                    f"Optimizers: {', '.join(f'`{n}`' for n in task.optimizers)}.", ""])
+        if task.inputs:
+            out.extend(["Inputs on the training command line: " + "; ".join(
+                f"`--{i.name}` (sets `{i.fills}`): {i.help}" for i in task.inputs) + ".", ""])
+        overrides = _flat_defaults(task.optim_defaults, "optim")
+        if overrides:
+            out.extend(["Defaults this task sets over the optim table: "
+                        + ", ".join(f"`{k}={v}`" for k, v in overrides) + ".", ""])
+        table("task", reference_rows(task.Config, "task"))
+        for name, section in task.sections.items():
+            if section.registry is not None:
+                for kind in section.registry.names():
+                    table(f"{name} (type: {kind})",
+                          reference_rows(section.registry.get(kind).Config, name))
+            else:
+                table(name, reference_rows(section.schema, name))
+    return "\n".join(out).rstrip() + "\n"

