@@ -54,6 +54,22 @@ def test_training_binary_starts_with_the_allocator_settings(tmp_path):
         ["glibc.malloc.arena_max=2"]
 
 
+def test_binary_run_inside_another_program_does_not_start_that_program_again(tmp_path):
+    """A harness that runs the binary with runpy in its own interpreter (the tests' zygote)
+    has a command line of its own: re-executing it would run the harness, not training."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    exp = tmp_path / "exp"
+    harness = ("import runpy, sys; sys.argv = ['train', '--config', sys.argv[1], '--exp-dir', "
+               "sys.argv[2]]; runpy.run_module('toolkit.bin.train', run_name='__main__', "
+               "alter_sys=True)")
+    proc = subprocess.run([sys.executable, "-c", harness, str(tmp_path / "missing.yaml"),
+                           str(exp)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error:"), proc.stderr
+    log = (exp / "log" / "train.rank0.log").read_text()
+    assert "allocator: GLIBC_TUNABLES=(unset)" in log
+
+
 def test_rss_and_trim():
     before = rss_bytes()
     block = np.ones(64 << 20, dtype=np.uint8)         # 64 MiB, touched

@@ -18,7 +18,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
-from typing import Optional
+from typing import List, Optional
 
 _LIBC = None
 # Blocks from 4 MiB up get their own mapping: the activations of a batch (a 256 x 64 x 64
@@ -54,12 +54,30 @@ def reexec_with_allocator_tunables() -> None:
     `allocator_tunables()`; returns without doing anything when there are none. Call it
     first thing in a binary's `__main__`, before any work."""
     tunables = allocator_tunables()
-    if not tunables or not getattr(sys, "orig_argv", None):
+    command = _own_command_line()
+    if not tunables or command is None:
         return
     env = dict(os.environ, GLIBC_TUNABLES=tunables)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable] + list(sys.orig_argv[1:]), env)
+    os.execve(sys.executable, [sys.executable] + command[1:], env)
+
+
+def _own_command_line() -> Optional[List[str]]:
+    """The interpreter's command line when it started the running binary itself (`python
+    [flags] -m module args` or `python [flags] path args`); None when the binary runs
+    inside another program (runpy from a test harness's forked interpreter, an embedding),
+    whose command line would start that program again instead."""
+    orig = list(getattr(sys, "orig_argv", None) or [])
+    args = sys.argv[1:]
+    if len(orig) < len(args) + 2 or orig[len(orig) - len(args):] != args:
+        return None
+    program = orig[len(orig) - len(args) - 1]
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:
+        before = orig[len(orig) - len(args) - 2]
+        return orig if before == "-m" and program == spec.name else None
+    return orig if os.path.realpath(program) == os.path.realpath(sys.argv[0]) else None
 
 
 def _libc():
