@@ -118,7 +118,7 @@ def test_training_export_and_evaluation_at_24k(recipe_run):
     from toolkit.export import read_metadata
     meta = read_metadata(str(exp / "export" / "encoder.onnx"))
     assert meta["sample_rate"] == 24000 and meta["bitrate"] == 3600.0   # 75 x 8 x 6 bits
-    rows = [l for l in (exp / "eval" / "results.md").read_text().splitlines()
+    rows = [l for l in (exp / "eval" / "test" / "results.md").read_text().splitlines()
             if l.startswith("| ") and "---" not in l][1:]
     assert [r.split("|")[1].strip() for r in rows] == ["codec", "codec n_q=2",
                                                        "mu-law 1.2 kHz 2 bit"]

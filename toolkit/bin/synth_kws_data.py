@@ -10,8 +10,7 @@ import sys
 from toolkit.errors import cli
 from toolkit.tasks.kws.corpus import (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, Sizes,
                                       generate_corpus)
-from toolkit.tts.corpus import OTHER_ENGINES_SHARE, TEST_ONLY_ENGINES
-from toolkit.tts.engines import ENGINES
+from toolkit.tts.corpus import add_voice_bank_arguments
 
 _DEFAULTS = Sizes()
 
@@ -58,25 +57,10 @@ def get_args(argv=None):
                    help="fraction of the training confusables that are near-homophones of the "
                         "whole keyword ('hey snoops' for 'hey snips'); the rest cover every "
                         "confusable category in turn (default %(default)s)")
-    p.add_argument("--engines", default="espeak", metavar="LIST",
-                   help=f"comma-separated TTS engines that speak, of {','.join(ENGINES.names())}; "
-                        "those besides espeak share --other-share of the utterances. "
-                        "One asked for but not installed is an error; "
-                        f"{','.join(TEST_ONLY_ENGINES)} (reserved for evaluation) only with "
-                        "--test-only (default %(default)s)")
-    p.add_argument("--other-share", type=float, default=OTHER_ENGINES_SHARE, metavar="F",
-                   help="fraction of the utterances spoken by the engines besides espeak-ng, "
-                        "shared alike among them (default %(default)s)")
-    p.add_argument("--blends", type=int, default=0, metavar="N",
-                   help="N blended voices of each named engine whose voices mix (kokoro): "
-                        "the voices they are made of then all train, the blends are split "
-                        "across train/dev/test like other voices (default %(default)s)")
-    p.add_argument("--test-only", action="store_true",
-                   help="write <out-dir>/test alone (and dict/): an evaluation set from "
-                        "--engines, on the test voices the full corpus of this --seed holds "
-                        "out plus every voice reserved for evaluation (all of "
-                        f"{','.join(TEST_ONLY_ENGINES)}'s, refused without this); sized by "
-                        "--num-test-pos/--num-test-neg. Use its own --out-dir")
+    add_voice_bank_arguments(
+        p, engines_note="those besides espeak share --other-share of the utterances",
+        blends_note="the blends are split across train/dev/test like other voices",
+        test_only_note=" (and dict/), sized by --num-test-pos/--num-test-neg")
     return p.parse_args(argv)
 
 

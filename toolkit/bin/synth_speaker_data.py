@@ -12,8 +12,7 @@ from toolkit.errors import cli
 from toolkit.tasks.speaker.corpus import (BLEND_SPLIT, SNR_DB, WORDS_PER_UTT,
                                           EngineSizing, Sizes, generate_corpus)
 from toolkit.tts import SynthError
-from toolkit.tts.corpus import TEST_ONLY_ENGINES
-from toolkit.tts.engines import ENGINES
+from toolkit.tts.corpus import add_voice_bank_arguments
 
 _DEFAULTS = Sizes()
 
@@ -61,31 +60,19 @@ def get_args(argv=None):
                    help="lowest speech-to-noise ratio (default %(default)s)")
     p.add_argument("--snr-max", type=float, default=SNR_DB[1], metavar="DB",
                    help="highest speech-to-noise ratio (default %(default)s)")
-    p.add_argument("--engines", default="espeak", metavar="LIST",
-                   help=f"comma-separated TTS engines that speak, of {','.join(ENGINES.names())}; "
-                        "those besides espeak add every voice they have but the reserved ones; "
-                        "one asked for but not installed is an error; "
-                        f"{','.join(TEST_ONLY_ENGINES)} (reserved for evaluation) only with "
-                        "--test-only (default %(default)s)")
-    p.add_argument("--blends", type=int, default=0, metavar="N",
-                   help="N blended voices of each named engine whose voices mix (kokoro), each "
-                        "a speaker: the voices they are made of then all train, the blends are "
-                        f"held out for dev and test by {BLEND_SPLIT['dev']:g}/"
-                        f"{BLEND_SPLIT['test']:g} (default %(default)s)")
+    add_voice_bank_arguments(
+        p, other_share=False,
+        engines_note="those besides espeak add every voice they have but the reserved ones",
+        blends_note=f"each blend is a speaker, held out for dev and test by "
+                    f"{BLEND_SPLIT['dev']:g}/{BLEND_SPLIT['test']:g}",
+        test_only_note=" (and its trials), espeak-ng's part sized by --num-test-speakers, "
+                       "every speaker by --test-utts")
     p.add_argument("--engine-train-utts", default="", metavar="ENGINE=N[,...]",
                    help="utterances per training speaker of that engine instead of "
                         "--train-utts, e.g. kokoro=8 (a slow engine)")
     p.add_argument("--engine-words", default="", metavar="ENGINE=LOW-HIGH[,...]",
                    help="words per utterance of that engine's speakers in every split instead "
                         f"of {WORDS_PER_UTT[0]}-{WORDS_PER_UTT[1]}, e.g. kokoro=5-10")
-    p.add_argument("--test-only", action="store_true",
-                   help="write <out-dir>/test alone (and its trials): an evaluation set of the "
-                        "test speakers the full corpus of this --seed and --engines holds out "
-                        "plus every voice reserved for evaluation (all of "
-                        f"{','.join(TEST_ONLY_ENGINES)}'s, refused without this, and Kokoro's "
-                        "seven, through which alone Kokoro is heard there); espeak-ng's part "
-                        "sized by --num-test-speakers, every speaker by --test-utts. Use its "
-                        "own --out-dir")
     return p.parse_args(argv)
 
 

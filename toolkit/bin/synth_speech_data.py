@@ -22,8 +22,7 @@ import sys
 
 from toolkit.errors import cli
 from toolkit.tasks.codec.corpus import SENTENCES, Sizes, generate_speech
-from toolkit.tts.corpus import OTHER_ENGINES_SHARE, TEST_ONLY_ENGINES
-from toolkit.tts.engines import ENGINES
+from toolkit.tts.corpus import add_voice_bank_arguments
 
 _DEFAULTS = Sizes()
 
@@ -54,26 +53,10 @@ def get_args(argv=None):
     p.add_argument("--max-voices", type=int, default=0, metavar="N",
                    help="use at most N voices in all, 10%% each (at least one) for dev and "
                         "test (default 0: every voice)")
-    p.add_argument("--engines", default="espeak", metavar="LIST",
-                   help=f"comma-separated TTS engines, of {','.join(ENGINES.names())}; those "
-                        "besides espeak share --other-share of the utterances. One "
-                        "asked for but not installed is an error; "
-                        f"{','.join(TEST_ONLY_ENGINES)} (reserved for evaluation) only with "
-                        "--test-only (default %(default)s)")
-    p.add_argument("--other-share", type=float, default=OTHER_ENGINES_SHARE, metavar="F",
-                   help="fraction of the utterances spoken by the engines besides espeak-ng, "
-                        "shared alike among them (default %(default)s)")
-    p.add_argument("--blends", type=int, default=0, metavar="N",
-                   help="N blended voices of each named engine whose voices mix (kokoro): "
-                        "the voices they are made of then all train, the blends are split "
-                        "across train/dev/test like other voices (default %(default)s)")
-    p.add_argument("--test-only", action="store_true",
-                   help="write <out-dir>/test (and test_noisy) alone: an evaluation set from "
-                        "--engines on the test voices the full corpus of this --seed holds out "
-                        "plus every voice reserved for evaluation (all of "
-                        f"{','.join(TEST_ONLY_ENGINES)}'s, refused without this; Kokoro's "
-                        "seven reserved voices, and no other Kokoro voice: --engines kokoro "
-                        "gives those seven alone); sized by --num-test. Use its own --out-dir")
+    add_voice_bank_arguments(
+        p, engines_note="those besides espeak share --other-share of the utterances",
+        blends_note="the blends are split across train/dev/test like other voices",
+        test_only_note=" (and test_noisy), sized by --num-test")
     p.add_argument("--snr", type=_pair(float), default=(5.0, 25.0), metavar="LOW,HIGH",
                    help="SNR range in dB of the noisy versions (default 5,25)")
     p.add_argument("--sentences", type=_pair(int), default=SENTENCES, metavar="LOW,HIGH",

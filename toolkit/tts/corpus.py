@@ -51,7 +51,7 @@ from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
 from toolkit.progress import Progress
 from toolkit.tts import RESERVED_ENGINES, SynthError, Voice, is_reserved
-from toolkit.tts.engines import Engine, engine_class
+from toolkit.tts.engines import ENGINES, Engine, engine_class
 from toolkit.tts.espeak import ACCENTS, Espeak, espeak_fingerprint, loaded_in_this_process
 from toolkit.tts.pool import run_forked, single_thread_blas
 from toolkit.tts.render import Renderer
@@ -68,6 +68,38 @@ INVENTORY_NAME = "voices.tsv"
 INVENTORY_COLUMNS = ("speaker", "split", "engine", "voice", "blend", "engine_version")
 WAVS_NAME = "wavs"
 TMP_NAME = ".synth_tmp"
+
+
+# --------------------------------------------------------------------------------------
+# Command-line options every generator shares
+# --------------------------------------------------------------------------------------
+
+def add_voice_bank_arguments(parser, *, engines_note: str, blends_note: str,
+                             test_only_note: str, other_share: bool = True) -> None:
+    """--engines, --other-share, --blends and --test-only, worded alike in every generator;
+    each note says what the option means for that generator's corpus design."""
+    reserved = ",".join(TEST_ONLY_ENGINES)
+    parser.add_argument(
+        "--engines", default="espeak", metavar="LIST",
+        help=f"comma-separated TTS engines that speak, of {','.join(ENGINES.names())}; "
+             f"{engines_note}; one asked for but not installed is an error; {reserved} "
+             "(reserved for evaluation) only with --test-only (default %(default)s)")
+    if other_share:
+        parser.add_argument(
+            "--other-share", type=float, default=OTHER_ENGINES_SHARE, metavar="F",
+            help="fraction of the utterances spoken by the engines besides espeak-ng, "
+                 "shared alike among them (default %(default)s)")
+    parser.add_argument(
+        "--blends", type=int, default=0, metavar="N",
+        help="N blended voices of each named engine whose voices mix (kokoro): the voices "
+             f"they are made of then all train; {blends_note} (default %(default)s)")
+    parser.add_argument(
+        "--test-only", action="store_true",
+        help=f"write <out-dir>/test alone{test_only_note}: an evaluation set from --engines "
+             "on the test voices the full corpus of this --seed holds out plus every voice "
+             f"reserved for evaluation (all of {reserved}'s, refused without this; Kokoro's "
+             "seven reserved voices, and through those alone Kokoro is heard there). Use its "
+             "own --out-dir")
 
 
 # --------------------------------------------------------------------------------------

@@ -87,47 +87,6 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   done
 fi
 
-if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
-  echo "stage 1: data lists"
-  # The codec reads no label, but make_datalist labels every entry: each split is labelled
-  # by its own speakers, which keeps every utterance in the list.
-  for x in train dev test; do
-    cut -d' ' -f1 "$data/$x/spk2utt" > "$data/$x/speakers.txt"
-    python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" \
-      --inventory "$data/$x/speakers.txt" --label-mode speaker --nj "$nj"
-  done
-fi
-
-if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
-  echo "stage 2: training in $exp"
-  # $train_overrides is split into separate key=value words on purpose.
-  # shellcheck disable=SC2086
-  utils/torchrun.sh ${master_port:+--master-port $master_port} \
-    "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
-    -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
-    --train-data "$data/train/data.list" --dev-data "$data/dev/data.list" \
-    $train_overrides
-fi
-
-if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
-  echo "stage 3: averaging the last $average_num checkpoints"
-  python -m toolkit.bin.average_model --exp-dir "$exp" --output "$exp/avg_${average_num}.pt" \
-    --num "$average_num" --mode last
-fi
-
-if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
-  echo "stage 4: export"
-  python -m toolkit.bin.export_model --checkpoint "$exp/avg_${average_num}.pt" --exp-dir "$exp" \
-    --out-dir "$exp/export" --test-data "$data/test/data.list"
-fi
-
-if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
-  echo "stage 5: evaluating $exp/export on $data/test"
-  _eval_args=()
-  for q in $eval_n_q; do _eval_args+=(--n-q "$q"); done
-  for b in $baselines; do _eval_args+=(--baseline "$b"); done
-  python -m toolkit.bin.evaluate_codec --model "$exp/export" \
-    --test-data "$data/test/data.list" --out-dir "$exp/eval" \
-    --max-utts "$eval_max_utts" --threads "$nj" "${_eval_args[@]}"
-  echo "table: $exp/eval/results.md, spectrograms: $exp/eval/spectrograms.png"
-fi
+# Stages 1-5 are utils/codec_stages.sh, shared with the other codec recipes.
+test_sets="test=test"
+. utils/codec_stages.sh

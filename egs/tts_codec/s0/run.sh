@@ -63,25 +63,29 @@ baselines="mulaw:1200:2 melgl:4:50:4 melgl:8:50:4 melgl:12:50:4"
 baselines+=" codec2:3200 codec2:2400 codec2:1600 codec2:700C opus:6 opus:8"
 eval_metrics=mel_distance,stft_distance,si_sdr,stoi,pesq_wb,pesq_nb,visqol
 eval_max_utts=0      # 0: the whole test set
-eval_sets="reserved test"   # reserved: data/reserved/test (when test_engines= is set);
-                            # test: data/$test_set (held-out voices of the training engines)
+eval_sets=""   # reserved: data/reserved/test (needs test_engines=); test: data/$test_set
+               # (held-out voices of the training engines); default: both, or test alone
+               # when there is no outside test set
 
 help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--config conf/codec_gpu.yaml] ..."
 . utils/parse_options.sh
 
-# The test sets of stage 5, by name: data list (set after option parsing).
-declare -A test_lists
-test_lists[test]=$data/$test_set/data.list
-[ -z "$test_engines" ] || test_lists[reserved]=$data/reserved/test/data.list
+# The test sets of stages 1, 4 and 5 by name (set after option parsing).
+[ -n "$eval_sets" ] || eval_sets=${test_engines:+reserved }test
+declare -A test_dirs
+test_dirs[test]=$test_set
+[ -z "$test_engines" ] || test_dirs[reserved]=reserved/test
+test_sets=""
 for _set in $eval_sets; do
-  if [ -z "${test_lists[$_set]:-}" ]; then
+  if [ -z "${test_dirs[$_set]:-}" ]; then
     if [ "$_set" = reserved ]; then
       echo "$0: eval_sets names reserved but test_engines is empty (no outside test set)" >&2
     else
-      echo "$0: unknown eval set '$_set' in eval_sets (known: ${!test_lists[*]})" >&2
+      echo "$0: unknown eval set '$_set' in eval_sets (known: ${!test_dirs[*]})" >&2
     fi
     exit 1
   fi
+  test_sets+=" $_set=${test_dirs[$_set]}"
 done
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
@@ -108,52 +112,5 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   fi
 fi
 
-if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
-  echo "stage 1: data lists"
-  # The codec needs no labels, but make_datalist labels every entry: each split is
-  # labelled by its own speakers (spk2utt), which keeps every utterance in the list.
-  _dirs=("$data/$train_set" "$data/$dev_set" "$data/$test_set")
-  [ -z "$test_engines" ] || _dirs+=("$data/reserved/test")
-  for x in "${_dirs[@]}"; do
-    cut -d' ' -f1 "$x/spk2utt" > "$x/speakers.txt"
-    python -m toolkit.bin.make_datalist "$x" "$x/data.list" \
-      --inventory "$x/speakers.txt" --label-mode speaker --nj "$nj"
-  done
-fi
-
-if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
-  echo "stage 2: training in $exp"
-  # $train_overrides is split into separate key=value words on purpose.
-  # shellcheck disable=SC2086
-  utils/torchrun.sh ${master_port:+--master-port $master_port} \
-    "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
-    -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
-    --train-data "$data/$train_set/data.list" --dev-data "$data/$dev_set/data.list" \
-    $train_overrides
-fi
-
-if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
-  echo "stage 3: averaging the last $average_num checkpoints"
-  python -m toolkit.bin.average_model --exp-dir "$exp" --output "$exp/avg_${average_num}.pt" \
-    --num "$average_num" --mode last
-fi
-
-if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
-  echo "stage 4: export"
-  python -m toolkit.bin.export_model --checkpoint "$exp/avg_${average_num}.pt" --exp-dir "$exp" \
-    --out-dir "$exp/export" --test-data "$data/$test_set/data.list"
-fi
-
-if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
-  _eval_args=()
-  for q in $eval_n_q; do _eval_args+=(--n-q "$q"); done
-  for b in $baselines; do _eval_args+=(--baseline "$b"); done
-  for _set in $eval_sets; do
-    echo "stage 5: evaluating $exp/export on ${test_lists[$_set]} ($_set)"
-    python -m toolkit.bin.evaluate_codec --model "$exp/export" \
-      --test-data "${test_lists[$_set]}" --out-dir "$exp/eval/$_set" \
-      --max-utts "$eval_max_utts" --metrics "$eval_metrics" --threads "$nj" --jobs "$nj" \
-      "${_eval_args[@]}"
-    echo "table: $exp/eval/$_set/results.md, spectrograms: $exp/eval/$_set/spectrograms.png"
-  done
-fi
+# Stages 1-5 are utils/codec_stages.sh, shared with the other codec recipes.
+. utils/codec_stages.sh

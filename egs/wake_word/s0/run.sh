@@ -5,7 +5,7 @@
 #   bash run.sh --keyword "hey snips"                 # all stages
 #   bash run.sh --stage 3 --stop-stage 3              # only training (resumes if killed)
 #   bash run.sh --gpus 0,1                            # two GPUs (or edit gpus= below)
-#   bash run.sh --frontend speech_embedding           # openWakeWord's front end (FRONTENDS.md)
+#   bash run.sh --frontend speech_embedding           # openWakeWord's front end (README.md, "Front ends")
 #
 # Stages (each rerunnable; outputs under data/ and $exp):
 #   0 synthesize data/{train,dev,test} Kaldi dirs + data/dict/keywords.txt
@@ -59,7 +59,7 @@ nj=2
 
 # Front end: fbank (kaldi-native-fbank) or speech_embedding (openWakeWord 0.5.1's frozen
 # ONNX front end, installed on demand; its models are CC BY-NC-SA 4.0, non-commercial:
-# FRONTENDS.md). It picks the default config and exp dir and where features go.
+# README.md, "Front ends"). It picks the default config and exp dir and where features go.
 frontend=fbank
 config=""              # default: conf/ds_tcn.yaml (fbank), conf/oww_ds_tcn.yaml (speech_embedding)
 data=data
