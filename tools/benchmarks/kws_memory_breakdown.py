@@ -51,6 +51,7 @@ def main(argv=None):
     report("start (python)")
     import torch
     import yaml
+    import toolkit.tasks  # noqa: F401  (registers the tasks)
     from kws_throughput import CONFIG
     from toolkit.data.plan import rank_batches
     from toolkit.nn.lean import plain_pass
@@ -103,7 +104,7 @@ def main(argv=None):
     shape = tuple(longest[0].feats.shape)
     print(f"autograd keeps {saved / 2 ** 20:.0f} MB for a batch of {shape} "
           f"({'plain modules' if args.plain else 'lean pass'})")
-    print(f"peak RSS before training {before} MB")
+    print(f"peak RSS after one forward and backward of it {before} MB")
     report(f"after {len(longest)} training steps", peak)
     print(f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}")
     return 0
