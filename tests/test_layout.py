@@ -14,7 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "toolkit")
 GENERIC = ["config", "registry.py", "cli.py", "fileio.py", "errors.py", "progress.py",
-           "logging_utils.py", "task.py", "export.py", "data", "trainer", "nn", "tts"]
+           "logging_utils.py", "memory.py", "task.py", "export.py", "data", "trainer", "nn", "tts"]
 
 
 def modules():

@@ -1,5 +1,6 @@
 """The one DataLoader recipe of the pipeline: forked workers that are checked to have
 started, and iteration that ends only once the helper threads it started are gone."""
+import gc
 import logging
 import multiprocessing
 import os
@@ -57,7 +58,7 @@ class ForkSafeLoader:
         for attempt in range(1, self.attempts + 1):
             if self.ready is not None:
                 self.ready.value = 0
-            iterator = iter(self.loader)
+            iterator = self._fork_workers()
             if self.ready is None or workers == 0:
                 return iterator
             deadline = time.monotonic() + patience
@@ -73,6 +74,21 @@ class ForkSafeLoader:
             patience *= 2
         raise RuntimeError(f"data-loader workers failed to start {self.attempts} times in a row; "
                            "set dataset.num_workers=0 to load in the training process")
+
+    def _fork_workers(self):
+        """iter(loader), which forks the workers. The parent's objects are frozen out of
+        the garbage collector across the fork: a child's collections then leave them (and
+        the copy-on-write pages they live in) alone, while the parent collects them again
+        once the workers exist."""
+        if self.loader.num_workers == 0:
+            return iter(self.loader)
+        frozen_before = gc.get_freeze_count() > 0      # someone else's freeze stays
+        gc.freeze()
+        try:
+            return iter(self.loader)
+        finally:
+            if not frozen_before:
+                gc.unfreeze()
 
     def _finish(self, iterator, stuck: bool = False) -> None:
         feeders = _queue_feeder_threads(iterator)

@@ -56,6 +56,9 @@ def run_training(args) -> int:
     rank = int(os.environ.get("RANK", "0"))
     log_file = os.path.join(args.exp_dir, "log", f"train.rank{rank}.log")
     setup_logging(log_file, console=rank == 0, rank=rank)
+    # Host memory depends on it (toolkit/memory.py): recorded with every run.
+    logger.info("allocator: GLIBC_TUNABLES=%s", os.environ.get("GLIBC_TUNABLES", "(unset)"),
+                extra={"console": False})
     info = None
     lock = ExpDirLock(args.exp_dir, rank)
     try:

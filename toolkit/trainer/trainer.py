@@ -27,6 +27,7 @@ from toolkit.trainer import distributed as dist_util
 from toolkit.trainer.clip import clip_and_step
 from toolkit.trainer.distributed import DistInfo
 from toolkit.trainer.experiment import load_init_weights
+from toolkit.memory import release_free_memory
 from toolkit.trainer.optim import build_optimizer, build_schedule
 from toolkit.trainer.tracking import open_metric_writer
 
@@ -36,24 +37,6 @@ PAYLOAD_FORMAT = 2
 
 class TrainingError(UserError, RuntimeError):
     """Training cannot go on (too many bad inputs or non-finite updates): one line."""
-
-
-_LIBC = None
-
-
-def release_free_memory() -> None:
-    """Returns freed heap pages to the OS (glibc malloc_trim); a no-op without it."""
-    global _LIBC
-    if _LIBC is None:
-        import ctypes
-        import ctypes.util
-        try:
-            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
-        except (OSError, AttributeError):
-            _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
 
 
 @contextlib.contextmanager

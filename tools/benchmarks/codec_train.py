@@ -115,7 +115,8 @@ def main(argv=None):
     from toolkit.data.datalist import BadCounter
     from toolkit.tasks.codec import task as codec_task
     from toolkit.trainer.optim import build_optimizer, build_schedule
-    from toolkit.trainer.trainer import Trainer, _StepContext, amp_dtype, release_free_memory
+    from toolkit.memory import release_free_memory
+    from toolkit.trainer.trainer import Trainer, _StepContext, amp_dtype
     cfg = load_config(args.config, args.overrides)
     if cfg.task.type != "codec":
         raise SystemExit(f"{args.config}: task.type is {cfg.task.type!r}, not codec")

@@ -1,25 +1,41 @@
-"""Keyword-spotting training throughput with the real trainer binary, comparable with
-other toolkits on the same data and machine: a WeKws-sized DS-TCN (64 channels, 4 layers,
-kernel 8, 40 fbank bins, batches of 256) trained for 2 epochs, dev included, once from
-raw WAVs (fbank on the fly, loader workers) and once from precomputed features. Prints
-utterances/s, peak RSS and user/system CPU seconds of each run.
+"""Keyword-spotting training throughput and memory with the real trainer binary, comparable
+with other toolkits on the same data and machine: a WeKws-sized DS-TCN (64 channels, 4
+layers, kernel 8, 40 fbank bins, batches of 256) trained for 2 epochs, dev included,
+through torchrun (one process), once from raw WAVs (fbank on the fly, loader workers) and
+once from precomputed features (in the training process).
 
+  python tools/benchmarks/kws_throughput.py --build /tmp/kws_corpus      # everything
   python tools/benchmarks/kws_throughput.py --raw data/train/data.list \\
       --feats data/train/fbank/data.list --dev-raw data/dev/data.list \\
       --dev-feats data/dev/fbank/data.list --inventory data/dict/keywords.txt \\
-      [--workers 2] [--epochs 2] [--cmvn data/train/global_cmvn.json] [overrides ...]
+      [--cmvn data/train/global_cmvn.json] [--workers 2] [--epochs 2] [overrides ...]
 
-Each run trains into a fresh temporary exp dir. Extra `section.key=value` arguments go
-to both runs (e.g. training.malloc_trim_interval=0 to see what trimming costs).
+--build DIR synthesizes the corpus of issue 28 into DIR first (the wake-word recipe's stages
+0-2: 8,000 train and 1,000 dev utterances of "hey snips", a quarter positives, fbank and
+CMVN), or reuses it when DIR already holds it; it takes about 7 minutes on 2 cores.
+
+Printed per run: utterances/s and audio seconds/s over the trainer's own training time
+(start-up excluded) and over the wall time of the command, both against WeKws on this
+machine type (issue 28: 52.8 utt/s on utterances of 2.876 s on average); the peak RSS of
+the trainer alone (its own getrusage) and the peak of the trainer and its loader workers
+together, sampled from /proc every 20 ms as the sum of their RSS (shared pages counted in
+each process) and every 200 ms as the sum of their PSS (shared pages split among the
+processes sharing them: the memory the machine actually gives them); user and system CPU
+seconds of the trainer and its workers; the final dev loss and parameter checksum (equal
+before and after a change that must not change results). Each run trains into a fresh
+temporary exp dir. Extra `section.key=value` arguments go to both runs.
 """
 import argparse
 import json
 import os
-import resource
+import re
 import subprocess
 import sys
 import tempfile
-import time
+from typing import Dict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trainer_memory import train_and_measure  # noqa: E402  (this folder's sibling tool)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = {
@@ -33,77 +49,109 @@ CONFIG = {
     "training": {"max_epoch": 2, "log_interval": 50, "save_interval_steps": 100000,
                  "tensorboard": False},
 }
+# WeKws on issue 28's corpus (9,000 utterances, 7.19 h) and this machine type.
+WEKWS_UTT_PER_S = 52.8
+WEKWS_SECONDS_PER_UTT = 7.19 * 3600 / 9000
+CORPUS = {"num_train_pos": 2000, "num_train_neg": 6000, "num_dev_pos": 250,
+          "num_dev_neg": 750, "num_test_pos": 20, "num_test_neg": 20}
 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--raw", required=True, help="training data list with wav entries")
+    p.add_argument("--build", metavar="DIR", help="synthesize (or reuse) the corpus in DIR "
+                   "and take every list from it")
+    p.add_argument("--raw", help="training data list with wav entries")
     p.add_argument("--feats", help="the same list with precomputed feat entries")
-    p.add_argument("--dev-raw", required=True)
+    p.add_argument("--dev-raw")
     p.add_argument("--dev-feats")
-    p.add_argument("--inventory", required=True)
+    p.add_argument("--inventory")
     p.add_argument("--cmvn", help="global CMVN JSON (same for both runs)")
     p.add_argument("--workers", type=int, default=2, help="loader workers for the raw run")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--runs", default="raw,feats", help="comma list of raw, feats")
+    p.add_argument("--no-torchrun", action="store_true",
+                   help="start the trainer directly instead of through torchrun")
     p.add_argument("overrides", nargs="*")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.build:
+        data = os.path.join(os.path.abspath(args.build), "data")
+        args.raw, args.dev_raw = f"{data}/train/data.list", f"{data}/dev/data.list"
+        args.feats, args.dev_feats = f"{data}/train/fbank/data.list", f"{data}/dev/fbank/data.list"
+        args.inventory, args.cmvn = f"{data}/dict/keywords.txt", f"{data}/train/global_cmvn.json"
+    elif not (args.raw and args.dev_raw and args.inventory):
+        p.error("give --build DIR, or --raw, --dev-raw and --inventory")
+    return args
 
 
-def count(path: str) -> int:
+def build_corpus(out_dir: str) -> None:
+    """The wake-word recipe's stages 0-2 with issue 28's sizes into out_dir/data."""
+    data = os.path.join(os.path.abspath(out_dir), "data")
+    if os.path.exists(f"{data}/train/global_cmvn.json"):
+        return
+    sizes = [a for k, v in CORPUS.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    cmd = ["bash", "run.sh", "--stage", "0", "--stop-stage", "2", "--data", data, *sizes]
+    print("building the corpus:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=os.path.join(ROOT, "egs", "wake_word", "s0"), check=True)
+
+
+def count_and_seconds(path: str):
+    n, seconds = 0, 0.0
     with open(path, encoding="utf-8") as f:
-        return sum(1 for line in f if line.strip())
+        for line in f:
+            if line.strip():
+                n += 1
+                seconds += float(json.loads(line)["duration"])
+    return n, seconds
 
 
-def run(name, train, dev, workers, args, config_path):
-    exp = tempfile.mkdtemp(prefix=f"kws_bench_{name}_")
-    cmd = [sys.executable, "-m", "toolkit.bin.train", "--config", config_path, "--exp-dir", exp,
-           "--train-data", train, "--dev-data", dev, "--inventory", args.inventory,
-           f"training.max_epoch={args.epochs}", f"dataset.num_workers={workers}", *args.overrides]
+def run(name: str, train: str, dev: str, workers: int, args, config_path: str) -> Dict:
+    trainer = ["--config", config_path, "--train-data", train, "--dev-data", dev,
+               "--inventory", args.inventory, f"training.max_epoch={args.epochs}",
+               f"dataset.num_workers={workers}", *args.overrides]
     if args.cmvn:
-        cmd += ["--cmvn", args.cmvn]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    wall = time.time() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        sys.exit(f"{name} run failed:\n{proc.stderr[-3000:]}")
-    # The trainer reports its own peak RSS (and its loader workers'): per run, unlike
-    # RUSAGE_CHILDREN's maximum over every child so far.
-    final = [line for line in proc.stderr.splitlines() if "peak RSS" in line][-1]
-    rss = float(final.split("peak RSS ")[1].split()[0])
-    rss_workers = float(final.split("loader workers ")[1].split()[0])
-    dev_loss = [line.split("dev: loss ")[1].split()[0] for line in proc.stderr.splitlines()
-                if "dev: loss " in line]
-    utts = args.epochs * (count(train) + count(dev))
-    return {"run": name, "utterances": utts, "wall_s": round(wall, 1),
-            "utt_per_s": round(utts / wall, 1),
-            "peak_rss_gb": rss, "worker_rss_gb": rss_workers,
-            "user_s": round(after.ru_utime - before.ru_utime, 1),
-            "sys_s": round(after.ru_stime - before.ru_stime, 1),
-            "last_dev_loss": dev_loss[-1] if dev_loss else None, "exp": exp}
+        trainer += ["--cmvn", args.cmvn]
+    r = train_and_measure(trainer, torchrun=not args.no_torchrun)
+    n_train, sec_train = count_and_seconds(train)
+    n_dev, sec_dev = count_and_seconds(dev)
+    utts, audio = args.epochs * (n_train + n_dev), args.epochs * (sec_train + sec_dev)
+    train_s = max(r["train_s"], 1)
+    dev_loss = re.search(r"loss ([\d.]+)", r["dev"] or "")
+    return dict(r, run=name, utterances=utts, audio_h=round(audio / 3600, 2),
+                utt_per_s=round(utts / train_s, 1), utt_per_s_wall=round(utts / r["wall_s"], 1),
+                x_wekws_utt=round(utts / train_s / WEKWS_UTT_PER_S, 2),
+                x_wekws_audio=round(audio / train_s / (WEKWS_UTT_PER_S * WEKWS_SECONDS_PER_UTT), 2),
+                dev_loss=dev_loss.group(1) if dev_loss else None)
 
 
 def main(argv=None):
     args = get_args(argv)
+    if args.build:
+        build_corpus(args.build)
     import yaml
     config_path = os.path.join(tempfile.mkdtemp(prefix="kws_bench_conf_"), "ds_tcn_wekws.yaml")
     with open(config_path, "w") as f:
         yaml.safe_dump(CONFIG, f)
-    rows = [run("raw WAVs", args.raw, args.dev_raw, args.workers, args, config_path)]
-    if args.feats:
-        rows.append(run("precomputed", args.feats, args.dev_feats or args.dev_raw, 0, args,
+    wanted = args.runs.split(",")
+    rows = []
+    if "raw" in wanted:
+        rows.append(run("raw", args.raw, args.dev_raw, args.workers, args, config_path))
+    if "feats" in wanted and args.feats:
+        rows.append(run("feats", args.feats, args.dev_feats or args.dev_raw, 0, args,
                         config_path))
     print(f"DS-TCN 64x4, kernel 8, 40 fbank, batch 256, {args.epochs} epochs, dev included; "
-          f"{os.cpu_count()} CPUs")
-    print("| input | utterances | wall s | utt/s | peak RSS GB (trainer / a worker) | user s | "
-          "sys s | last dev loss |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          f"{os.cpu_count()} CPUs; {'direct' if args.no_torchrun else 'torchrun'}; "
+          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(binary default)')}")
+    print("| input | utts (h) | train s / wall s | utt/s (x WeKws) | audio s/s x WeKws | "
+          "peak RSS trainer / a worker GB | trainer+workers RSS / PSS GB | user / sys s | "
+          "dev loss | checksum |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        print(f"| {r['run']} | {r['utterances']} | {r['wall_s']} | {r['utt_per_s']} | "
-              f"{r['peak_rss_gb']} / {r['worker_rss_gb']} | {r['user_s']} | {r['sys_s']} | "
-              f"{r['last_dev_loss']} |")
+        print(f"| {r['run']} | {r['utterances']} ({r['audio_h']}) | {r['train_s']} / "
+              f"{r['wall_s']} | {r['utt_per_s']} ({r['x_wekws_utt']}) | {r['x_wekws_audio']} | "
+              f"{r['peak_rss_trainer_gb']} / {r['peak_rss_worker_gb']} | "
+              f"{r['peak_rss_sum_gb']} / {r['peak_pss_sum_gb']} | {r['user_s']} / {r['sys_s']} | "
+              f"{r['dev_loss']} | {r['checksum']} |")
     print(json.dumps(rows))
     return 0
 

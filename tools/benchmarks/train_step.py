@@ -62,7 +62,7 @@ def main(argv=None):
     from toolkit.data.datalist import BadCounter
     from toolkit.trainer.clip import clip_and_step
     from toolkit.trainer.optim import build_optimizer
-    from toolkit.trainer.trainer import release_free_memory
+    from toolkit.memory import release_free_memory
     raw = apply_overrides(load_yaml(args.config), args.overrides)
     task_type = raw.get("task", {}).get("type")
     inventory = ["keyword"] if task_type == "kws" else [f"c{i}" for i in range(10)]
