@@ -551,3 +551,81 @@ def test_mel_griffin_lim_codec():
     assert mel_distance(ref, decoded, SR) < mel_distance(ref, coarse, SR)
     with pytest.raises(ValueError, match="multiple"):
         melgl_codec(ref, SR, n_mels=32, frame_rate=48, bits=5)
+
+
+def test_ema_codebooks_ignore_zero_weight_steps():
+    """A rank without data runs a stand-in batch at weight 0 (the trainer's
+    frozen_norm_stats around it): EMA counts, sums and codebook stay as they were, and a
+    first stand-in batch does not initialise the codebook from its silence-like vectors."""
+    from toolkit.trainer.trainer import frozen_norm_stats
+    rvq = ResidualVectorQuantizer(8, n_codebooks=2, codebook_size=16, codebook_dim=4,
+                                  quantizer_dropout=0.0, ema_decay=0.9)
+    rvq.train()
+    stand_in = torch.full((1, 8, 20), 0.01)
+    with torch.no_grad(), frozen_norm_stats([rvq]):
+        rvq.quantize(stand_in)
+    assert not any(bool(s.initialised) for s in rvq.stages)
+    assert all(s.statistics_frozen is False for s in rvq.stages)     # restored afterwards
+    with torch.no_grad():
+        rvq.quantize(torch.randn(4, 8, 20))                          # a real batch initialises
+    state = {k: v.clone() for k, v in rvq.state_dict().items()}
+    with torch.no_grad(), frozen_norm_stats([rvq]):
+        rvq.quantize(stand_in)
+    for key, value in rvq.state_dict().items():
+        assert torch.equal(value, state[key]), key
+    with torch.no_grad():
+        rvq.quantize(torch.randn(4, 8, 20))
+    assert not torch.equal(rvq.stages[0].codebook, state["stages.0.codebook"])
+
+
+def _ema_rank(rank, world, port, out):
+    import torch.distributed as dist
+    from toolkit.trainer.trainer import frozen_norm_stats
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    torch.manual_seed(0)
+    rvq = ResidualVectorQuantizer(8, n_codebooks=2, codebook_size=16, codebook_dim=4,
+                                  quantizer_dropout=0.0, ema_decay=0.9).train()
+    real = torch.randn(3, 4, 8, 20, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        for step in range(3):
+            if rank == 0 and step > 0:      # rank 0 runs out of data: stand-in batches
+                with frozen_norm_stats([rvq]):
+                    rvq.quantize(torch.full((1, 8, 20), 0.01))
+            else:
+                rvq.quantize(real[step])
+    torch.save({k: v.clone() for k, v in rvq.state_dict().items()}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_ema_codebooks_with_a_stand_in_rank_stay_in_sync(tmp_path):
+    """Two gloo ranks, rank 0 on stand-in batches after its first step: the collectives
+    still meet, the codebooks stay identical, and only rank 1's vectors move them."""
+    import socket
+    import torch.multiprocessing as tmp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "state")
+    # spawn: a child forked after this process ran OpenMP kernels can hang in them.
+    context = tmp.start_processes(_ema_rank, args=(2, port, out), nprocs=2, join=False,
+                                  start_method="spawn")
+    import time
+    deadline = time.time() + 120
+    while not context.join(timeout=1):
+        if time.time() > deadline:          # ranks disagreeing on a collective hang
+            for proc in context.processes:
+                proc.kill()
+            pytest.fail("the two ranks did not finish within 120 s")
+    a, b = torch.load(f"{out}.0"), torch.load(f"{out}.1")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    # Steps 2 and 3 saw rank 1's vectors only: the stand-in tone added no counts.
+    total = float(a["stages.0.cluster_size"].sum())
+    n = 4 * 20                  # vectors of one real batch
+    decay = 0.9
+    # init (2 ranks' first batches counted as rank 0's rows), then three EMA updates with
+    # 2n, n, n vectors: the sum of the decayed counts.
+    expected = (((n * decay + 2 * n * (1 - decay)) * decay + n * (1 - decay)) * decay
+                + n * (1 - decay))
+    assert total == pytest.approx(expected, rel=1e-4)

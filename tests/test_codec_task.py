@@ -38,7 +38,7 @@ CONFIG = {
              "adversarial": dict(PHASE, final=1.0), "feature_matching": dict(PHASE, final=2.0)},
     "optim": {"generator": {"lr": 0.002, "scheduler": {"type": "exponential", "gamma": 0.98}},
               "discriminator": {"lr": 0.002, "start_fraction": 0.5}},
-    "training": {"seed": 5, "max_steps": 4, "max_epoch": 100, "log_interval": 1,
+    "training": {"seed": 5, "max_steps": 4, "log_interval": 1,
                  "save_interval_steps": 1, "keep_last": 10, "keep_best": 1},
 }
 SECRET, ENV_SECRET = "c0dec-S3CRET-token", "envtok-C0DEC-987654"
@@ -152,6 +152,89 @@ def test_dataset_token_is_written_nowhere(phase_run):
         assert text not in result.stderr and text not in result.stdout
         for path in files:
             assert text.encode() not in open(path, "rb").read(), f"secret found in {path}"
+
+
+# --------------------------------------------------------------------------- how long
+
+def test_max_steps_alone_trains_past_ten_epochs(corpus, tmp_path):
+    """One step per epoch (12 utterances, batches of 12) and max_steps=12 with no
+    max_epoch: training runs the 12 steps over 12 epochs; no epoch default cuts it short."""
+    exp = str(tmp_path / "exp")
+    result = run_train(corpus.train_args(exp, "training.max_steps=12", "dataset.batch_size=12",
+                                         "training.save_interval_steps=100"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 optimizer steps/epoch" in result.stderr
+    final = latest_payload(exp)
+    assert (final["step"], final["epoch"]) == (12, 12)
+    assert "training finished: 12 steps (training.max_steps=12 reached at epoch 12)" \
+        in result.stderr
+    assert "step 12/12" in result.stderr           # the ETA counts towards max_steps
+    # The phase at 0.5 of 12 steps: the discriminator took 6 steps.
+    assert final["schedules"]["discriminator"]["step_count"] == 6
+    assert final["phase_starts"] == {"generator": 0, "discriminator": 6}
+
+
+def test_both_limits_the_first_reached_ends_and_is_named(corpus, tmp_path):
+    exp = str(tmp_path / "exp")
+    result = run_train(corpus.train_args(exp, "training.max_steps=12", "training.max_epoch=3",
+                                         "dataset.batch_size=12"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert latest_payload(exp)["step"] == 3
+    assert "training finished: 3 steps (training.max_epoch=3 reached at step 3)" in result.stderr
+    assert "step 3/3" in result.stderr
+    exp2 = str(tmp_path / "exp2")
+    result = run_train(corpus.train_args(exp2, "training.max_steps=2", "training.max_epoch=3",
+                                         "dataset.batch_size=12"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "training finished: 2 steps (training.max_steps=2 reached at epoch 2)" in result.stderr
+
+
+def test_no_limit_given_is_one_error_line(corpus, tmp_path):
+    raw = copy.deepcopy(CONFIG)
+    del raw["training"]["max_steps"]
+    config = corpus.write_config(raw, "no_limit.yaml")
+    result = run_train(corpus.train_args(str(tmp_path / "exp"), config=config))
+    assert result.returncode == 2
+    assert "error: training.max_epoch or training.max_steps must be given" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_begun_phase_stays_on_when_max_steps_grows(corpus, tmp_path):
+    """8 steps with the phase at 0.5 (the discriminators start at step 4), then a resume
+    with max_steps=24: the phase would now begin at step 12, but it had begun, so steps
+    9-24 keep training the discriminators with the adversarial terms on."""
+    exp = str(tmp_path / "exp")
+    first = run_train(corpus.train_args(exp, "training.max_steps=8"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert latest_payload(exp)["schedules"]["discriminator"]["step_count"] == 4
+    again = run_train(corpus.train_args(exp, "training.max_steps=24"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "allowed configuration change on resume: training.max_steps: 8 -> 24" in again.stderr
+    final = latest_payload(exp)
+    assert final["step"] == 24
+    assert final["schedules"]["discriminator"]["step_count"] == 20
+    for step in (9, 12, 24):
+        line = again.stderr.split(f"step {step}/24")[1].split("\n")[0]
+        assert "d_loss" in line and "adv_g" in line, line
+    assert final["phase_starts"]["discriminator"] == 4
+
+
+def test_plateau_schedule_counts_no_validation_before_its_phase(corpus, tmp_path):
+    """A reduce_on_plateau discriminator schedule with validation at every step: the
+    validations before the phase (steps 1-4) judge steps it never took and are not
+    counted; from its first step on they are."""
+    exp = str(tmp_path / "exp")
+    result = run_train(corpus.train_args(
+        exp, "training.max_steps=8", "training.val_interval_steps=1",
+        "optim.discriminator.scheduler.type=reduce_on_plateau",
+        "optim.discriminator.scheduler.patience=0"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    for step in (1, 4):
+        sched = payload(checkpoint_at(exp, step))["schedules"]["discriminator"]
+        assert (sched["best"], sched["bad_validations"], sched["scale"]) == \
+            (float("inf"), 0, 1.0), (step, sched)
+    assert np.isfinite(payload(checkpoint_at(exp, 6))["schedules"]["discriminator"]["best"])
+    assert payload(checkpoint_at(exp, 6))["schedules"]["generator"]["step_count"] == 6
 
 
 # --------------------------------------------------------------------------- fp32 islands

@@ -32,7 +32,7 @@ TINY = ["model.channels=4", "model.strides=[2,4,5]", "model.dilations=[1]",
         "task.segment_seconds=0.25", "task.eval_seconds=0.5", "dataset.batch_size=3",
         "dataset.num_workers=1", "dataset.sort_window=20", "training.max_steps=6",
         "training.seed=3", "training.log_interval=1", "training.save_interval_steps=1",
-        "training.val_interval_steps=0", "training.keep_last=10", "training.max_epoch=100"]
+        "training.val_interval_steps=0", "training.keep_last=10"]
 PHASE_2, PHASE_3 = 2, 4           # step indices where the phases begin
 
 

@@ -200,3 +200,58 @@ def test_dump_config_writes_no_secret(tmp_path, monkeypatch):
     assert to_dict(again)["model"] == to_dict(cfg)["model"]
 
 
+
+
+def test_a_secret_may_be_any_scalar_and_is_never_quoted(tmp_path):
+    """A numeric token stays the exact text given (leading zeros, every digit), from the
+    command line, a YAML file or a mapping; a wrong type is named without the value."""
+    token = "20240917123456"
+    cfg = load_config(RECIPE, [f"dataset.auth_token={token}"])
+    assert cfg.dataset.auth_token == token
+    assert load_config(RECIPE, ["dataset.auth_token=0123"]).dataset.auth_token == "0123"
+    path = tmp_path / "conf.yaml"
+    path.write_text(f"defaults: [{RECIPE}]\ndataset: {{auth_token: 007012, batch_size: 8}}\n")
+    cfg = load_config(str(path))
+    assert cfg.dataset.auth_token == "007012" and cfg.dataset.batch_size == 8
+    raw = to_dict(load_config(RECIPE))
+    raw["dataset"]["auth_token"] = 4711
+    assert validate(raw).dataset.auth_token == "4711"
+    raw["dataset"]["auth_token"] = ["s3cret-in-a-list"]
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert "dataset.auth_token: expected a string, got a list" in str(err.value)
+    assert "s3cret" not in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(RECIPE, ["dataset.auth_token=[unclosed-s3cret"])
+    assert "s3cret" not in str(err.value)
+
+
+def test_a_numeric_token_reaches_no_log(tmp_path):
+    """The issue's case: a numeric token on the command line, before the fix quoted by a
+    ConfigError in the log and on stderr. Training stops later here (no train list), after
+    the token was read as text and registered as a secret."""
+    import subprocess
+    import sys
+    token = "20240917123456"
+    exp = tmp_path / "exp"
+    result = subprocess.run(
+        [sys.executable, "-m", "toolkit.bin.train", "--config", RECIPE, "--exp-dir", str(exp),
+         "--train-data", str(tmp_path / "missing.list"), "--inventory", str(tmp_path / "kw.txt"),
+         f"dataset.auth_token={token}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "expected a string" not in result.stderr
+    assert token not in result.stderr + result.stdout
+    for log in exp.glob("log/*.log"):
+        assert token not in log.read_text()
+
+
+@pytest.mark.parametrize("key, words", [
+    ("training.log_interval=0", "training.log_interval must be >= 1"),
+    ("training.keep_last=0", "training.keep_last must be >= 1"),
+    ("training.max_steps=-1", "training.max_epoch and training.max_steps must be >= 0"),
+])
+def test_values_that_would_break_a_run_are_refused(key, words):
+    """log_interval 0 divided by zero at the first step; keep_last 0 deleted each new
+    checkpoint right after writing it (nothing left to resume from)."""
+    with pytest.raises(ConfigError, match=words):
+        load_config(RECIPE, [key])

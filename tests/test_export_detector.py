@@ -162,6 +162,43 @@ def test_parity_check_detects_a_mismatch(exported):
         check_parity(other, paths, feats, chunks=(0,))
 
 
+def test_parity_cannot_pass_on_nan_missing_outputs_or_broadcast_shapes():
+    """compare() fails on what a max over |diff| or zip() would let through."""
+    from toolkit.export import ParityError, compare
+    case = [(np.zeros((1, 4), np.float32),)]
+    ref = lambda x: (np.ones((1, 4), np.float32), np.zeros((1, 2), np.float32))  # noqa: E731
+    ok = compare(ref, {"same": ref}, case, 1e-4)
+    assert ok == {"same": 0.0}
+    bad = {
+        "nan": lambda x: (np.full((1, 4), np.nan, np.float32), np.zeros((1, 2), np.float32)),
+        "missing": lambda x: (np.ones((1, 4), np.float32),),
+        "broadcast": lambda x: (np.ones((1, 1), np.float32), np.zeros((1, 2), np.float32)),
+    }
+    words = {"nan": "non-finite", "missing": "1 outputs, PyTorch 2",
+             "broadcast": "shape (1, 1), PyTorch (1, 4)"}
+    for name, fn in bad.items():
+        with pytest.raises(ParityError, match=re.escape(words[name])):
+            compare(ref, {name: fn, "same": ref}, case, 1e-4)
+    # A diverged checkpoint: the reference itself is not finite.
+    nan_ref = lambda x: (np.full((1, 4), np.nan, np.float32),)  # noqa: E731
+    with pytest.raises(ParityError, match="not finite"):
+        compare(nan_ref, {"same": nan_ref}, case, 1e-4)
+
+
+def test_keyword_parity_catches_nan_outputs(exported):
+    out, model = exported["out"], exported["model"]
+    feats = [features_of(exported["wavs"][1])]
+    diverged = copy.deepcopy(model)
+    with torch.no_grad():
+        diverged.classifier.bias.fill_(float("nan"))
+    with pytest.raises(RuntimeError, match="not finite"):
+        check_parity(diverged, {"onnx": str(out / "model.onnx")}, feats, chunks=(0,))
+    # The safetensors file is checked too.
+    worst = check_parity(model, {"safetensors": str(out / "model.safetensors")}, feats,
+                         chunks=(0,))
+    assert set(worst) == {"safetensors"} and worst["safetensors"] <= 1e-6
+
+
 def test_set_threshold_updates_every_format(exported, tmp_path):
     out = tmp_path / "export"
     shutil.copytree(exported["out"], out)

@@ -36,7 +36,7 @@ CONFIG = {
     "loss": {"mel_window_lengths": [64, 256, 1024], "mel_n_mels": [10, 40, 80],
              "adversarial": dict(PHASE, final=1.0), "feature_matching": dict(PHASE, final=2.0)},
     "optim": {"generator": {"lr": 0.002}, "discriminator": {"lr": 0.002, "start_fraction": 0.5}},
-    "training": {"seed": 5, "max_steps": 8, "max_epoch": 100, "log_interval": 1,
+    "training": {"seed": 5, "max_steps": 8, "log_interval": 1,
                  "save_interval_steps": 1, "keep_last": 10, "keep_best": 1,
                  "trace_keys": True},
 }

@@ -65,7 +65,8 @@ def test_guide_walk(tmp_path):
     (recipe / "run.sh").write_text(run_sh)
     # 4. Run all stages (small training for the test).
     result = subprocess.run(["bash", "run.sh", "--train-overrides",
-                             "training.max_epoch=2 dataset.batch_size=16", "--average-num", "2"],
+                             "training.max_epoch=4 dataset.batch_size=8 optim.lr=0.005 "
+                             "optim.scheduler.warmup_steps=2", "--average-num", "2"],
                             cwd=recipe, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     data = recipe / "data"
@@ -76,3 +77,8 @@ def test_guide_walk(tmp_path):
     assert (recipe / "exp" / "ds_tcn" / "export" / "model.onnx").exists()
     summary = (recipe / "exp" / "ds_tcn" / "score" / "summary.txt").read_text()
     assert summary.startswith("hey_robot: FRR") and summary.strip() in result.stdout
+    # Something was learned: the dev loss ends well below its first value (an untrained
+    # detector keeps it).
+    log = (recipe / "exp" / "ds_tcn" / "log" / "train.rank0.log").read_text()
+    losses = [float(v) for v in re.findall(r" dev: loss ([-0-9.]+)", log)]
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses

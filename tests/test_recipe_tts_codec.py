@@ -8,6 +8,7 @@ otherwise the outside test set is espeak-ng's held-out voices (the same stages).
 import filecmp
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -98,6 +99,14 @@ def test_every_stage_writes_its_outputs(recipe_run):
     from toolkit.export import read_metadata
     meta = read_metadata(str(export / "encoder.onnx"))
     assert meta["task"] == "codec" and meta["n_codebooks"] == 6 and meta["bitrate"] == 2400.0
+    # Something was learned in 4 steps: on the fixed dev segments the decoded audio moved
+    # towards the input (an untrained generator decodes them the same at every validation).
+    dev = [dict((k, float(v)) for k, v in re.findall(r"(\w+) ([-0-9.]+)", line.split(" dev: ")[1]
+                                                     .split(" over ")[0]))
+           for line in log.splitlines() if " dev: " in line]
+    assert len(dev) >= 2, log[-2000:]
+    assert dev[-1]["si_sdr"] > dev[0]["si_sdr"] + 1.0, dev
+    assert dev[-1]["stft_distance"] < dev[0]["stft_distance"], dev
 
 
 @pytest.mark.parametrize("test_set", ["reserved", "test"])

@@ -1,6 +1,7 @@
 """Sharded data: make_shards output (tars, index, determinism, bad entries), the shard batch
 plan, reading back through DataLoader workers and ranks, exact resume, http and fsspec
 sources, and corrupt / truncated tars. All on real files."""
+import contextlib
 import functools
 import http.server
 import json
@@ -499,3 +500,135 @@ def test_training_from_shards_end_to_end(tmp_path):
                                          train=str(out / "shards.list")))
     assert again.returncode == 0, again.stderr[-3000:]
     assert latest_payload(exp)["epoch"] == 2 and "resumed from" in again.stderr
+
+
+# ------------------------------------------------------------------------------ tokens
+
+@contextlib.contextmanager
+def _server(handler_class, directory):
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(handler_class, directory=directory))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _recording_handler(token=None, redirect_to=None):
+    """A handler class that records (path, Authorization) of every GET, refuses requests
+    without `token` (401) when given one, and answers /moved/... with a 302 to
+    `redirect_to()` + the rest of the path."""
+    class Handler(_QuietHandler):
+        seen = []
+
+        def do_GET(self):
+            auth = self.headers.get("Authorization")
+            Handler.seen.append((self.path, auth))
+            if self.path.startswith("/moved/") and redirect_to is not None:
+                self.send_response(302)
+                self.send_header("Location", redirect_to() + self.path[len("/moved"):])
+                self.end_headers()
+                return
+            if token is not None and auth != f"Bearer {token}":
+                self.send_error(401, "token required")
+                return
+            super().do_GET()
+    return Handler
+
+
+def test_bearer_token_is_not_sent_to_another_host_on_redirect(corpus):
+    """A shard server that redirects to another host (a CDN; here another port) must not
+    hand it the token; a redirect on the same host keeps it."""
+    token = "shard-T0KEN-123"
+    name = os.path.basename(corpus.paths[0])
+    other = _recording_handler()
+    with _server(other, corpus.out) as cdn:
+        first = _recording_handler(redirect_to=lambda: cdn)
+        with _server(first, corpus.out) as origin:
+            with open_shard(f"{origin}/moved/{name}", token=token) as f:
+                data = f.read()
+            assert data == open(corpus.paths[0], "rb").read()
+            assert first.seen == [(f"/moved/{name}", f"Bearer {token}")]
+            assert other.seen == [(f"/{name}", None)]
+    loop = {}
+    handler = _recording_handler(redirect_to=lambda: loop["base"])
+    with _server(handler, corpus.out) as base:
+        loop["base"] = base
+        with open_shard(f"{base}/moved/{name}", token=token) as f:
+            f.read()
+    assert handler.seen == [(f"/moved/{name}", f"Bearer {token}"), (f"/{name}", f"Bearer {token}")]
+
+
+def test_keeps_credentials_like_requests():
+    from toolkit.data.shards import _keeps_credentials
+    assert _keeps_credentials("https://a.org/x", "https://a.org/y")
+    assert _keeps_credentials("http://a.org/x", "https://a.org/y")        # upgrade, default ports
+    assert _keeps_credentials("http://a.org:8080/x", "http://A.org:8080/y")
+    assert not _keeps_credentials("https://a.org/x", "https://cdn.a.org/x")
+    assert not _keeps_credentials("http://a.org:8080/x", "http://a.org:9090/x")
+    assert not _keeps_credentials("https://a.org/x", "http://a.org/x")       # downgrade
+
+
+def _remote_shard_corpus(tmp_path):
+    """A KWS corpus whose train list is made into shards, served by URL beside their index."""
+    from train_utils import Corpus
+    corpus = Corpus(str(tmp_path / "corpus"), num_train=24, num_dev=6)
+    out = tmp_path / "train_shards"
+    done = subprocess.run([sys.executable, "-m", "toolkit.bin.make_shards", corpus.train,
+                           str(out), "--utts-per-shard", "6"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return corpus, out
+
+
+def test_training_from_an_authenticated_list_with_the_config_token_only(tmp_path):
+    """dataset.auth_token alone (no TOOLKIT_DATA_TOKEN): the data fingerprint reads the
+    remote list and index with it too, instead of failing with HTTP 401."""
+    from train_utils import latest_payload, run_train
+    corpus, out = _remote_shard_corpus(tmp_path)
+    token = "only-in-C0NFIG-42"
+    handler = _recording_handler(token=token)
+    with _server(handler, str(out)) as base:
+        names = sorted(p.name for p in out.glob("*.tar"))
+        (out / "remote.list").write_text("".join(f"{base}/{n}\n" for n in names))
+        exp = str(tmp_path / "exp")
+        result = run_train(corpus.train_args(exp, "training.max_epoch=1", "dataset.num_workers=0",
+                                             f"dataset.auth_token={token}",
+                                             train=f"{base}/remote.list"),
+                           extra_env={"TOOLKIT_DATA_TOKEN": ""})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "24 utterances used" in result.stderr
+    assert latest_payload(exp)["epoch"] == 1
+    assert handler.seen and all(auth == f"Bearer {token}" for _, auth in handler.seen)
+    fingerprint = json.load(open(os.path.join(exp, "data_fingerprint.json")))
+    assert fingerprint["lists"]["train_data_index"]
+    assert token not in open(os.path.join(exp, "log", "train.rank0.log")).read()
+
+
+def test_relabelled_shard_index_is_refused_on_resume(tmp_path):
+    from train_utils import run_train
+    corpus, out = _remote_shard_corpus(tmp_path)
+    exp = str(tmp_path / "exp")
+    args = corpus.train_args(exp, "training.max_epoch=1", "dataset.num_workers=0",
+                             train=str(out / "shards.list"))
+    first = run_train(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    index_path = out / "shards.index.json"
+    original = index_path.read_text()
+    index = json.loads(original)
+    labels = index["shards"][0]["labels"]
+    labels[0] = -1 if labels[0] == 0 else 0            # relabelled (keyword <-> filler)
+    index_path.write_text(json.dumps(index))
+    again = run_train(args)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "the shard index (labels, durations) of dataset.train_data content changed" \
+        in again.stderr
+    index = json.loads(original)
+    index["shards"][1]["durations"][0] += 0.5                                  # re-timed
+    index_path.write_text(json.dumps(index))
+    assert run_train(args).returncode == 2
+    index_path.write_text(original)
+    assert run_train(args).returncode == 0

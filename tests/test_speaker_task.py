@@ -3,11 +3,13 @@ with a ramped AAM margin and dev EER, exact SIGKILL resume (1 process, 2 gloo ra
 the experiment contract (a reordered inventory is refused), fine-tuning onto another
 speaker set (embedding strict, head re-initialised), export parity, extraction (resumable
 parts, speaker means), scoring with AS-Norm, and the two-WAV CLI."""
+import contextlib
 import glob
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -154,3 +156,193 @@ def test_export_extract_score_and_cli(corpus, trained, tmp_path):
               "--threshold", "0.5")
     value, verdict = cli.stdout.split()
     assert abs(float(value) - onnx.score(wavs[0], wavs[1])) < 1e-4 and verdict in ("same", "different")
+
+
+# --------------------------------------------------------------------------- dev trials
+
+def _write_list(path, entries):
+    with open(path, "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in entries)
+    return str(path)
+
+
+def _entries(path):
+    return [json.loads(line) for line in open(path)]
+
+
+@contextlib.contextmanager
+def _deadline(seconds):
+    """Fails (instead of hanging the suite) when the body runs longer than `seconds`."""
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_trials_end_when_cross_speaker_pairs_are_few():
+    """10 utterances of A and 1 of B: 45 same-speaker pairs, only 10 others; the trial
+    list takes those 10 instead of looking forever for 45."""
+    from toolkit.tasks.speaker.data import make_trials
+    keys = [f"a{i}" for i in range(10)] + ["b0"]
+    with _deadline(10):
+        enroll, test, labels = make_trials(keys, ["A"] * 10 + ["B"])
+    assert int(labels.sum()) == 45 and int((labels == 0).sum()) == 10
+    assert all("b0" in (e, t) for e, t, lab in zip(enroll, test, labels) if lab == 0)
+    # Large and lopsided lists stay bounded too: 3000 of one speaker, 20 of another.
+    keys = [f"a{i}" for i in range(3000)] + [f"b{i}" for i in range(20)]
+    with _deadline(60):
+        _, _, labels = make_trials(keys, ["A"] * 3000 + ["B"] * 20, max_targets=5000)
+    assert int(labels.sum()) == 5000 and int((labels == 0).sum()) == 5000
+
+
+def test_trials_refuse_lists_without_both_kinds_or_speakers():
+    from toolkit.tasks.speaker.data import TrialError, make_trials
+    with pytest.raises(TrialError, match="every speaker has one utterance"):
+        make_trials(["a", "b", "c"], ["A", "B", "C"])
+    with pytest.raises(TrialError, match="one speaker"):
+        make_trials(["a", "b"], ["A", "A"])
+    # Utterances without a speaker are not one speaker "" (their pairs are no targets).
+    with pytest.raises(TrialError, match="1 utterances have no speaker"):
+        make_trials(["a", "b", "c", "d"], ["A", "A", "", "B"])
+
+
+def test_dev_lists_that_cannot_make_trials_are_refused_before_training(corpus, tmp_path):
+    dev = _entries(corpus.dev)
+    singles = _write_list(tmp_path / "singles.list",
+                          list({e["spk"]: e for e in dev}.values()))
+    unnamed = [dict(e) for e in dev]
+    del unnamed[3]["spk"]
+    cases = {singles: "every speaker has one utterance",
+             _write_list(tmp_path / "unnamed.list", unnamed): "1 utterances have no speaker"}
+    for path, words in cases.items():
+        exp = str(tmp_path / ("exp_" + os.path.basename(path)))
+        args = corpus.train_args(exp)
+        args[args.index("--dev-data") + 1] = path
+        result = run_train(args, timeout=120)
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert f"error: {path}: " in result.stderr and words in result.stderr
+        assert "Traceback" not in result.stderr
+        assert not glob.glob(os.path.join(exp, "ckpt-*"))
+
+
+def test_lopsided_dev_list_validates(corpus, tmp_path):
+    """The issue's hang: a dev list of 10 utterances of one speaker and 1 of another kept
+    every rank in the trial sampler forever after the first epoch."""
+    from speaker_data import speaker_list
+    skewed = _entries(speaker_list(str(tmp_path), "dev_many", [100], 10, 5, {}))
+    skewed += _entries(speaker_list(str(tmp_path), "dev_one", [101], 1, 6, {}))
+    dev = _write_list(tmp_path / "lopsided.list", skewed)
+    exp = str(tmp_path / "exp")
+    args = corpus.train_args(exp, "training.max_epoch=1")
+    args[args.index("--dev-data") + 1] = dev
+    result = run_train(args, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "epoch 0 dev: eer " in result.stderr and "over 11 utterances" in result.stderr
+
+
+# --------------------------------------------------------------------------- minimum input
+
+XVECTOR = {"type": "tdnn_xvector", "frame_channels": [12, 12, 12, 12, 24], "embed_dim": 16}
+
+
+def test_utterances_shorter_than_the_model_needs_are_counted_skips(corpus, tmp_path):
+    """x-vector's unpadded TDNN needs 15 frames: a 0.1 s utterance (8 frames) in the
+    training and the dev list is skipped and counted, not a crash of the forward pass."""
+    import soundfile as sf
+    import yaml
+    from speaker_data import RATE, speaker_params, voice_wave
+    wav = str(tmp_path / "short.wav")
+    sf.write(wav, voice_wave(np.random.default_rng(1), *speaker_params(100), 0.1), RATE,
+             subtype="PCM_16")
+    short = {"key": "spk100-short", "wav": wav, "spk": "spk100", "duration": 0.1, "label": -1}
+    dev = _write_list(tmp_path / "dev.list", _entries(corpus.dev) + [short])
+    train = _write_list(tmp_path / "train.list", _entries(corpus.train)
+                        + [dict(short, key="spk000-short", spk="spk000", label=0)])
+    from speaker_data import TINY_SPEAKER_CONFIG
+    raw = json.loads(json.dumps(TINY_SPEAKER_CONFIG))
+    raw["model"] = XVECTOR
+    raw["training"]["max_epoch"] = 1
+    config = str(tmp_path / "xvector.yaml")
+    with open(config, "w") as f:
+        yaml.safe_dump(raw, f)
+    args = corpus.train_args(str(tmp_path / "exp"), "dataset.max_bad_fraction=0.1",
+                             config=config)
+    args[args.index("--dev-data") + 1] = dev
+    args[args.index("--train-data") + 1] = train
+    result = run_train(args, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "skip spk000-short: too_short_after_processing (8 frames, the model needs 15)" \
+        in result.stderr
+    assert "skip spk100-short: too_short_after_processing" in result.stderr
+    assert "1 skipped (too_short_after_processing=1" in result.stderr
+    assert "epoch 0 dev: eer " in result.stderr and "over 16 utterances" in result.stderr
+
+
+def test_chunks_shorter_than_the_model_needs_are_refused():
+    import toolkit.tasks  # noqa: F401
+    from speaker_data import TINY_SPEAKER_CONFIG
+    from toolkit.config import ConfigError
+    from toolkit.task import validate
+    raw = json.loads(json.dumps(TINY_SPEAKER_CONFIG))
+    raw["model"] = XVECTOR
+    raw["task"]["chunk_frames"] = 10
+    with pytest.raises(ConfigError, match="task.chunk_frames=10: model tdnn_xvector needs at "
+                                          "least 15 frames"):
+        validate(raw)
+
+
+def test_zero_frame_feature_matrix_is_a_counted_skip(tmp_path):
+    """A precomputed feature matrix with no frames in a training list: BadEntry (the
+    loader counts it), not `ValueError: high <= 0` from the chunk draw."""
+    import kaldiio
+    import toolkit.tasks  # noqa: F401
+    from speaker_data import TINY_SPEAKER_CONFIG
+    from toolkit.data.audio import BadEntry
+    from toolkit.data.pipeline import FeaturePipeline
+    from toolkit.task import validate
+    from toolkit.tasks.speaker.task import SpeakerTask
+    ark = str(tmp_path / "feats.ark")
+    with kaldiio.WriteHelper(f"ark,scp:{ark},{tmp_path / 'feats.scp'}") as writer:
+        writer("empty", np.zeros((0, 24), np.float32))
+        writer("fine", np.ones((30, 24), np.float32))
+    scp = dict(line.split() for line in open(tmp_path / "feats.scp"))
+    cfg = validate(json.loads(json.dumps(TINY_SPEAKER_CONFIG)))
+    cfg.head.num_classes = 6
+    task = SpeakerTask(cfg, [f"spk{i:03d}" for i in range(6)])
+    builder = task.example_builder(FeaturePipeline(cfg.dataset, seed=3, train=True))
+    feats, label, _ = builder({"key": "fine", "feat": scp["fine"], "label": 2, "spk": "a"}, 0)
+    assert feats.shape == (50, 24) and label == 2
+    with pytest.raises(BadEntry) as err:
+        builder({"key": "empty", "feat": scp["empty"], "label": 2, "spk": "a"}, 0)
+    assert err.value.reason == "too_short_after_processing"
+
+
+def test_export_checks_safetensors_and_refuses_a_diverged_checkpoint(corpus, trained, tmp_path):
+    exp, _ = trained
+    ckpt = sorted(glob.glob(os.path.join(exp, "ckpt-*.pt")))[-1]
+
+    def export(checkpoint, out):
+        return subprocess.run([sys.executable, "-m", "toolkit.bin.export_model", "--checkpoint",
+                               checkpoint, "--exp-dir", exp, "--out-dir", str(out),
+                               "--test-data", corpus.dev, "--num-check", "3"],
+                              capture_output=True, text=True, env=env(), timeout=300)
+    good = export(ckpt, tmp_path / "good")
+    assert good.returncode == 0, good.stderr[-3000:]
+    assert "parity safetensors vs PyTorch: max abs diff" in good.stderr
+    assert "safetensors max diff" in good.stderr
+    payload = torch.load(ckpt, weights_only=True)
+    weight = next(k for k, v in payload["modules"]["model"].items() if v.is_floating_point()
+                  and v.dim() > 1)
+    payload["modules"]["model"][weight].fill_(float("nan"))
+    diverged = str(tmp_path / "diverged.pt")
+    torch.save(payload, diverged)
+    bad = export(diverged, tmp_path / "bad")
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    assert "error: exported embedding extractor: PyTorch output 0 of the checkpoint is not " \
+           "finite" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -587,3 +587,54 @@ def test_random_variant_files_are_well_formed_and_seeded():
         for line in lines:
             if line[0] == "formant":
                 assert 70 <= int(line[2]) <= 135 and 0 <= int(line[3]) <= 140
+
+
+# The real Debian flite, when installed (apt-get install flite): the fake above stands in
+# for it elsewhere so that those tests run everywhere.
+REAL_FLITE = pytest.mark.skipif(not engine_class("flite").available(),
+                                reason="flite is not installed (apt-get install flite)")
+
+
+@REAL_FLITE
+def test_real_flite_speaks_every_voice_with_word_onsets(tmp_path):
+    cls = engine_class("flite")
+    assert [v.name for v in cls.voices()] == list(F.FLITE_VOICES)
+    for voice in cls.voices():
+        speech = cls(str(tmp_path)).synth("okay hey snips", voice, rate=175)
+        again = cls(str(tmp_path)).synth("okay hey snips", voice, rate=175)
+        slow = cls(str(tmp_path)).synth("okay hey snips", voice, rate=110)
+        audio, sr = speech.audio, speech.sample_rate
+        assert audio.dtype == np.float32 and sr == 16000 and np.abs(audio).max() > 0.05
+        assert np.array_equal(audio, again.audio), voice          # a fresh process each time
+        assert len(slow.audio) > 1.3 * len(audio), voice          # the rate is applied
+        # -psdur's phone segments give every word its onset, in order, inside the audio.
+        onsets = speech.word_onsets
+        assert [c for c, _ in onsets] == [1, 6, 10], voice
+        samples = [s for _, s in onsets]
+        assert samples == sorted(samples) and 0 < samples[0] and samples[-1] < len(audio)
+        # Speech follows each onset: the 100 ms after "snips" starts are not silence.
+        tail = audio[samples[-1]:samples[-1] + sr // 10]
+        assert np.sqrt(np.mean(tail ** 2)) > 0.01, voice
+
+
+@REAL_FLITE
+def test_real_flite_corpus_times_keywords_in_carrier_sentences(tmp_path):
+    """With real phone segments, positives in a carrier sentence get keyword times too
+    (the fake flite above prints none, so only keyword-alone positives get them)."""
+    out = str(tmp_path / "flite_only")
+    S.generate_corpus([KW], out, sizes=S.Sizes(4, 4, 2, 2, 2, 2), engines=("flite",))
+    carriers = 0
+    for split in S.SPLITS:
+        kinds = _dict(os.path.join(out, split, "utt2kind"))
+        texts = _dict(os.path.join(out, split, "text"))
+        durations = _dict(os.path.join(out, split, "utt2dur"))
+        times = _dict(os.path.join(out, split, "kw_times"))
+        assert all(spk.startswith(("flite_", "noise_"))
+                   for spk in _dict(os.path.join(out, split, "utt2spk")).values())
+        for utt, kind in kinds.items():
+            if kind != "pos":
+                continue
+            start, end = map(float, times[utt].split())
+            assert 0 < start < end <= float(durations[utt]), utt
+            carriers += texts[utt] != KW
+    assert carriers >= 2

@@ -1,6 +1,7 @@
 """Experiment-dir rules, locking, init_checkpoint, AMP, uneven ranks, rank death,
 two-launcher multi-node, secrets, TensorBoard — each with the real training binary."""
 import glob
+import json
 import os
 import socket
 import subprocess
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 from train_utils import (TORCHRUN, Corpus, descendants, env, kill_tree, latest_payload,
-                         launcher, rank_process, run_train, wait_gone)
+                         launcher, rank_process, run_train, wait_for_checkpoint,
+                         wait_gone)
 
 FAST = ["training.max_epoch=1"]
 
@@ -154,9 +156,7 @@ def test_rank_death_stops_others_quickly(corpus, tmp_path):
     args = corpus.train_args(exp, "training.max_epoch=50")
     proc = subprocess.Popen(launcher(2) + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env(), start_new_session=True)
-    deadline = time.time() + 90
-    while time.time() < deadline and not glob.glob(os.path.join(exp, "ckpt-*.json")):
-        time.sleep(0.1)
+    wait_for_checkpoint(exp, proc)
     workers = descendants(proc.pid)
     rank1 = rank_process(proc.pid, 1)
     os.kill(rank1, 9)
@@ -173,9 +173,7 @@ def test_orphaned_workers_hold_the_exp_dir(corpus, tmp_path):
     args = corpus.train_args(exp, "training.max_epoch=50")
     proc = subprocess.Popen(launcher(2) + args, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
-    deadline = time.time() + 90
-    while time.time() < deadline and not glob.glob(os.path.join(exp, "ckpt-*.json")):
-        time.sleep(0.1)
+    wait_for_checkpoint(exp, proc)
     workers = [p for p in descendants(proc.pid)]
     kill_tree(proc, launcher_only=True)          # like `kill -9 <torchrun>`
     alive = [p for p in workers if os.path.exists(f"/proc/{p}")]
@@ -266,3 +264,60 @@ def test_accumulation_with_ddp_and_step_validation(corpus, tmp_path):
     from toolkit.trainer.checkpoint import list_checkpoints
     assert all(c.dev_loss is not None for c in list_checkpoints(exp))
 
+
+
+def test_safetensors_init_needs_a_model_description(corpus, trained, tmp_path):
+    """A config.json beside the weights that describes no model cannot be checked against
+    the config: refused, or with init_allow_missing loaded with a warning; an architecture
+    difference under init_allow_missing is named in the log too."""
+    from toolkit.tasks.kws.export import build_metadata, export_safetensors, model_from_checkpoint
+    ckpt = sorted(glob.glob(os.path.join(trained, "ckpt-*.pt")))[-1]
+    model = model_from_checkpoint(ckpt)
+    path = str(tmp_path / "model.safetensors")
+    export_safetensors(model, path, build_metadata(model, {}, ["hey chirp"], None))
+    side = tmp_path / "config.json"
+    described = json.loads(side.read_text())
+    side.write_text(json.dumps({"task": "codec"}))
+    refused = run_train(corpus.train_args(str(tmp_path / "a"), *FAST) + ["--init-checkpoint", path])
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "config.json describes no model" in refused.stderr
+    allowed = run_train(corpus.train_args(str(tmp_path / "b"), *FAST,
+                                          "training.init_allow_missing=true")
+                        + ["--init-checkpoint", path])
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert "config.json describes no model" in allowed.stderr
+    described["model"]["dropout"] = 0.5
+    side.write_text(json.dumps(described))
+    other = run_train(corpus.train_args(str(tmp_path / "c"), *FAST,
+                                        "training.init_allow_missing=true")
+                      + ["--init-checkpoint", path])
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert "describes another architecture (dropout: 0.5 vs" in other.stderr
+
+
+def test_other_ranks_wait_for_a_slow_data_fingerprint(corpus, tmp_path):
+    """Rank 0 fingerprints the data (here made 12 s slower, as a large corpus on network
+    storage is) while rank 1 waits: that wait is not bound by the 5 s collective timeout
+    that stops training when a rank dies."""
+    exp = str(tmp_path / "exp")
+    result = run_train(corpus.train_args(exp, *FAST, "training.rank_failure_timeout_s=5"),
+                       nproc=2, timeout=240,
+                       extra_env={"TOOLKIT_PLUGINS": "slow_fingerprint",
+                                  "SLOW_FINGERPRINT_S": "12"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert latest_payload(exp)["epoch"] == 1
+
+
+def test_the_waits_of_these_tests_can_fail(tmp_path):
+    """wait_gone and wait_for_checkpoint fail at their deadline instead of carrying on."""
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(AssertionError, match=f"processes \\[{proc.pid}\\] still running"):
+            wait_gone([proc.pid], timeout=0.5)
+        with pytest.raises(AssertionError, match="no checkpoint in"):
+            wait_for_checkpoint(str(tmp_path), proc, timeout=0.5)
+    finally:
+        proc.kill()
+    wait_gone([proc.pid], timeout=10)
+    with pytest.raises(AssertionError, match="the run ended"):
+        wait_for_checkpoint(str(tmp_path), proc, timeout=5)

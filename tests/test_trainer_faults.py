@@ -364,3 +364,14 @@ def test_resume_with_another_thread_count_is_said(corpus, tmp_path):
     second = train(2, 2)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "this run uses 2 CPU threads per process, the checkpoint's run 1" in second.stderr
+
+
+def test_prune_always_keeps_the_newest_checkpoint(tmp_path):
+    """keep_last=0 (refused by the config, but prune is a library function too) used to
+    delete a checkpoint right after it was written unless it was among the best."""
+    from toolkit.trainer import checkpoint as ckpt
+    for step, dev in ((1, 0.5), (2, 0.9)):
+        ckpt.save_checkpoint(str(tmp_path), step, {"w": torch.zeros(1)},
+                             {"epoch": 0, "dev_loss": dev})
+    ckpt.prune(str(tmp_path), keep_last=0, keep_best=1)
+    assert [c.step for c in ckpt.list_checkpoints(str(tmp_path))] == [1, 2]

@@ -1,4 +1,5 @@
 """Helpers for tests that run the real training binary (directly or through torchrun)."""
+import glob
 import json
 import os
 import select
@@ -202,9 +203,11 @@ def kill_tree(proc: subprocess.Popen, launcher_only: bool = False) -> List[int]:
 
 
 def wait_gone(pids: List[int], timeout: float = 30) -> None:
+    """Waits until every process in `pids` has exited; fails naming those still alive
+    when `timeout` passes."""
     deadline = time.time() + timeout
     for pid in pids:
-        while time.time() < deadline:
+        while True:
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
@@ -214,7 +217,20 @@ def wait_gone(pids: List[int], timeout: float = 30) -> None:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
+            if time.time() >= deadline:
+                alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+                raise AssertionError(f"processes {alive} still running {timeout:.0f} s later")
             time.sleep(0.05)
+
+
+def wait_for_checkpoint(exp: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+    """Waits for the first checkpoint of a run in `exp`; fails when `timeout` passes or
+    the run ends before writing one."""
+    deadline = time.time() + timeout
+    while not glob.glob(os.path.join(exp, "ckpt-*.json")):
+        assert time.time() < deadline, f"no checkpoint in {exp} after {timeout:.0f} s"
+        assert proc.poll() is None, f"the run ended (status {proc.returncode}) before a checkpoint"
+        time.sleep(0.1)
 
 
 def latest_payload(exp: str) -> dict:

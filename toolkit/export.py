@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from toolkit.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -141,26 +144,70 @@ def onnx_runner(path: str, threads: int = 1) -> Callable:
     return run
 
 
+class ParityError(UserError, RuntimeError):
+    """An export that does not reproduce PyTorch, or a checkpoint whose own outputs are
+    not finite (a diverged run): nothing to deploy."""
+
+
+def output_difference(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]
+                      ) -> Tuple[float, Optional[str]]:
+    """Max |diff| of one candidate's outputs against PyTorch's, and what makes them
+    incomparable (another number of outputs, another shape, non-finite values where
+    PyTorch's are finite): then the difference is infinite. No broadcasting, and a NaN
+    never hides behind a smaller maximum."""
+    expected, got = tuple(expected), tuple(got)
+    if len(got) != len(expected):
+        return math.inf, f"{len(got)} outputs, PyTorch {len(expected)}"
+    worst = 0.0
+    for i, (e, g) in enumerate(zip(expected, got)):
+        e, g = np.asarray(e), np.asarray(g)
+        if g.shape != e.shape:
+            return math.inf, f"output {i} has shape {g.shape}, PyTorch {e.shape}"
+        if not np.size(e):
+            continue
+        diff = np.abs(g.astype(np.float64) - e.astype(np.float64))
+        if not np.all(np.isfinite(diff)):
+            return math.inf, f"output {i} has non-finite values"
+        worst = max(worst, float(diff.max()))
+    return worst, None
+
+
+def check_finite_reference(outputs: Sequence[np.ndarray], what: str) -> None:
+    for i, out in enumerate(outputs):
+        if not np.all(np.isfinite(np.asarray(out))):
+            raise ParityError(f"{what}: PyTorch output {i} of the checkpoint is not finite "
+                              "(a diverged checkpoint?); nothing exported is usable")
+
+
 def compare(reference: Callable, candidates: Dict[str, Callable],
             cases: Sequence[Tuple[np.ndarray, ...]], tolerance: float,
             what: str = "exported model") -> Dict[str, float]:
     """Max |diff| of each candidate's outputs against the reference over `cases` (tuples
-    of input arrays). Raises when any exceeds `tolerance`."""
+    of input arrays). Raises ParityError when any exceeds `tolerance`, when outputs are
+    missing, shaped differently or not finite, and when the reference's own outputs are
+    not finite."""
     worst = {name: 0.0 for name in candidates}
+    problems: Dict[str, str] = {}
     for case in cases:
         expected = reference(*case)
+        if isinstance(expected, np.ndarray):
+            expected = (expected,)
+        check_finite_reference(expected, what)
         for name, fn in candidates.items():
             got = fn(*case)
-            for e, g in zip(expected, got):
-                worst[name] = max(worst[name], float(np.max(np.abs(np.asarray(g) - e)))
-                                  if np.size(e) else 0.0)
+            diff, problem = output_difference(expected, (got,) if isinstance(got, np.ndarray)
+                                              else got)
+            worst[name] = max(worst[name], diff)
+            if problem and name not in problems:
+                problems[name] = problem
     for name, diff in worst.items():
         logger.info("parity %s vs PyTorch: max abs diff %.3g over %d inputs", name, diff,
                     len(cases))
     failed = {k: v for k, v in worst.items() if not v <= tolerance}
     if failed:
-        raise RuntimeError(f"{what} disagrees with PyTorch beyond tolerance {tolerance}: "
-                           + ", ".join(f"{k} {v:.3g}" for k, v in failed.items()))
+        raise ParityError(f"{what} disagrees with PyTorch beyond tolerance {tolerance}: "
+                          + ", ".join(f"{k} {v:.3g}" + (f" ({problems[k]})" if k in problems
+                                                         else "") for k, v in failed.items()))
     return worst
 
 

@@ -264,6 +264,11 @@ class Task:
         classes (e.g. unseen speakers)."""
         return DataRequirements()
 
+    def check_data(self, split: str, source) -> None:
+        """Checks a loaded list before training starts (`split`: train or dev; `source`: a
+        toolkit.data.sources.DataSource): raise DataError naming the list for what would
+        only fail later (e.g. a dev list that cannot give what validation computes)."""
+
     def example_builder(self, pipeline: "FeaturePipeline") -> ExampleBuilder:
         """The builder of the train or dev examples around the trainer's `pipeline`
         (pipeline.train tells which; it holds the dataset section, the seed, the noise and

@@ -11,22 +11,32 @@ from typing import Any, Dict, List, Tuple
 import yaml
 
 from toolkit.config.schema import Config, to_dict
-from toolkit.config.secrets import redact
+from toolkit.config.secrets import (REDACTED, SecretTextLoader, is_secret_key, redact,
+                                    secret_override_value)
 from toolkit.errors import ConfigError
 from toolkit.fileio import atomic_write_text
 
 
 def parse_override(text: str):
-    """`a.b.c=value` -> (['a','b','c'], parsed value). Values are YAML scalars/lists."""
+    """`a.b.c=value` -> (['a','b','c'], parsed value). Values are YAML scalars/lists;
+    under a secret-named key the text itself, never shown in an error."""
     if "=" not in text:
         raise ConfigError(f"override '{text}': expected key.path=value")
     key, value = text.split("=", 1)
+    secret = is_secret_key(key.rsplit(".", 1)[-1])
+    shown = f"{key}={REDACTED}" if secret else text
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
-        raise ConfigError(f"override '{text}': bad key path '{key}'")
+        raise ConfigError(f"override '{shown}': bad key path '{key}'")
     try:
-        parsed = yaml.safe_load(value) if value != "" else ""
+        if value == "":
+            parsed = ""
+        elif secret:
+            parsed = secret_override_value(value)
+        else:
+            parsed = yaml.load(value, Loader=SecretTextLoader)
     except yaml.YAMLError as err:
-        raise ConfigError(f"override '{text}': cannot parse value: {err}") from None
+        raise ConfigError(f"override '{shown}': cannot parse value"
+                          + ("" if secret else f": {err}")) from None
     return key.split("."), parsed
 
 
@@ -35,7 +45,8 @@ def apply_overrides(raw: Dict[str, Any], overrides: List[str]) -> Dict[str, Any]
     raw = copy.deepcopy(raw)
     for text in overrides:
         keys, value = parse_override(text)
-        _set(raw, keys, value, f"override '{text}'")
+        shown = f"{'.'.join(keys)}={REDACTED}" if is_secret_key(keys[-1]) else text
+        _set(raw, keys, value, f"override '{shown}'")
     return raw
 
 
@@ -77,7 +88,7 @@ def merge(base: Dict[str, Any], top: Dict[str, Any]) -> Dict[str, Any]:
 def read_yaml(path: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+            raw = yaml.load(f, Loader=SecretTextLoader)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as err:

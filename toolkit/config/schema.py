@@ -172,8 +172,11 @@ class WandbConfig:
 @dataclass
 class TrainingConfig:
     seed: int = 777               # seeds weights, batch plans and augmentation
-    max_epoch: int = 10           # epochs; with the data length this gives max_steps
-    max_steps: int = 0            # > 0: stop after this many optimizer steps instead
+    # epochs to train; 0: not given. Give max_epoch, max_steps or both (then the first
+    # reached ends the run, and the log says which)
+    max_epoch: int = 0
+    # optimizer steps to train, over as many epochs as that takes; 0: not given
+    max_steps: int = 0
     grad_clip: float = 50.0       # default global-norm clip of every optimizer
     max_nonfinite_steps: int = 100  # consecutive skipped (non-finite) updates that stop training
     accum_grad: int = 1           # micro-batches per optimizer step

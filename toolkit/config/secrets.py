@@ -9,7 +9,10 @@ import re
 from secrets import token_hex
 from typing import Iterable, List, Optional
 
+import yaml
+
 from toolkit.config.schema import Config, to_dict
+from toolkit.errors import ConfigError
 
 SECRET_KEY = re.compile(r"(token|password|passwd|secret|api_?key|credential)", re.IGNORECASE)
 REDACTED = "<redacted>"
@@ -23,6 +26,48 @@ def secret_env_values() -> set:
 
 def is_secret_key(key: str) -> bool:
     return bool(SECRET_KEY.search(str(key)))
+
+
+# ----------------------------------------------------------------- values as written
+
+_YAML_STR = "tag:yaml.org,2002:str"
+_YAML_NULL = "tag:yaml.org,2002:null"
+
+
+def secret_text(value, path: str) -> str:
+    """The string a value under a secret-named key stands for: any scalar is a valid
+    secret (a numeric token), kept as text. An error names the key, never the value."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float, bool)):
+        return str(value)
+    raise ConfigError(f"{path}: expected a string, got a {type(value).__name__}")
+
+
+def _as_text(node) -> None:
+    """A scalar YAML would read as a number, date or boolean stays the text written (a
+    numeric token keeps its leading zeros and every digit)."""
+    if isinstance(node, yaml.ScalarNode) and node.tag not in (_YAML_STR, _YAML_NULL):
+        node.tag = _YAML_STR
+
+
+class SecretTextLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that values under secret-named keys stay the text written."""
+
+    def construct_mapping(self, node, deep=False):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and is_secret_key(key_node.value):
+                _as_text(value_node)
+        return super().construct_mapping(node, deep)
+
+
+def secret_override_value(text: str):
+    """The value of a `key=text` override whose key is secret-named: a scalar is the text
+    itself (no YAML typing), anything else is parsed as usual. Raises yaml.YAMLError."""
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if isinstance(node, yaml.ScalarNode):
+        return "" if node.tag == _YAML_NULL else node.value
+    return yaml.load(text, Loader=SecretTextLoader)
 
 
 def _digest(salt: str, value: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from toolkit.config.compose import merge
 from toolkit.config.ramps import Ramp
 from toolkit.config.schema import Config, DatasetConfig, OptimConfig, OptimizerConfigs, Section
+from toolkit.config.secrets import is_secret_key, secret_text
 from toolkit.errors import ConfigError
 from toolkit.registry import Registry
 
@@ -77,6 +78,8 @@ def coerce(value, tp, path: str):
             return value
         if value is None:
             return ""
+        if is_secret_key(path.rsplit(".", 1)[-1]):
+            return secret_text(value, path)
         raise ConfigError(f"{path}: expected a string, got {value!r}")
     raise ConfigError(f"{path}: unsupported schema type {type_name(tp)}")
 
@@ -184,8 +187,13 @@ def check_generic(cfg: Config) -> None:
         raise ConfigError("training.accum_grad must be >= 1")
     if t.grad_clip <= 0:
         raise ConfigError("training.grad_clip must be > 0")
-    if t.max_epoch < 1 and t.max_steps < 1:
-        raise ConfigError("training.max_epoch or training.max_steps must be positive")
+    if t.max_epoch < 0 or t.max_steps < 0:
+        raise ConfigError("training.max_epoch and training.max_steps must be >= 0 (0: not given)")
+    if t.log_interval < 1:
+        raise ConfigError(f"training.log_interval must be >= 1, got {t.log_interval}")
+    if t.keep_last < 1:
+        raise ConfigError(f"training.keep_last must be >= 1 (the newest checkpoint is what a "
+                          f"rerun resumes from), got {t.keep_last}")
     for name, o in cfg.optim.items():
         where = "optim" if len(cfg.optim) == 1 else f"optim.{name}"
         if not 0.0 <= o.start_fraction < 1.0:

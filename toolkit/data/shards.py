@@ -73,6 +73,33 @@ def auth_token(configured: str = "") -> str:
     return configured or os.environ.get("TOOLKIT_DATA_TOKEN", "")
 
 
+def _keeps_credentials(old_url: str, new_url: str) -> bool:
+    """Whether a redirect from `old_url` to `new_url` may carry the bearer token: only to
+    the same host, scheme and port (http -> https on the default ports too), as the
+    `requests` package decides; a CDN or another host never sees it."""
+    a, b = urllib.parse.urlsplit(old_url), urllib.parse.urlsplit(new_url)
+    if (a.hostname or "").lower() != (b.hostname or "").lower():
+        return False
+    default = {"http": 80, "https": 443}
+    port_a, port_b = a.port or default.get(a.scheme), b.port or default.get(b.scheme)
+    if (a.scheme, port_a, b.scheme, port_b) == ("http", 80, "https", 443):
+        return True
+    return a.scheme == b.scheme and port_a == port_b
+
+
+class _RedirectWithoutForeignToken(urllib.request.HTTPRedirectHandler):
+    """urllib copies every header onto the redirected request, Authorization included."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and not _keeps_credentials(req.full_url, new.full_url):
+            new.remove_header("Authorization")
+        return new
+
+
+_OPENER = urllib.request.build_opener(_RedirectWithoutForeignToken)
+
+
 def open_shard(source: str, timeout: float = HTTP_TIMEOUT_S, token: str = "") -> BinaryIO:
     """Binary, sequentially readable file object for a local path, an http(s) URL
     (streamed, never read whole into memory) or any fsspec URL (s3://, gs://, file://).
@@ -87,7 +114,7 @@ def open_shard(source: str, timeout: float = HTTP_TIMEOUT_S, token: str = "") ->
         if token:
             request.add_header("Authorization", f"Bearer {token}")
         try:
-            return urllib.request.urlopen(request, timeout=timeout)
+            return _OPENER.open(request, timeout=timeout)
         except urllib.error.HTTPError as err:
             raise OSError(f"cannot open shard {source}: HTTP {err.code} {err.reason}") from None
         except (urllib.error.URLError, OSError) as err:
@@ -120,6 +147,11 @@ def _read_all(source: str, token: str = "") -> bytes:
 def read_text(source: str, token: str = "") -> str:
     """A shard list or data list, local or by URL, as text."""
     return _read_all(source, token or auth_token()).decode("utf-8")
+
+
+def index_path_of(shard_list: str) -> str:
+    """Where the index of a shard list lies: `shards.index.json` beside it."""
+    return _beside(shard_list, INDEX_NAME)
 
 
 def _beside(source: str, name: str) -> str:

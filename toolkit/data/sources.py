@@ -4,7 +4,7 @@ task's ExampleBuilder."""
 import logging
 import os
 import urllib.parse
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -48,6 +48,11 @@ class DataSource:
     def referenced_files(self) -> List[str]:
         """Files whose content training reads (audio, feature archives, shards)."""
         return []
+
+    def field_values(self, name: str) -> Optional[List[Tuple[str, object]]]:
+        """(key, value of field `name` or None) of every utterance the plans use; None
+        when entries are only read together with their audio (shards)."""
+        return None
 
 
 class BatchDataset(Dataset):
@@ -115,6 +120,9 @@ class RawSource(DataSource):
 
     def referenced_files(self) -> List[str]:
         return self.data.referenced_files()
+
+    def field_values(self, name: str) -> Optional[List[Tuple[str, object]]]:
+        return [(e["key"], e.get(name)) for e in map(self.data.entry, self.keep.tolist())]
 
 
 @SOURCES.register("shard")

@@ -162,14 +162,15 @@ TMP_CHECKPOINT = re.compile(r"^\.tmp-.*-ckpt-\d+\.(pt|json)$")
 
 
 def prune(exp_dir: str, keep_last: int, keep_best: int) -> List[str]:
-    """Deletes checkpoints that are neither among the last `keep_last` valid ones by step
-    nor the best `keep_best` by dev metric. Corrupt checkpoints and orphan .pt files older
-    than the newest valid checkpoint go too, as do temp files of this trainer's killed
-    checkpoint writes (other tools' temp files are left alone)."""
+    """Deletes checkpoints that are neither among the last `keep_last` (at least one)
+    valid ones by step nor the best `keep_best` by dev metric. Corrupt checkpoints and
+    orphan .pt files older than the newest valid checkpoint go too, as do temp files of
+    this trainer's killed checkpoint writes (other tools' temp files are left alone)."""
     infos = list_checkpoints(exp_dir)
     valid = [c for c in infos if verify(c) is None]
     broken = [c for c in infos if c not in valid]
-    keep = {c.step for c in valid[-keep_last:]} if keep_last > 0 else set()
+    # The newest valid checkpoint always stays: it is what a rerun resumes from.
+    keep = {c.step for c in valid[-max(1, keep_last):]}
     scored = [c for c in valid if c.dev_loss is not None]
     keep |= {c.step for c in sorted(scored, key=lambda c: (c.dev_loss, -c.step))[:keep_best]}
     newest = valid[-1].step if valid else -1

@@ -85,7 +85,16 @@ def _restart_safe_store(info: DistInfo, timeout: datetime.timedelta) -> Optional
     return dist.PrefixStore(f"toolkit/restart_{attempt}", agent_store)
 
 
+# How long the other ranks wait for rank 0's one-off setup work (data fingerprint over every
+# referenced file, checkpoint verification) before training: on network storage a large
+# corpus takes minutes, far beyond training.rank_failure_timeout_s. A rank that dies
+# meanwhile still stops the others at once (torchrun ends the group).
+SETUP_TIMEOUT_S = 3 * 3600.0
+_SETUP_GROUP = None
+
+
 def init(info: DistInfo, timeout_s: float) -> None:
+    global _SETUP_GROUP
     if not info.distributed:
         return
     backend = "nccl" if info.device.type == "cuda" else "gloo"
@@ -95,6 +104,8 @@ def init(info: DistInfo, timeout_s: float) -> None:
     if store is not None:
         kwargs.update(store=store, rank=info.rank, world_size=info.world_size)
     dist.init_process_group(backend, timeout=timeout, **kwargs)
+    _SETUP_GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(
+        seconds=max(timeout_s, SETUP_TIMEOUT_S)))
     logger.info("process group: backend=%s world=%d rank=%d local_rank=%d", backend,
                 info.world_size, info.rank, info.local_rank)
 
@@ -116,11 +127,13 @@ def all_gather_object(obj: Any, info: DistInfo) -> List[Any]:
     return out
 
 
-def broadcast_object(obj: Any, info: DistInfo) -> Any:
+def broadcast_object(obj: Any, info: DistInfo, setup: bool = False) -> Any:
+    """Rank 0's `obj` on every rank. `setup`: the others may wait up to SETUP_TIMEOUT_S
+    (rank 0 is doing one-off work), not training's collective timeout."""
     if not info.distributed:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=_SETUP_GROUP if setup else None)
     return box[0]
 
 
@@ -130,5 +143,7 @@ def barrier(info: DistInfo) -> None:
 
 
 def cleanup(info: DistInfo) -> None:
+    global _SETUP_GROUP
+    _SETUP_GROUP = None
     if info.distributed and dist.is_initialized():
         dist.destroy_process_group()

@@ -92,6 +92,7 @@ def diff_configs(saved: dict, current: dict,
 # --------------------------------------------------------------------------- data fingerprint
 
 SAMPLED_FILES = 256          # files whose head and tail bytes are hashed
+INDEX_SUFFIX = "_index"      # lists["train_data_index"]: the shard index of train_data
 SAMPLE_BYTES = 1 << 16
 
 
@@ -105,16 +106,28 @@ def _sampled_digest(path: str, size: int) -> str:
     return h.hexdigest()[:16]
 
 
-def _list_digest(path: str) -> str:
+def _list_digest(path: str, token: str = "") -> str:
     if "://" in path:
         from toolkit.data.shards import read_text
-        return hashlib.sha256(read_text(path).encode("utf-8")).hexdigest()
+        return hashlib.sha256(read_text(path, token).encode("utf-8")).hexdigest()
     return sha256_file(path) if path and os.path.exists(path) else ""
 
 
+def _shard_index(path: str, dataset_cfg) -> Optional[str]:
+    """The index beside `path` when it is a shard list: its labels and durations make
+    the batch plan, so it belongs to the data as much as the list does."""
+    from toolkit.data.shards import index_path_of
+    from toolkit.data.sources import detect_data_type
+    data_type = dataset_cfg.data_type
+    if data_type == "auto":
+        data_type = detect_data_type(path, dataset_cfg.auth_token)
+    return index_path_of(path) if data_type == "shard" else None
+
+
 def data_fingerprint(cfg: Config, referenced: Dict[str, Sequence[str]]) -> dict:
-    """What training reads, cheaply: the full sha256 of every list file (train, dev,
-    noise, RIR lists, CMVN stats), and for the files the lists point at (audio, feature
+    """What training reads, cheaply: the full sha256 of every list file (train, dev, the
+    index beside a shard list, noise, RIR lists, CMVN stats; remote ones read with
+    dataset.auth_token), and for the files the lists point at (audio, feature
     archives, shards) their sizes plus a hash of the first and last 64 KiB of a fixed
     sample of them. Remote (URL) shards are named only by their list's content."""
     started = time.time()
@@ -124,8 +137,13 @@ def data_fingerprint(cfg: Config, referenced: Dict[str, Sequence[str]]) -> dict:
         model = getattr(cfg, section, None) if cfg.has(section) else None
         if model is not None and getattr(model, "cmvn_file", ""):
             lists["cmvn_file"] = model.cmvn_file
+    for name in ("train_data", "dev_data"):
+        index = _shard_index(lists[name], cfg.dataset) if lists[name] else None
+        if index:
+            lists[name + INDEX_SUFFIX] = index
+    token = cfg.dataset.auth_token
     out = {"version": FINGERPRINT_VERSION,
-           "lists": {name: _list_digest(path) for name, path in lists.items() if path}}
+           "lists": {name: _list_digest(path, token) for name, path in lists.items() if path}}
     files_total = hashed = 0
     for name, files in referenced.items():
         local = [f for f in files if "://" not in f]
@@ -160,8 +178,13 @@ def fingerprint_differences(old: dict, new: dict) -> List[str]:
     problems = []
     for name in sorted(set(old.get("lists", {})) | set(new.get("lists", {}))):
         a, b = old.get("lists", {}).get(name), new.get("lists", {}).get(name)
+        if name.endswith(INDEX_SUFFIX) and a is None and old.get("lists", {}).get(
+                name[:-len(INDEX_SUFFIX)]) == new.get("lists", {}).get(name[:-len(INDEX_SUFFIX)]):
+            continue       # recorded before shard indexes were: the list itself is unchanged
         if a != b:
-            what = "cmvn_file" if name == "cmvn_file" else f"dataset.{name}"
+            what = ("cmvn_file" if name == "cmvn_file" else
+                    f"the shard index (labels, durations) of dataset.{name[:-len(INDEX_SUFFIX)]}"
+                    if name.endswith(INDEX_SUFFIX) else f"dataset.{name}")
             problems.append(f"{what} content changed (sha256 {str(a)[:12]} -> {str(b)[:12]})")
     for name in sorted(k for k in set(old) | set(new) if k not in ("version", "lists")):
         a, b = old.get(name) or {}, new.get(name) or {}
@@ -282,13 +305,25 @@ def _check_export_config(path: str, module, allow_missing: bool) -> None:
         raise MissingInputError(f"training.init_checkpoint {path}: adjacent config.json missing")
     with open(side, encoding="utf-8") as f:
         meta = json.load(f)
-    theirs = meta.get("model", meta.get("model_config", {}))
+    theirs = meta.get("model", meta.get("model_config")) if isinstance(meta, dict) else None
     config = getattr(module, "config", None)
     mine = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    if not isinstance(theirs, dict) or not theirs:
+        problem = (f"training.init_checkpoint {path}: {side} describes no model (no `model` "
+                   "or `model_config` mapping), so its architecture cannot be checked")
+        if not allow_missing:
+            raise ConfigError(problem + " (set training.init_allow_missing=true to load what "
+                              "matches by name and shape)")
+        logger.warning("%s; loading what matches by name and shape", problem)
+        return
     diffs = _architecture_differences(theirs, mine)
     if diffs and not allow_missing:
         raise ConfigError(f"training.init_checkpoint {path} describes another architecture: "
                           + "; ".join(diffs))
+    if diffs:
+        logger.warning("training.init_checkpoint %s describes another architecture (%s); "
+                       "training.init_allow_missing=true: loading what matches by name and "
+                       "shape", path, "; ".join(diffs))
 
 
 def _load_module(module: torch.nn.Module, state: Dict[str, torch.Tensor], where: str,

@@ -104,7 +104,10 @@ def run_training(args) -> int:
                                    args.exp_dir)
             except UserError as err:
                 problem = str(err)
-        problem, resume_path = dist_util.broadcast_object((problem, resume_path), info)
+        # The others wait for rank 0's fingerprint of every referenced file: no collective
+        # timeout for that.
+        problem, resume_path = dist_util.broadcast_object((problem, resume_path), info,
+                                                          setup=True)
         if problem:
             raise ConfigError(problem)
         what = trainer.restore(resume_path)

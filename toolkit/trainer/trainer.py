@@ -41,18 +41,25 @@ class TrainingError(UserError, RuntimeError):
 
 @contextlib.contextmanager
 def frozen_norm_stats(modules):
-    """Keeps BatchNorm running statistics unchanged (momentum 0) for zero-weight steps."""
-    saved = []
+    """Keeps running statistics unchanged for zero-weight steps: BatchNorm's (momentum
+    0), and those of any submodule that declares a `statistics_frozen` flag (e.g. EMA
+    codebooks), which is set for the step."""
+    saved, flagged = [], []
     for module in modules:
         for m in module.modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
                 saved.append((m, m.momentum))
                 m.momentum = 0.0
+            if isinstance(getattr(m, "statistics_frozen", None), bool):
+                flagged.append((m, m.statistics_frozen))
+                m.statistics_frozen = True
     try:
         yield
     finally:
         for m, momentum in saved:
             m.momentum = momentum
+        for m, flag in flagged:
+            m.statistics_frozen = flag
 
 
 def amp_dtype(cfg: Config, device: torch.device) -> Optional[torch.dtype]:
@@ -152,6 +159,9 @@ class Trainer:
         self.info = info
         self.device = info.device
         t = cfg.training
+        if t.max_epoch <= 0 and t.max_steps <= 0:
+            raise ConfigError("training.max_epoch or training.max_steps must be given: say how "
+                              "long to train (both: whichever is reached first)")
         torch.manual_seed(t.seed)
         np.random.seed(t.seed % (2 ** 32))
         random.seed(t.seed)
@@ -159,6 +169,9 @@ class Trainer:
 
         self.train_list = self._load_list("train")
         self.dev_list = self._load_list("dev") if has_input(cfg.dataset, "dev") else None
+        task.check_data("train", self.train_list)
+        if self.dev_list is not None:
+            task.check_data("dev", self.dev_list)
 
         self.modules: Dict[str, nn.Module] = {n: m.to(self.device)
                                               for n, m in task.build_modules().items()}
@@ -176,7 +189,13 @@ class Trainer:
                         if self.amp_dtype == torch.float16 else {})
 
         self.steps_per_epoch = self._steps_in_plan(len(self._global_plan(0)), 0)
-        self.total_steps = t.max_steps or self.steps_per_epoch * t.max_epoch
+        if self.steps_per_epoch == 0:
+            raise TrainingError(f"{self.train_list.path}: the batch plan is empty (every "
+                                "utterance is outside dataset.min_duration/max_duration)")
+        # Start step of every optimizer phase that has begun (restored from checkpoints):
+        # a later change of the total moves only the boundaries of phases not yet begun.
+        self.phase_starts: Dict[str, int] = {}
+        self.total_steps = self._planned_total(self.steps_per_epoch * t.max_epoch)
         self.schedules = {name: build_schedule(opt, cfg.optim[name].scheduler,
                                                self._schedule_total(name))
                           for name, opt in self.optimizers.items()}
@@ -229,17 +248,42 @@ class Trainer:
         return [p for m in self.optimizer_modules[optimizer]
                 for p in self.modules[m].parameters() if p.requires_grad]
 
+    def _planned_total(self, by_epochs: int) -> int:
+        """The steps this run trains: the limit the config gives (max_steps, or the
+        `by_epochs` steps of max_epoch epochs), the smaller one when it gives both."""
+        t = self.cfg.training
+        limits = [n for n, given in ((t.max_steps, t.max_steps > 0),
+                                     (by_epochs, t.max_epoch > 0)) if given]
+        return max(1, min(limits))
+
+    def _limit_reached(self) -> Optional[str]:
+        """The configured limit that ends training now, or None."""
+        t = self.cfg.training
+        if t.max_steps > 0 and self.step >= t.max_steps:
+            return f"training.max_steps={t.max_steps} reached at epoch {self.epoch}"
+        if t.max_epoch > 0 and self.epoch >= t.max_epoch:
+            return f"training.max_epoch={t.max_epoch} reached at step {self.step}"
+        return None
+
     def _schedule_total(self, name: str) -> int:
         explicit = self.cfg.optim[name].scheduler.total_steps
         start = self.start_step(name)
         return explicit or max(1, self.total_steps - start)
 
     def start_step(self, optimizer: str) -> int:
+        if optimizer in self.phase_starts:
+            return self.phase_starts[optimizer]
         # The same step at which a Ramp starting at that fraction switches on.
         return int(math.ceil(self.cfg.optim[optimizer].start_fraction * self.total_steps - 1e-9))
 
     def optimizer_active(self, optimizer: str, step: int) -> bool:
         return step >= self.start_step(optimizer)
+
+    def _record_phase_starts(self) -> None:
+        """Notes the phases active at the step being taken (self.step), once each."""
+        for name in self.optimizers:
+            if name not in self.phase_starts and self.optimizer_active(name, self.step):
+                self.phase_starts[name] = self.start_step(name)
 
     def _load_list(self, name: str) -> DataSource:
         try:
@@ -284,6 +328,7 @@ class Trainer:
             "scalers": {n: s.state_dict() for n, s in self.scalers.items()},
             "task_state": self.task.state_dict(),
             "step": self.step, "epoch": self.epoch, "global_batch_pos": self.global_pos,
+            "phase_starts": dict(self.phase_starts),
             "nonfinite_run": dict(self.nonfinite_run),
             "nonfinite_total": dict(self.nonfinite_total),
             "per_rank": per_rank, "world_size": self.info.world_size,
@@ -336,6 +381,7 @@ class Trainer:
         self.task.load_state_dict(state["task_state"])
         self.step, self.epoch = state["step"], state["epoch"]
         self.global_pos = state["global_batch_pos"]
+        self._restore_phase_starts(state)
         self.nonfinite_run.update(state["nonfinite_run"])
         self.nonfinite_total.update(state["nonfinite_total"])
         saved_world = state["world_size"]
@@ -355,6 +401,28 @@ class Trainer:
                            self.num_threads, state["num_threads"])
         return (f"resumed from {resume_path}: epoch {self.epoch}, global batch "
                 f"{self.global_pos}, step {self.step}")
+
+    def _restore_phase_starts(self, state: dict) -> None:
+        """Phases that had begun stay on whatever total this run computes (a changed
+        max_steps / max_epoch or world size). Checkpoints written before the starts were
+        recorded tell them by the steps each optimizer's schedule has taken."""
+        if "phase_starts" in state:
+            starts = {n: int(v) for n, v in state["phase_starts"].items() if n in self.optimizers}
+        else:
+            starts = {n: max(0, self.step - int(s["step_count"]))
+                      for n, s in state["schedules"].items()
+                      if n in self.optimizers and int(s["step_count"]) > 0}
+        moved = {n: (self.start_step(n), v) for n, v in starts.items()
+                 if self.start_step(n) != v}
+        self.phase_starts = starts
+        for name, sched in self.schedules.items():
+            sched.total_steps = max(1, self._schedule_total(name))
+            sched.reapply()
+        if moved and self.info.is_main:
+            logger.info("optimizer phase(s) %s began before this run's total of %d steps moved "
+                        "their start; they stay on from the recorded step(s) %s",
+                        ", ".join(moved), self.total_steps,
+                        ", ".join(str(v) for _, v in moved.values()))
 
     def _restore_counts(self, ranks: List[dict]) -> None:
         for r in ranks:
@@ -381,9 +449,8 @@ class Trainer:
         t = self.cfg.training
         remaining = self._steps_in_plan(len(self._global_plan(self.epoch)), self.global_pos)
         per_epoch = self._steps_in_plan(len(self._global_plan(0)), 0)
-        if not t.max_steps:
-            self.total_steps = self.step + remaining + per_epoch * max(
-                0, t.max_epoch - self.epoch - 1)
+        self.total_steps = self._planned_total(self.step + remaining + per_epoch * max(
+            0, t.max_epoch - self.epoch - 1))
         self.steps_per_epoch = per_epoch
         for name, sched in self.schedules.items():
             sched.total_steps = self._schedule_total(name)
@@ -444,6 +511,8 @@ class Trainer:
         if self.info.distributed and not boundary:
             for ddp in self.wrapped.values():
                 sync.enter_context(ddp.no_sync())
+        if boundary:
+            self._record_phase_starts()
         frozen = frozen_norm_stats(self.modules.values()) if empty else contextlib.nullcontext()
         ctx = _StepContext(self, True, boundary, 0.0 if empty else 1.0, factor)
         with sync, frozen:
@@ -495,8 +564,10 @@ class Trainer:
         if result is None:
             return None
         metric = result[self.task.selection_metric]
-        for sched in self.schedules.values():
-            sched.on_validation(metric)
+        for name, sched in self.schedules.items():
+            # A plateau schedule judges its own optimizer's steps: none before its phase.
+            if self.optimizer_active(name, max(0, self.step - 1)):
+                sched.on_validation(metric)
         if self.info.is_main:
             shown = " ".join(f"{k} {v:.5f}" for k, v in result.items()
                              if k not in ("count", "seconds"))
@@ -553,10 +624,14 @@ class Trainer:
         start_step = self.step
         for m in self.modules.values():
             m.train()
-        # max_epoch ends a run at an epoch end; an explicit max_steps anywhere.
-        finished = bool(t.max_steps) and self.step >= t.max_steps
-        while self.epoch < t.max_epoch and not finished:
+        # The limit the config gives ends the run: max_epoch at an epoch end, max_steps at
+        # that step (however many epochs it takes); with both, the first one reached.
+        ended_by = self._limit_reached()
+        while ended_by is None:
             plan = self._global_plan(self.epoch)
+            if not plan:
+                raise TrainingError(f"{self.train_list.path}: epoch {self.epoch} plans "
+                                    "no batches")
             done = min(self.global_pos, len(plan))
             mine = rank_batches(plan[done:], self.info.rank, self.info.world_size)
             loader = self.train_list.loader(mine, self.train_builder, self.epoch, 0,
@@ -596,8 +671,7 @@ class Trainer:
                     self._log(window, run_start, start_step)
                     self._check_bad(final=False)
                     window = self._new_window()
-                finished = bool(t.max_steps) and self.step >= t.max_steps
-                if finished:
+                if t.max_steps > 0 and self.step >= t.max_steps:
                     break
                 dev = None
                 if t.val_interval_steps and self.step % t.val_interval_steps == 0 \
@@ -618,6 +692,7 @@ class Trainer:
                 self.epoch_bad = BadCounter()
                 self.epoch_seen = 0
             self.save(dev)
+            ended_by = self._limit_reached()
         if self.writer:
             self.writer.close()
         if self.trace is not None:
@@ -629,10 +704,11 @@ class Trainer:
             wall = time.time() - run_start
             usage = resource.getrusage(resource.RUSAGE_SELF)
             workers = resource.getrusage(resource.RUSAGE_CHILDREN)
-            logger.info("training finished: %d steps, %s this run (%.2f steps/s); "
+            logger.info("training finished: %d steps (%s), %s this run (%.2f steps/s); "
                         "checkpointing %.2f s = %.2f%% of wall time; peak RSS %.2f GB (loader "
                         "workers %.2f GB); CPU user %.0f s, system %.0f s", self.step,
-                        format_duration(wall), (self.step - start_step) / max(wall, 1e-9),
+                        ended_by, format_duration(wall),
+                        (self.step - start_step) / max(wall, 1e-9),
                         self.save_seconds, 100.0 * self.save_seconds / max(wall, 1e-9),
                         usage.ru_maxrss / 2 ** 20, workers.ru_maxrss / 2 ** 20,
                         usage.ru_utime + workers.ru_utime, usage.ru_stime + workers.ru_stime)

@@ -29,6 +29,17 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _first_rank_with_data(has_data: bool, device) -> Optional[int]:
+    """The lowest rank whose batch is real (every rank must call it); None when none."""
+    if not _distributed():
+        return 0 if has_data else None
+    flags = torch.zeros(dist.get_world_size(), device=device)
+    flags[dist.get_rank()] = 1.0 if has_data else 0.0
+    dist.all_reduce(flags)
+    found = torch.nonzero(flags).flatten()
+    return int(found[0]) if len(found) else None
+
+
 class VectorQuantizer(nn.Module):
     """One stage: input_dim -> codebook_dim lookup -> input_dim."""
 
@@ -54,6 +65,10 @@ class VectorQuantizer(nn.Module):
             self.register_buffer("initialised", torch.tensor(False))
         else:
             self.codebook = nn.Parameter(init)
+        # Set by the trainer around a zero-weight step (a rank's stand-in batch when it
+        # has no data): its vectors must not move the EMA statistics. The collectives of
+        # an EMA step still run, with nothing contributed.
+        self.statistics_frozen = False
 
     @property
     def uses_ema(self) -> bool:
@@ -75,7 +90,7 @@ class VectorQuantizer(nn.Module):
         if ema_step and not bool(self.initialised):
             self._init_from_data(flat.detach())
         codes = self._nearest(flat.detach())
-        if ema_step:
+        if ema_step and bool(self.initialised):
             self._ema_update(flat.detach(), codes)
         codes = codes.view(z.shape[0], z.shape[2])
         q = self.lookup(codes)                                        # (B, d, frames)
@@ -99,11 +114,16 @@ class VectorQuantizer(nn.Module):
     def _init_from_data(self, flat: torch.Tensor) -> None:
         """Entries drawn from the first training batch, counts at the uniform share: a
         data-driven start without k-means."""
+        source = _first_rank_with_data(not self.statistics_frozen, flat.device)
+        if source is None:
+            return          # only stand-in batches so far: the first real one initialises
         fresh = self._sample_rows(flat, self.codebook_size)
+        rows = torch.tensor([float(flat.shape[0])], device=flat.device)
         if _distributed():
-            dist.broadcast(fresh, src=0)
+            dist.broadcast(fresh, src=source)
+            dist.broadcast(rows, src=source)
         self.codebook.copy_(fresh)
-        self.cluster_size.fill_(flat.shape[0] / self.codebook_size)
+        self.cluster_size.fill_(float(rows[0]) / self.codebook_size)
         self.embed_sum.copy_(self.codebook * self.cluster_size[:, None])
         self.initialised.fill_(True)
 
@@ -112,14 +132,19 @@ class VectorQuantizer(nn.Module):
         """Moving averages of per-entry counts and sums of the vectors assigned to each
         entry; entries whose average count falls below `dead_code_threshold` x the uniform
         share are re-seeded from the batch."""
-        n = flat.shape[0]
         onehot = F.one_hot(codes, self.codebook_size).type(flat.dtype)
-        counts = onehot.sum(dim=0)
+        # Counts with the number of vectors appended: one collective for both.
+        counts = torch.cat([onehot.sum(dim=0), onehot.new_tensor([float(flat.shape[0])])])
         sums = onehot.t() @ flat
+        if self.statistics_frozen:
+            counts.zero_()
+            sums.zero_()
         if _distributed():          # every rank must keep the same codebook
             dist.all_reduce(counts)
             dist.all_reduce(sums)
-            n = n * dist.get_world_size()
+        counts, n = counts[:-1], float(counts[-1])
+        if n == 0:
+            return                  # no rank had real vectors this step
         decay = self.ema_decay
         self.cluster_size.mul_(decay).add_(counts, alpha=1.0 - decay)
         self.embed_sum.mul_(decay).add_(sums, alpha=1.0 - decay)
@@ -133,9 +158,10 @@ class VectorQuantizer(nn.Module):
         dead = self.cluster_size < self.dead_code_threshold * uniform_share
         n_dead = int(dead.sum())
         if n_dead:
+            source = _first_rank_with_data(not self.statistics_frozen, flat.device)
             fresh = self._sample_rows(flat, n_dead)
-            if _distributed():      # rank 0's choice, so that codebooks stay identical
-                dist.broadcast(fresh, src=0)
+            if _distributed():      # one rank's choice, so that codebooks stay identical
+                dist.broadcast(fresh, src=source)
             self.codebook[dead] = fresh
             self.cluster_size[dead] = uniform_share
             self.embed_sum[dead] = fresh * uniform_share

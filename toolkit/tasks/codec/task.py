@@ -496,7 +496,21 @@ class CodecTask(Task):
 
     # ---------------------------------------------------------------- steps
     def _weights(self, ctx) -> Dict[str, float]:
-        return {k: ctx.value(getattr(self.cfg.loss, k)) for k in WEIGHT_KEYS}
+        w = {k: ctx.value(getattr(self.cfg.loss, k)) for k in WEIGHT_KEYS}
+        if ctx.active("discriminator"):
+            # The adversarial weights belong to the discriminators' phase: once it has
+            # begun they stay on, also when a resume with a larger total moves the
+            # fraction they switch on at (the phase keeps its recorded start).
+            for k in ADVERSARIAL_KEYS:
+                ramp = getattr(self.cfg.loss, k)
+                begin = ramp.active_from()
+                if math.isinf(begin):
+                    continue
+                if ramp.unit == "steps":
+                    w[k] = ramp.value(max(ctx.step_index, begin), ctx.total_steps)
+                else:       # evaluated at the fraction itself (a total of 1): no rounding
+                    w[k] = ramp.value(max(ctx.step_index / max(1, ctx.total_steps), begin), 1)
+        return w
 
     def train_step(self, batch, ctx) -> Dict[str, float]:
         real = batch.audio.to(ctx.device, non_blocking=True).unsqueeze(1)      # (B, 1, T)

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from toolkit import export as writers
-from toolkit.export import onnx_runner, read_metadata, torch_runner, update_metadata  # noqa: F401
+from toolkit.export import (ParityError, check_finite_reference, onnx_runner,  # noqa: F401
+                            output_difference, read_metadata, torch_runner, update_metadata)
 from toolkit.tasks.kws.models import MODELS, build_model
 from toolkit.trainer.checkpoint import load_payload, module_states_from_file
 
@@ -127,22 +128,41 @@ def check_parity(model: nn.Module, paths: Dict[str, str], features: List[np.ndar
         runners["torchscript"] = torch_runner(torch.jit.load(paths["torchscript"]).eval())
     if "onnx" in paths:
         runners["onnx"] = onnx_runner(paths["onnx"])
+    if "safetensors" in paths:
+        runners["safetensors"] = torch_runner(StreamingScorer(
+            model_from_safetensors(paths["safetensors"])).eval())
     worst: Dict[str, float] = {name: 0.0 for name in runners}
+    problems: Dict[str, str] = {}
     for i, feats in enumerate(features):
         expected = run_chunked(reference, feats, model.cache_size, len(feats))
+        check_finite_reference([expected], "exported keyword model")
         for name, fn in runners.items():
             # Frame-by-frame streaming is the slowest check: two utterances suffice.
             for chunk in (c for c in chunks if c != 1 or i < 2):
                 got = run_chunked(fn, feats, model.cache_size, chunk or len(feats))
-                worst[name] = max(worst[name], float(np.max(np.abs(got - expected))))
-    failed = {k: v for k, v in worst.items() if v > tolerance}
+                diff, problem = output_difference([expected], [got])
+                worst[name] = max(worst[name], diff)
+                if problem:
+                    problems.setdefault(name, problem)
+    failed = {k: v for k, v in worst.items() if not v <= tolerance}
     for name, diff in worst.items():
         logger.info("parity %s vs PyTorch: max abs diff %.3g over %d utterances", name, diff,
                     len(features))
     if failed:
-        raise RuntimeError("exported model disagrees with PyTorch beyond tolerance "
-                           f"{tolerance}: " + ", ".join(f"{k} {v:.3g}" for k, v in failed.items()))
+        raise ParityError("exported model disagrees with PyTorch beyond tolerance "
+                          f"{tolerance}: " + ", ".join(
+                              f"{k} {v:.3g}" + (f" ({problems[k]})" if k in problems else "")
+                              for k, v in failed.items()))
     return worst
+
+
+def model_from_safetensors(path: str) -> nn.Module:
+    """The model of an export's model.safetensors + config.json, eval mode."""
+    from safetensors.torch import load_file
+    raw = dict(read_metadata(path)["model_config"])
+    model = build_model(MODELS.get(raw["type"]).Config(**raw))
+    model.load_state_dict(load_file(path))
+    return model.eval()
 
 
 def stream_in_chunks(stream, wave: np.ndarray, sizes: Sequence[int] = (1, 37, 160, 999, 4000)

@@ -68,10 +68,23 @@ def export_embedder(task, checkpoint: str, out_dir: str, test_data: str, num_che
     writers.export_safetensors(model, os.path.join(out_dir, "model.safetensors"), metadata,
                                metadata["model_config"])
     pipeline = evaluation_pipeline(d)
+    pipeline.min_frames = max(1, int(model.min_frames))     # shorter ones: counted skips
     cases = parity_inputs(test_data, lambda e: (pipeline.features(e, 0)[None],), num_check)
     return compare(torch_runner(model), {
         "torchscript": torch_runner(torch.jit.load(paths["torchscript"]).eval()),
-        "onnx": onnx_runner(paths["onnx"])}, cases, tolerance, "exported embedding extractor")
+        "onnx": onnx_runner(paths["onnx"]),
+        "safetensors": torch_runner(model_from_safetensors(
+            os.path.join(out_dir, "model.safetensors")))},
+        cases, tolerance, "exported embedding extractor")
+
+
+def model_from_safetensors(path: str) -> nn.Module:
+    """The embedding network of an export (model.safetensors + config.json), eval mode."""
+    from safetensors.torch import load_file
+    raw = dict(read_metadata(path)["model_config"])
+    model = build_speaker_model(SPEAKER_MODELS.get(raw["type"]).Config(**raw))
+    model.load_state_dict(load_file(path))
+    return model.eval()
 
 
 class Embedder:
@@ -98,12 +111,7 @@ class Embedder:
         if path.endswith(".zip"):
             return cls(torch_runner(torch.jit.load(path).eval()), read_metadata(path))
         if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
-            meta = read_metadata(path)
-            raw = dict(meta["model_config"])
-            model = build_speaker_model(SPEAKER_MODELS.get(raw["type"]).Config(**raw))
-            model.load_state_dict(load_file(path))
-            return cls(torch_runner(model.eval()), meta)
+            return cls(torch_runner(model_from_safetensors(path)), read_metadata(path))
         model, cfg = model_from_checkpoint(path)
         d = cfg["dataset"]
         fbank = fbank_metadata(fbank_options(d["feature"]["num_mel_bins"],

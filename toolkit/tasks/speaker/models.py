@@ -137,8 +137,12 @@ class XVectorTDNN(nn.Module):
         self.frame_layers = nn.Sequential(*layers)
         self.pool = StatisticsPooling()
         self.embedding = nn.Linear(2 * in_ch, config.embed_dim)
-        self.min_frames = 1 + sum((k - 1) * d for k, d in zip(config.frame_kernels,
-                                                               config.frame_dilations))
+        self.min_frames = self.min_input_frames(config)
+
+    @staticmethod
+    def min_input_frames(config: "XVectorTDNN.Config") -> int:
+        """Frames the unpadded frame layers consume: 1 + the summed context."""
+        return 1 + sum((k - 1) * d for k, d in zip(config.frame_kernels, config.frame_dilations))
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         x = normalize_input(feats, self.config.input_norm).transpose(1, 2)   # (B, D, T)
@@ -220,7 +224,11 @@ class SpeakerResNet(nn.Module):
         self.stages = nn.Sequential(*stages)
         self.pool = StatisticsPooling()
         self.embedding = nn.Linear(2 * in_ch * freq, config.embed_dim)
-        self.min_frames = 1
+        self.min_frames = self.min_input_frames(config)
+
+    @staticmethod
+    def min_input_frames(config) -> int:
+        return 1               # zero-padded convolutions: any length runs
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         x = normalize_input(feats, self.config.input_norm).transpose(1, 2).unsqueeze(1)
@@ -349,7 +357,11 @@ class ECAPATDNN(nn.Module):
         self.pool_norm = nn.BatchNorm1d(2 * config.mfa_channels)
         self.embedding = nn.Linear(2 * config.mfa_channels, config.embed_dim)
         self.embed_norm = nn.BatchNorm1d(config.embed_dim)
-        self.min_frames = 1
+        self.min_frames = self.min_input_frames(config)
+
+    @staticmethod
+    def min_input_frames(config) -> int:
+        return 1               # zero-padded convolutions: any length runs
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         x = self.stem(normalize_input(feats, self.config.input_norm).transpose(1, 2))
@@ -359,6 +371,12 @@ class ECAPATDNN(nn.Module):
             outputs.append(x)
         x = self.aggregate(torch.cat(outputs, dim=1))
         return self.embed_norm(self.embedding(self.pool_norm(self.pool(x))))
+
+
+def min_input_frames(config) -> int:
+    """The fewest fbank frames the model of `config` accepts (every model declares it;
+    the data path skips shorter utterances instead of crashing the forward pass)."""
+    return int(SPEAKER_MODELS.get(config.type).min_input_frames(config))
 
 
 def build_speaker_model(config) -> nn.Module:

@@ -12,11 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.config import ConfigError, Section, TaskConfigBase
+from toolkit.errors import DataError
 from toolkit.task import TASKS, Batch, DataRequirements, Task
 from toolkit.tasks.speaker import scoring
-from toolkit.tasks.speaker.data import ChunkBuilder, make_trials
+from toolkit.tasks.speaker.data import ChunkBuilder, TrialError, make_trials, trial_problem
 from toolkit.tasks.speaker.heads import SPEAKER_HEADS, build_speaker_head
-from toolkit.tasks.speaker.models import SPEAKER_MODELS, build_speaker_model
+from toolkit.tasks.speaker.models import SPEAKER_MODELS, build_speaker_model, min_input_frames
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,12 @@ class SpeakerTask(Task):
     def check_config(cls, cfg) -> None:
         if cfg.task.chunk_frames < 2:
             raise ConfigError("task.chunk_frames must be >= 2")
+        needed = min_input_frames(cfg.model) if cfg.model.type in SPEAKER_MODELS else 1
+        for key in ("chunk_frames", "eval_max_frames"):
+            value = getattr(cfg.task, key)
+            if value and value < needed:
+                raise ConfigError(f"task.{key}={value}: model {cfg.model.type} needs at least "
+                                  f"{needed} frames")
 
     @classmethod
     def derived_values(cls, draft, inventory, inputs) -> Dict[str, Any]:
@@ -99,7 +106,21 @@ class SpeakerTask(Task):
         return DataRequirements(require_label=False)     # dev speakers may be unseen
 
     def example_builder(self, pipeline):
-        return ChunkBuilder(pipeline, self.cfg.task.chunk_frames, self.cfg.task.eval_max_frames)
+        return ChunkBuilder(pipeline, self.cfg.task.chunk_frames, self.cfg.task.eval_max_frames,
+                            min_input_frames(self.cfg.model))
+
+    def check_data(self, split: str, source) -> None:
+        """A dev list must give both kinds of trial, and each dev utterance its speaker:
+        refused before training rather than at the first validation."""
+        if split != "dev":
+            return
+        fields = source.field_values("spk")
+        if fields is None:
+            return                # shards: entries are read with their audio, checked there
+        problem = trial_problem([k for k, _ in fields],
+                                [v if isinstance(v, str) else "" for _, v in fields])
+        if problem:
+            raise DataError(f"{source.path}: {problem}")
 
     def example_frames(self, durations: np.ndarray) -> np.ndarray:
         return np.full(len(durations), self.cfg.task.chunk_frames, dtype=np.int64)
@@ -147,10 +168,12 @@ class SpeakerTask(Task):
         keys = [k for s in states for k in s["keys"]]
         speakers = [k for s in states for k in s["speakers"]]
         vectors = {k: v for s in states for k, v in zip(s["keys"], s["embeddings"])}
-        if len({s for s in speakers if s}) < 2:
-            raise ConfigError("the dev list needs utterances of at least two speakers (`spk`) "
-                              "for the dev EER")
-        enroll, test, labels = make_trials(keys, speakers, 0, self.cfg.task.dev_max_targets)
+        try:
+            enroll, test, labels = make_trials(keys, speakers, 0, self.cfg.task.dev_max_targets)
+        except TrialError as err:
+            dev = self.cfg.dataset.dev_data or "dataset.hf.dev"
+            raise DataError(f"{dev}: the usable dev utterances cannot "
+                            f"make trials for the dev EER: {err}") from None
         trials = scoring.Trials(enroll, test, labels)
         scores = scoring.score_trials(trials, vectors, length_norm=True)
         summary = scoring.summarize(scores, labels, (0.01,))
