@@ -217,6 +217,7 @@ def test_a_begun_phase_stays_on_when_max_steps_grows(corpus, tmp_path):
         line = again.stderr.split(f"step {step}/24")[1].split("\n")[0]
         assert "d_loss" in line and "adv_g" in line, line
     assert final["phase_starts"]["discriminator"] == 4
+    assert final["ramp_totals"] == [[0, 8], [8, 24]]
 
 
 def test_plateau_schedule_counts_no_validation_before_its_phase(corpus, tmp_path):

@@ -181,3 +181,26 @@ def test_full_disk_during_save_keeps_previous_checkpoint(tiny_disk):
     assert [c.step for c in infos] == [1] and ckpt.verify(infos[0]) is None
     assert not [n for n in os.listdir(exp) if n.startswith(".tmp-")]   # no debris left
     assert os.path.exists(small)
+
+
+def test_a_begun_fraction_ramp_keeps_the_total_it_began_under():
+    """A loss switched on at 60 % of 100 steps, resumed at step 70 with max_steps 200:
+    it stays on (evaluated against the total it began under); a ramp that had not begun
+    by the resume (at 80 %) follows the new total; steps-unit ramps never move."""
+    from types import SimpleNamespace
+    from toolkit.config.ramps import Ramp
+    from toolkit.trainer.trainer import Trainer
+    resumed = SimpleNamespace(ramp_totals=[(0, 100), (70, 200)], total_steps=200)
+    begun = Ramp(initial=0.0, final=1.0, start=0.6, end=0.6, shape="step")
+    later = Ramp(initial=0.0, final=1.0, start=0.8, end=0.8, shape="step")
+    in_steps = Ramp(initial=0.0, final=1.0, start=90, end=90, shape="step", unit="steps")
+
+    def value(ramp, step):
+        return ramp.value(step, Trainer.ramp_total(resumed, ramp, step))
+
+    assert [value(begun, s) for s in (59, 60, 70, 100, 150)] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert [value(later, s) for s in (80, 120, 159, 160)] == [0.0, 0.0, 0.0, 1.0]
+    assert [value(in_steps, s) for s in (89, 90)] == [0.0, 1.0]
+    # One run, one total: every ramp against it.
+    plain = SimpleNamespace(ramp_totals=[(0, 100)], total_steps=100)
+    assert Trainer.ramp_total(plain, later, 10) == 100

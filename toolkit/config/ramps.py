@@ -1,6 +1,8 @@
 """Values that change over training (a margin, a loss weight, an augmentation
 probability): a `Ramp` field is a plain number in YAML, or a mapping such as
-`{initial: 0, final: 0.2, start: 0.1, end: 0.4}` over the fraction of `max_steps` done."""
+`{initial: 0, final: 0.2, start: 0.1, end: 0.4}` over the fraction of `max_steps` done.
+A fraction ramp that has reached its start keeps the total it began under when a resume
+changes the total (a switched-on loss stays on: Trainer.ramp_total)."""
 import math
 from dataclasses import dataclass
 

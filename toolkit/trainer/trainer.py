@@ -7,7 +7,7 @@ import math
 import os
 import random
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -106,7 +106,7 @@ class _StepContext:
         return self.step_index / max(1, self.total_steps)
 
     def value(self, ramp: Ramp) -> float:
-        return ramp.value(self.step_index, self.total_steps)
+        return ramp.value(self.step_index, self.t.ramp_total(ramp, self.step_index))
 
     def module(self, name: str) -> nn.Module:
         if self.training:
@@ -196,6 +196,9 @@ class Trainer:
         # a later change of the total moves only the boundaries of phases not yet begun.
         self.phase_starts: Dict[str, int] = {}
         self.total_steps = self._planned_total(self.steps_per_epoch * t.max_epoch)
+        # (first step, total steps) of each run whose total differed from the one before:
+        # a fraction ramp that began under a total keeps that total's switch points.
+        self.ramp_totals: List[Tuple[int, int]] = [(0, self.total_steps)]
         self.schedules = {name: build_schedule(opt, cfg.optim[name].scheduler,
                                                self._schedule_total(name))
                           for name, opt in self.optimizers.items()}
@@ -329,6 +332,7 @@ class Trainer:
             "task_state": self.task.state_dict(),
             "step": self.step, "epoch": self.epoch, "global_batch_pos": self.global_pos,
             "phase_starts": dict(self.phase_starts),
+            "ramp_totals": [list(x) for x in self.ramp_totals],
             "nonfinite_run": dict(self.nonfinite_run),
             "nonfinite_total": dict(self.nonfinite_total),
             "per_rank": per_rank, "world_size": self.info.world_size,
@@ -399,6 +403,7 @@ class Trainer:
                            "%s: results stay correct but are no longer bitwise those of an "
                            "uninterrupted run (set OMP_NUM_THREADS to match)",
                            self.num_threads, state["num_threads"])
+        self._restore_ramp_totals(state)
         return (f"resumed from {resume_path}: epoch {self.epoch}, global batch "
                 f"{self.global_pos}, step {self.step}")
 
@@ -423,6 +428,27 @@ class Trainer:
                         "their start; they stay on from the recorded step(s) %s",
                         ", ".join(moved), self.total_steps,
                         ", ".join(str(v) for _, v in moved.values()))
+
+    def _restore_ramp_totals(self, state: dict) -> None:
+        history = [(int(a), int(b)) for a, b in state.get("ramp_totals", [])]
+        if not history:             # a checkpoint from before the totals were recorded
+            history = [(0, self.total_steps)]
+        if history[-1][1] != self.total_steps:
+            history.append((self.step, self.total_steps))
+        self.ramp_totals = history
+
+    def ramp_total(self, ramp: Ramp, step: int) -> int:
+        """The total a fraction ramp is evaluated against at `step`: that of the run in
+        which it reached its start, so a switched-on loss stays on when a resume extends
+        max_steps / max_epoch (or a world-size change moves the total)."""
+        if ramp.unit != "fraction" or len(self.ramp_totals) == 1:
+            return self.total_steps
+        for i, (first, total) in enumerate(self.ramp_totals):
+            last = self.ramp_totals[i + 1][0] if i + 1 < len(self.ramp_totals) else step + 1
+            begins = max(first, int(math.ceil(ramp.start * total - 1e-9)))
+            if begins < min(last, step + 1):
+                return total
+        return self.total_steps
 
     def _restore_counts(self, ranks: List[dict]) -> None:
         for r in ranks:
