@@ -99,6 +99,8 @@ def test_forked_workers_leave_the_parents_collector_as_it_was(workers):
     try:
         frozen = gc.get_freeze_count()
         assert [int(x) for x in loader] == [0, 1, 4, 9, 16, 25]
-        assert gc.get_freeze_count() >= frozen
+        # An unfreeze would empty the permanent generation; frozen objects that die on
+        # their own (refcount) leave it one by one, so the count may fall a little.
+        assert gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()
