@@ -3,7 +3,6 @@ import importlib.util
 import os
 
 import numpy as np
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +31,6 @@ def test_dtw_distance_aligns_time_stretched_sequences():
 
 
 def test_confusable_distance_prints_a_row_per_voice(capsys):
-    pytest.importorskip("espeakng_loader")
     cd = load("confusable_distance")
     assert cd.main(["--voices", "en+f1,en-us+m3", "--phrases", "hey snoops"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -17,20 +17,21 @@ from toolkit.memory import allocator_tunables, release_free_memory, rss_bytes
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def thp_available() -> bool:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return "[never]" not in f.read()
-    except OSError:
-        return False
-
-
-def test_tunables_respect_the_users_setting():
-    assert allocator_tunables({"GLIBC_TUNABLES": ""}) == ""
-    assert allocator_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=1"}) == ""
-    if thp_available():
-        assert allocator_tunables({}) == \
-            "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4194304"
+def test_tunables_respect_the_users_setting_and_the_kernels(tmp_path):
+    """Both kernel answers are checked on every host: the setting file is read from a path,
+    here written in the kernel's own format (the selected value in brackets)."""
+    thp = {}
+    for name, text in {"madvise": "always [madvise] never\n", "always": "[always] madvise never\n",
+                       "never": "always madvise [never]\n"}.items():
+        thp[name] = tmp_path / name
+        thp[name].write_text(text)
+    ours = "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4194304"
+    assert allocator_tunables({}, str(thp["madvise"])) == ours
+    assert allocator_tunables({}, str(thp["always"])) == ours
+    assert allocator_tunables({}, str(thp["never"])) == ""
+    assert allocator_tunables({}, str(tmp_path / "no-such-file")) == ""
+    for users in ("", "glibc.malloc.arena_max=1"):
+        assert allocator_tunables({"GLIBC_TUNABLES": users}, str(thp["madvise"])) == ""
 
 
 def logged_tunables(tmp_path, env_update):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from toolkit.tts.engines import engine_class
+from installed import require_engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "egs", "tts_codec", "s0")
@@ -26,10 +26,10 @@ TINY_OVERRIDES = " ".join([
     "training.log_interval=1", "model.channels=4", "model.dilations=[1]",
     "task.segment_seconds=0.25", "task.eval_seconds=0.5", "dataset.batch_size=2",
     "dataset.num_workers=1", "discriminator.mpd.channels_scale=0.03"])
-KOKORO = not engine_class("kokoro").unavailable_reason()
-ENGINES = (["--engines", "espeak,kokoro", "--blends", "2", "--other-share", "0.5",
-            "--test-engines", "kokoro"] if KOKORO else
-           ["--engines", "espeak", "--test-engines", "espeak"])
+# The voice bank as the recipe uses it: espeak-ng and Kokoro voices and blends in training,
+# Kokoro's reserved voices as the outside test set (tools/test.sh installs Kokoro).
+ENGINES = ["--engines", "espeak,kokoro", "--blends", "2", "--other-share", "0.5",
+           "--test-engines", "kokoro"]
 TINY = ["--num-train", "6", "--num-dev", "2", "--num-test", "2", "--num-test-reserved", "2",
         "--random-voices", "2", "--max-voices", "6", "--nj", "1", "--eval-max-utts", "2",
         "--train-overrides", TINY_OVERRIDES, *ENGINES]
@@ -44,6 +44,7 @@ def run_recipe(tmp, *args, timeout=600):
 
 @pytest.fixture(scope="module")
 def recipe_run(tmp_path_factory):
+    require_engine("kokoro")
     tmp = tmp_path_factory.mktemp("codec_recipe")
     result = run_recipe(tmp)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -76,13 +77,9 @@ def test_every_stage_writes_its_outputs(recipe_run):
     outside = [line.split("\t") for line in
                (data / "reserved" / "voices.tsv").read_text().splitlines()[1:]]
     assert not {(r[2], r[3]) for r in rows} & RESERVED_VOICES
-    if KOKORO:
-        assert outside and {(r[2], r[3]) for r in outside} <= RESERVED_VOICES
-        assert {r[2] for r in rows if r[1] == "train"} == {"espeak", "kokoro"}
-        assert any(r[4] != "-" for r in rows)           # blends, with their weights
-    else:
-        test_voices = {r[0] for r in rows if r[1] == "test"}
-        assert {r[0] for r in outside} == test_voices
+    assert outside and {(r[2], r[3]) for r in outside} <= RESERVED_VOICES
+    assert {r[2] for r in rows if r[1] == "train"} == {"espeak", "kokoro"}
+    assert any(r[4] != "-" for r in rows)               # blends, with their weights
     # Two gloo ranks trained both phases; the last 3 checkpoints were averaged.
     log = (exp / "log" / "train.rank0.log").read_text()
     assert "world=2" in log and (exp / "log" / "train.rank1.log").exists()
@@ -105,7 +102,9 @@ def test_every_stage_writes_its_outputs(recipe_run):
                                                      .split(" over ")[0]))
            for line in log.splitlines() if " dev: " in line]
     assert len(dev) >= 2, log[-2000:]
-    assert dev[-1]["si_sdr"] > dev[0]["si_sdr"] + 1.0, dev
+    # Mel and STFT distances, not SI-SDR: four steps leave the waveform uncorrelated with
+    # the input (SI-SDR near -50 dB either way), while its spectrum already moves.
+    assert dev[-1]["mel_distance"] < dev[0]["mel_distance"], dev
     assert dev[-1]["stft_distance"] < dev[0]["stft_distance"], dev
 
 

@@ -18,9 +18,9 @@ import pytest
 from toolkit.tasks.speaker import corpus as sc
 from toolkit.tts import Voice, is_reserved
 from toolkit.tts.corpus import Engines, voice_family
-from toolkit.tts.engines import engine_class
 from toolkit.tts.espeak import VARIANTS, espeak_voices
 from toolkit.tts.kokoro import kokoro_voices
+from installed import require_engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "egs", "tts_speakers", "v1")
@@ -201,9 +201,7 @@ def test_festival_only_when_asked_and_then_in_a_test_only_corpus(seed3, tmp_path
     for split in ("train", "dev", "test"):
         engines = {v.split()[0] for v in read_table(seed3 / split / "spk2voice").values()}
         assert engines == {"espeak"}, (split, engines)
-    from toolkit.tts.engines import engine_class
-    if not engine_class("festival").available():
-        pytest.skip("festival is not installed")
+    require_engine("festival")
     refused = synth(tmp_path / "full", "--engines", "espeak,festival", status=2)
     assert "error: festival is reserved for the unseen-engine test" in refused.stderr
     assert "--test-only" in refused.stderr and not (tmp_path / "full").exists()
@@ -348,10 +346,9 @@ def test_bank_options_are_checked_before_any_work(tmp_path):
         assert "Traceback" not in result.stderr and not (out / "train").exists()
 
 
-@pytest.mark.skipif(not engine_class("kokoro").available(),
-                    reason="Kokoro is not installed (bash tools/install_voices.sh kokoro)")
 def test_a_real_outside_test_set_of_the_reserved_kokoro_voices(tmp_path):
     """The real engine, at one or two words a clip (a clip costs about a CPU-second)."""
+    require_engine("kokoro")
     out = tmp_path / "outside"
     result = synth(out, "--test-only", "--engines", "espeak,kokoro", "--num-test-speakers", "2",
                    "--engine-words", "kokoro=1-2")

@@ -1,8 +1,7 @@
 """tools/benchmarks/resemblyzer_compare.py: Resemblyzer's embeddings of a recipe's test
 sets scored by the recipe's own score_sv on the same trial lists, beside the recipe's
-results. The real encoder runs when Resemblyzer is installed (opt-in:
-tools/install_resemblyzer.sh); without it the tool says how to install it, in one line."""
-import importlib.util
+results. The real encoder runs (tools/test.sh installs Resemblyzer; the tool itself is
+opt-in); without it the tool says how to install it, in one line."""
 import json
 import os
 import subprocess
@@ -11,11 +10,11 @@ import sys
 import pytest
 
 from toolkit.tasks.speaker import corpus as sc
+from installed import require_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "benchmarks", "resemblyzer_compare.py")
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
-HAVE = importlib.util.find_spec("resemblyzer") is not None
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +50,8 @@ def test_a_test_set_without_trials_is_named(corpus, tmp_path):
     assert result.stderr.strip().splitlines()[-1] == f"error: {corpus}/dev has no trials file"
 
 
-@pytest.mark.skipif(not HAVE, reason="Resemblyzer is not installed (opt-in: bash "
-                                     "tools/install_resemblyzer.sh)")
 def test_resemblyzer_scored_by_score_sv_beside_a_recipe(corpus, tmp_path):
+    require_module("resemblyzer", "bash tools/install_resemblyzer.sh")
     # A recipe's scores of the same list, as utils/sv_stages.sh stage 7 leaves them.
     exp = tmp_path / "exp_x"
     (exp / "score" / "trials").mkdir(parents=True)

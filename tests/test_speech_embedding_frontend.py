@@ -4,9 +4,8 @@ detector outputs, export of an embedding-input head, exact keyword end frames, t
 festival test-only rule of the corpus generator, and the recipe's stages 1-6 with
 frontend=speech_embedding.
 
-Tests marked `needs_oww` run the real models and are skipped without openwakeword 0.5.1
-(bash tools/install_oww.sh); the rest use a stand-in for the two ONNX models and run in
-the default suite."""
+Tests marked `needs_oww` run the real models (openwakeword 0.5.1, which tools/test.sh
+installs; they fail without it); the rest use a stand-in for the two ONNX models."""
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ from toolkit.config import ConfigError, DatasetConfig, FeatureConfig
 from toolkit.task import validate
 from toolkit.data import features as F
 from toolkit.tasks.kws.data import keyword_end_frame
+from installed import INSTALL_HINT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "egs", "wake_word", "s0")
@@ -33,10 +33,14 @@ def _oww_installed() -> bool:
                                 for n in (F.MEL_MODEL, F.EMBEDDING_MODEL))
 
 
-needs_oww = pytest.mark.skipif(
-    not _oww_installed(),
-    reason="openwakeword 0.5.1 is not installed (opt-in: bash tools/install_oww.sh); the "
-           "real front end is not exercised, the stand-in tests still run")
+@pytest.fixture
+def oww_installed():
+    if not _oww_installed():
+        pytest.fail("openwakeword 0.5.1 is not installed; "
+                    + INSTALL_HINT.format("bash tools/install_oww.sh"), pytrace=False)
+
+
+needs_oww = pytest.mark.usefixtures("oww_installed")
 
 
 class StandInFrontEnd(F.SpeechEmbeddingFeatures):

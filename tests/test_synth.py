@@ -17,8 +17,8 @@ from toolkit.tts import Voice, espeak as E, flite as F, signal as sig
 from toolkit.tts.corpus import open_engines
 from toolkit.tts.engines import ENGINES, engine_class
 from toolkit.tts.render import Renderer
+from installed import require_engine
 
-pytest.importorskip("espeakng_loader")
 
 KW = "hey snips"
 SIZES = S.Sizes(train_pos=10, train_neg=30, dev_pos=6, dev_neg=10, test_pos=6, test_neg=14)
@@ -558,9 +558,8 @@ def test_espeak_engine_speaks_with_word_onsets(tmp_path):
     assert np.array_equal(audio, again[0])           # a fresh child: the same samples
 
 
-@pytest.mark.skipif(not engine_class("festival").available(),
-                    reason="festival is not installed (apt-get install festival festvox-kallpc16k)")
 def test_festival_engine_is_deterministic(tmp_path, monkeypatch):
+    require_engine("festival")
     monkeypatch.setenv("TOOLKIT_TTS_CACHE", "off")     # festival itself, not its clip cache
     cls = engine_class("festival")
     for voice in cls.voices():        # diphone and HTS voices set the rate differently
@@ -589,10 +588,14 @@ def test_random_variant_files_are_well_formed_and_seeded():
                 assert 70 <= int(line[2]) <= 135 and 0 <= int(line[3]) <= 140
 
 
-# The real Debian flite, when installed (apt-get install flite): the fake above stands in
-# for it elsewhere so that those tests run everywhere.
-REAL_FLITE = pytest.mark.skipif(not engine_class("flite").available(),
-                                reason="flite is not installed (apt-get install flite)")
+# The real Debian flite (tools/test.sh installs it): the fake above stands in for it
+# elsewhere, where a test must not depend on its voices.
+@pytest.fixture
+def real_flite():
+    require_engine("flite")
+
+
+REAL_FLITE = pytest.mark.usefixtures("real_flite")
 
 
 @REAL_FLITE

@@ -27,7 +27,7 @@ MMAP_THRESHOLD = 4 << 20
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-def allocator_tunables(environ=None) -> str:
+def allocator_tunables(environ=None, thp_setting: str = _THP_SETTING) -> str:
     """The GLIBC_TUNABLES a training process should start with; "" when it should keep
     its environment: the user set GLIBC_TUNABLES (even to nothing), the C library is not
     glibc, or the kernel gives no transparent huge pages (without them the fixed
@@ -41,7 +41,7 @@ def allocator_tunables(environ=None) -> str:
     except (ValueError, OSError):
         return ""
     try:
-        with open(_THP_SETTING) as f:
+        with open(thp_setting) as f:
             if "[never]" in f.read():
                 return ""
     except OSError:

@@ -4,6 +4,12 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root/tools/install.sh" test codec hf wandb
+# The real engines and peers the tests run: a test whose engine is missing fails, it never
+# skips. Kokoro is assembled once into ${TOOLKIT_CACHE:-~/.cache/toolkit}/kokoro and reused
+# by later runs; festival and flite are Debian packages (apt-get needs root or sudo).
+bash "$root/tools/install_voices.sh" kokoro festival flite
+bash "$root/tools/install_resemblyzer.sh"
+bash "$root/tools/install_oww.sh"
 cd "$root"
 set +e
 # Most tests wait on training subprocesses: one pytest worker per core, each test file on
