@@ -218,6 +218,15 @@ def test_missing_package_or_unscorable_pair_is_one_error_line(speech, tmp_path, 
     assert len(errors) == 1 and errors[0].startswith(
         "error: pesq_wb of mu-law 8 kHz 8 bit on utterance short1: PESQ-WB failed: Buffer "
         "needs to be at least 1/4 of a second long"), errors
+    # STOI alike (issue 34, fault 5: pystoi's 1e-5 for too few frames was averaged in).
+    assert evaluate_codec.main(["--sample-rate", "16000", "--test-data", str(short_list),
+                                "--out-dir", str(out), "--baseline", "mulaw:8000:8",
+                                "--metrics", "mel_distance,stoi"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: stoi of mu-law 8 kHz 8 bit on utterance short1: STOI is undefined for 0.1"
+    ) and "less than one 384 ms segment" in errors[0], errors
+    assert not out.exists()
 
 
 def test_evaluate_codec_baselines_only(speech, tmp_path):
