@@ -13,7 +13,8 @@ import pytest
 import soundfile as sf
 
 from toolkit.config import ConfigError
-from toolkit.tasks.codec.baselines import CODEC2_MODES, codec2_codec, opus_codec, parse_baseline
+from toolkit.tasks.codec.baselines import (CODEC2_MODES, codec2_codec, from_pcm16, opus_codec,
+                                           parse_baseline, to_pcm16)
 from toolkit.tasks.codec.delay import apply_delay, estimate_delay
 from toolkit.tasks.codec.metrics import MetricError, evaluate_pair, mel_distance, pesq, visqol
 
@@ -77,6 +78,22 @@ def test_codec2_modes_at_their_frame_bitrates(speech):
     assert scores["stoi"] > 0.7
 
 
+def test_the_pcm16_conversion_of_the_baselines_is_gain_exact(speech):
+    """Issue 34: Codec2's input went to int16 by x 32767 and its output came back by / 32768,
+    scaling every decoded signal by 32767/32768. One scale both ways: the 16-bit grid
+    (what WAV files hold) goes to the library and back unchanged, and so does every int16."""
+    every = np.arange(-32768, 32768).astype(np.int16)
+    assert np.array_equal(to_pcm16(from_pcm16(every)), every)
+    grid = speech[0][0]                               # read from a 16-bit WAV
+    assert np.array_equal(from_pcm16(to_pcm16(grid)), grid)
+    assert from_pcm16(every).dtype == np.float32
+    # Off the grid only rounding is left (a gain of 32767/32768 adds up to half a step more
+    # at half scale).
+    wave = noisy(grid, 20.0).astype(np.float64)
+    assert np.abs(from_pcm16(to_pcm16(wave)) - wave).max() <= 0.5 / 32768 + 1e-9
+    assert to_pcm16(np.array([1.0, -1.0, 2.0, -2.0])).tolist() == [32767, -32768, 32767, -32768]
+
+
 def test_opus_bitrate_measured_from_packets(speech):
     wave = speech[0][0]
     distances = []
@@ -122,7 +139,7 @@ def test_delay_estimate_recovers_known_shifts(speech):
     decoded, _ = parse_baseline("melgl:40:100:6").run(np.roll(wave, 300), SR)
     assert abs(estimate_delay([(wave, decoded)], SR, 1600) - 300) <= 32
     ref, dec = apply_delay(wave, np.roll(wave, 37), 37)
-    assert len(ref) == len(dec) == len(wave) - 37 and np.array_equal(ref[37:], dec[37:])
+    assert len(ref) == len(dec) == len(wave) - 37 and np.array_equal(ref, dec)
     ref, dec = apply_delay(wave, wave[10:], -10)
     assert np.array_equal(ref, dec)
     with pytest.raises(ValueError, match="no overlap"):
