@@ -487,11 +487,10 @@ class CorpusDir:
         names, wav_dirs = self._split_names(bool(stamp.get("test_only", False)))
         for name in wav_dirs:
             _remove(self.wav_dir(name))
-        wavs = os.path.join(self.path, WAVS_NAME)
         for name in names:
             p = os.path.join(self.path, name)
             if name == WAVS_NAME:       # removed once nothing else is left in it
-                if os.path.isdir(p) and not os.path.islink(p) and not os.listdir(wavs):
+                if os.path.isdir(p) and not os.path.islink(p) and not os.listdir(p):
                     os.rmdir(p)
             else:
                 _remove(p)
