@@ -13,7 +13,8 @@ import pytest
 import soundfile as sf
 
 from toolkit.config import ConfigError
-from toolkit.tasks.codec.baselines import CODEC2_MODES, codec2_codec, opus_codec, parse_baseline
+from toolkit.tasks.codec.baselines import (CODEC2_MODES, codec2_codec, from_pcm16, opus_codec,
+                                           parse_baseline, to_pcm16)
 from toolkit.tasks.codec.delay import apply_delay, estimate_delay
 from toolkit.tasks.codec.metrics import MetricError, evaluate_pair, mel_distance, pesq, visqol
 
@@ -77,6 +78,22 @@ def test_codec2_modes_at_their_frame_bitrates(speech):
     assert scores["stoi"] > 0.7
 
 
+def test_the_pcm16_conversion_of_the_baselines_is_gain_exact(speech):
+    """Issue 34: Codec2's input went to int16 by x 32767 and its output came back by / 32768,
+    scaling every decoded signal by 32767/32768. One scale both ways: the 16-bit grid
+    (what WAV files hold) goes to the library and back unchanged, and so does every int16."""
+    every = np.arange(-32768, 32768).astype(np.int16)
+    assert np.array_equal(to_pcm16(from_pcm16(every)), every)
+    grid = speech[0][0]                               # read from a 16-bit WAV
+    assert np.array_equal(from_pcm16(to_pcm16(grid)), grid)
+    assert from_pcm16(every).dtype == np.float32
+    # Off the grid only rounding is left (a gain of 32767/32768 adds up to half a step more
+    # at half scale).
+    wave = noisy(grid, 20.0).astype(np.float64)
+    assert np.abs(from_pcm16(to_pcm16(wave)) - wave).max() <= 0.5 / 32768 + 1e-9
+    assert to_pcm16(np.array([1.0, -1.0, 2.0, -2.0])).tolist() == [32767, -32768, 32767, -32768]
+
+
 def test_opus_bitrate_measured_from_packets(speech):
     wave = speech[0][0]
     distances = []
@@ -122,7 +139,7 @@ def test_delay_estimate_recovers_known_shifts(speech):
     decoded, _ = parse_baseline("melgl:40:100:6").run(np.roll(wave, 300), SR)
     assert abs(estimate_delay([(wave, decoded)], SR, 1600) - 300) <= 32
     ref, dec = apply_delay(wave, np.roll(wave, 37), 37)
-    assert len(ref) == len(dec) == len(wave) - 37 and np.array_equal(ref[37:], dec[37:])
+    assert len(ref) == len(dec) == len(wave) - 37 and np.array_equal(ref, dec)
     ref, dec = apply_delay(wave, wave[10:], -10)
     assert np.array_equal(ref, dec)
     with pytest.raises(ValueError, match="no overlap"):
@@ -218,6 +235,15 @@ def test_missing_package_or_unscorable_pair_is_one_error_line(speech, tmp_path, 
     assert len(errors) == 1 and errors[0].startswith(
         "error: pesq_wb of mu-law 8 kHz 8 bit on utterance short1: PESQ-WB failed: Buffer "
         "needs to be at least 1/4 of a second long"), errors
+    # STOI alike (issue 34, fault 5: pystoi's 1e-5 for too few frames was averaged in).
+    assert evaluate_codec.main(["--sample-rate", "16000", "--test-data", str(short_list),
+                                "--out-dir", str(out), "--baseline", "mulaw:8000:8",
+                                "--metrics", "mel_distance,stoi"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: stoi of mu-law 8 kHz 8 bit on utterance short1: STOI is undefined for 0.1"
+    ) and "less than one 384 ms segment" in errors[0], errors
+    assert not out.exists()
 
 
 def test_evaluate_codec_baselines_only(speech, tmp_path):

@@ -501,6 +501,36 @@ def test_stoi_wrapper():
     assert stoi(speech, noisy, SR) < 0.9
 
 
+def test_stoi_refuses_a_pair_too_short_for_its_segments():
+    """Issue 34, fault 5: pystoi scores a perfect copy of a 0.35 s clip 1e-5, with only a
+    warning, and the evaluation averaged that in. Too little speech for one 384 ms segment
+    is a MetricError, as PESQ and ViSQOL refuse pairs too short for them; counted after
+    pystoi drops the silent frames, so a long clip of mostly silence is refused too."""
+    pytest.importorskip("pystoi")
+    import warnings
+    from toolkit.tasks.codec.metrics import MetricError
+    rng = np.random.default_rng(2)
+    t = np.arange(SR) / SR
+    speech = rng.standard_normal(len(t)) * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)) * 0.1
+    short = speech[:int(0.35 * SR)]
+    mostly_silent = np.concatenate([np.zeros(SR), short, np.zeros(SR)])
+    for ref in (short, mostly_silent):
+        for extended, name in ((False, "STOI"), (True, "ESTOI")):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")          # pystoi's warning is not let through
+                with pytest.raises(MetricError, match=rf"^{name} is undefined for "
+                                                      rf"{len(ref) / SR:.2f} s of audio: less "
+                                                      r"than one 384 ms segment"):
+                    stoi(ref, ref.copy(), SR, extended=extended)
+        with pytest.raises(MetricError, match="STOI is undefined"):
+            evaluate_pair(ref, ref, SR, metrics=["stoi"])
+    # Long enough: a perfect copy scores 1, warnings or not.
+    for ref in (speech[:int(0.5 * SR)], np.concatenate([np.zeros(SR), speech, np.zeros(SR)])):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert stoi(ref, ref, SR) == pytest.approx(1.0, abs=1e-6)
+
+
 def test_stoi_names_the_missing_package(monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "pystoi", None)            # makes `import pystoi` fail

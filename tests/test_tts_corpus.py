@@ -153,7 +153,7 @@ def test_a_procedural_voice_without_its_variant_file_is_an_error(family, tmp_pat
             speaker.generate_corpus(str(tmp_path / "x"), sizes=speaker.Sizes(220, 2, 2, 2, 2, 2))
         else:
             generate(family, tmp_path / "x", n_random_voices=3)
-    assert not (tmp_path / "x" / C.TMP_NAME).exists()
+    assert os.listdir(tmp_path / "x") == []         # a failed run removes what it wrote
 
 
 # ------------------------------------------------------------------------ engine errors
@@ -252,6 +252,113 @@ def test_cleaning_removes_only_what_the_generator_writes(family, tmp_path):
     assert written <= set(corpus_dir.written_names())
     corpus_dir.clean()
     assert sorted(os.listdir(out)) == sorted(kept)
+
+
+def run_cli(family, out, *extra):
+    """The binary in a process of its own: (exit status, stderr)."""
+    res = subprocess.run([sys.executable, "-m", *BINARIES[family], "--out-dir", str(out),
+                          "--nj", "1", *extra], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)
+    return res.returncode, res.stderr
+
+
+def refused(family, out, *extra):
+    """The binary's one `error:` line for a run it must refuse, checked to leave every
+    file of `out` as it was."""
+    before = tree(out)
+    status, err = run_cli(family, out, *extra)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert status == 2 and "Traceback" not in err and len(errors) == 1, (family, err)
+    assert tree(out) == before, family
+    return errors[0]
+
+
+@pytest.mark.parametrize("family", ["kws", "speaker", "codec"])
+def test_a_corpus_of_the_other_kind_is_refused_not_emptied(family, tmp_path):
+    """Issue 34, fault 4: --test-only into a full corpus's --out-dir removed its train/,
+    dev/ and wavs/. A test-only corpus's test split is the full corpus's files (the same
+    wavs/test names), so the two never share a directory: either way round the run is
+    refused with one line naming the directory and what it holds, and no byte changes."""
+    full, only = tmp_path / "full", tmp_path / "only"
+    assert run_cli(family, full)[0] == 0
+    assert {"train", "dev", "test", "wavs"} <= set(os.listdir(full))
+    line = refused(family, full, "--test-only")
+    assert line.startswith(f"error: {full} holds a finished full corpus (") and \
+        "train/, dev/, test/" in line and "--test-only an --out-dir of its own" in line, line
+    assert run_cli(family, only, "--test-only")[0] == 0
+    line = refused(family, only)
+    assert line.startswith(f"error: {only} holds a finished test-only corpus (") and \
+        "train/" not in line and "full corpus an --out-dir of its own" in line, line
+    # Each kind still remakes its own kind for other arguments, as the stamp decides.
+    assert run_cli(family, only, "--test-only", "--seed", "5")[0] == 0
+    assert all(n.startswith("test") for n in os.listdir(only / "wavs"))
+    assert json.loads(next(only.glob(".synth_*.json")).read_text())["seed"] == 5
+
+
+def test_files_no_stamp_of_the_generator_accounts_for_are_refused(tmp_path):
+    """Another generator's corpus in the --out-dir (both write train/, test/, wavs/,
+    voices.tsv), or the user's own data dirs, are not this generator's to remove."""
+    out = tmp_path / "data"
+    generate("kws", out)
+    for family in ("speaker", "codec"):
+        line = refused(family, out)
+        assert line.startswith(f"error: {out} holds voices.tsv, train/, dev/, test/, ") and \
+            "wavs/train/" in line and " but no " in line and \
+            "(it has .synth_kws_data.json: another generator's corpus)" in line, line
+    own = tmp_path / "own"
+    (own / "train").mkdir(parents=True)
+    (own / "train" / "wav.scp").write_text("u1 /data/u1.wav\n")
+    line = refused("speaker", own)
+    assert line == (f"error: {own} holds train/ but no .synth_speaker_data.json: they are "
+                    "not a corpus this generator wrote, so they are left alone; give this "
+                    "corpus an --out-dir of its own, or remove them first"), line
+    # An unreadable stamp tells nothing of what is there: refused too.
+    stamp = out / kws.STAMP_NAME
+    stamp.write_text('{"format": 4, "seed"')
+    line = refused("kws", out)
+    assert line.startswith(f"error: {stamp}: unreadable stamp (") and \
+        "nothing there is removed" in line, line
+
+
+def test_a_test_only_corpus_cleans_only_its_own_split(tmp_path):
+    """A test-only stamp accounts for the test split alone: remaking it for other
+    arguments leaves a train/ it did not write (and wavs/ entries of no split) alone."""
+    out = tmp_path / "data"
+    generate("speaker", out, test_only=True)
+    (out / "train").mkdir()
+    (out / "train" / "notes").write_text("mine\n")
+    (out / "wavs" / "extra").mkdir()
+    generate("speaker", out, test_only=True, seed=5)
+    assert (out / "train" / "notes").read_text() == "mine\n"
+    assert sorted(os.listdir(out / "wavs")) == ["extra", "test"]
+    speaker.corpus_dir(str(out)).clean()
+    assert sorted(os.listdir(out)) == ["train", "wavs"] and os.listdir(out / "wavs") == ["extra"]
+
+
+@pytest.mark.parametrize("test_only", [False, True])
+def test_an_interrupted_run_is_cleaned_by_the_next_whatever_its_kind(test_only, tmp_path):
+    """A run claims the directory (its stamp, marked unfinished) before writing: what an
+    interrupted run left is this generator's, and the next run of either kind remakes it;
+    files the claim does not account for in the next run's way are refused, not used."""
+    out = tmp_path / "data"
+    interrupted = not test_only
+    codec.corpus_dir(str(out)).claim({"format": codec.FORMAT_VERSION,
+                                      "test_only": interrupted})
+    assert json.loads((out / codec.STAMP_NAME).read_text())[C.FINISHED] is False
+    for name in ("test",) if interrupted else ("train", "test"):
+        (out / "wavs" / name).mkdir(parents=True)
+        (out / "wavs" / name / "half.wav").write_bytes(b"RIFF")
+    if interrupted:                 # a test-only run writes no train split
+        (out / "wavs" / "train").mkdir()
+        with pytest.raises(SynthError, match=r"holds wavs/train/ but \.synth_speech_data\.json "
+                                             r"does not account for them"):
+            generate("codec", out, test_only=test_only)
+        assert (out / "wavs" / "test" / "half.wav").exists()
+        (out / "wavs" / "train").rmdir()
+    generate("codec", out, test_only=test_only)
+    assert not (out / "wavs" / "test" / "half.wav").exists()
+    assert (out / "train").exists() != test_only
+    assert C.FINISHED not in json.loads((out / codec.STAMP_NAME).read_text())
 
 
 # ------------------------------------------------------------------------ inventory

@@ -4,6 +4,7 @@ clip cache, and Debian's opt-in engines when they are installed."""
 import hashlib
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -288,6 +289,51 @@ def _clips(root):
     return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
 
 
+class _Recorder(logging.Handler):
+    """The messages logged in a forked child, to send back to the test."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _truncated(path):
+    with open(path, "r+b") as f:
+        f.truncate(100)
+
+
+def _broken_deflate_stream(path):
+    """Same length, a valid zip directory, but the audio member's deflate stream starts
+    with a reserved block type: reading it raises zlib.error."""
+    import zlib
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("audio.npy")
+    data = bytearray(open(path, "rb").read())
+    name_len, extra_len = np.frombuffer(bytes(data[info.header_offset + 26:
+                                                   info.header_offset + 30]), "<u2")
+    start = info.header_offset + 30 + int(name_len) + int(extra_len)
+    data[start:start + 4] = b"\xff" * 4
+    with open(path, "wb") as f:
+        f.write(data)
+    with pytest.raises(zlib.error), np.load(path) as z:
+        z["audio"]
+
+
+def _garbled(path):
+    size = os.path.getsize(path)
+    with open(path, "wb") as f:
+        f.write(np.random.default_rng(0).bytes(size))
+
+
+def _without_audio(path):
+    with np.load(path) as z:
+        kept = {k: z[k] for k in z.files if k != "audio"}
+    np.savez_compressed(path, **kept)
+
+
 def test_cache_hit_is_exact_and_skips_the_engine(tmp_path, monkeypatch):
     from toolkit.tts.pool import run_forked
     root = tmp_path / "clips"
@@ -297,14 +343,16 @@ def test_cache_hit_is_exact_and_skips_the_engine(tmp_path, monkeypatch):
     def speak(args):        # a fresh child: espeak-ng's state and the counter start anew
         text, rate, voice_ = args
         CountingEspeak.calls = 0
+        warned = _Recorder()
+        logging.getLogger("toolkit.tts.cache").addHandler(warned)
         s = CountingEspeak(str(tmp_path)).synth(text, voice_, rate=rate, seed=1)
-        return s.audio, s.sample_rate, s.word_onsets, CountingEspeak.calls
+        return s.audio, s.sample_rate, s.word_onsets, CountingEspeak.calls, warned.lines
 
     miss, hit = run_forked(speak, [("hey snips", 150, voice)] * 2, 1, str(tmp_path))
     assert miss[3] == 1 and hit[3] == 0
     assert hit[0].dtype == np.float32 and np.array_equal(miss[0], hit[0])
     assert miss[1:3] == hit[1:3] and hit[2] and len(hit[2]) == 2
-    assert len(_clips(root)) == 1
+    [clip] = _clips(root)
     # any part of the key changed: a miss
     blend = Voice("en-us_f3", "espeak", "en-us+f3", mix=(("en-us+f3", 1.0),))
     changed = run_forked(speak, [("hey snipz", 150, voice), ("hey snips", 151, voice),
@@ -315,12 +363,18 @@ def test_cache_hit_is_exact_and_skips_the_engine(tmp_path, monkeypatch):
         assert run_forked(speak, [("hey snips", 150, voice)], 1, str(tmp_path))[0][3] == 1
     finally:
         CountingEspeak.version = "1"
-    # a damaged clip is a miss and is rewritten
-    for path in _clips(root):
-        with open(path, "r+b") as f:
-            f.truncate(100)
-    again = run_forked(speak, [("hey snips", 150, voice)], 1, str(tmp_path))[0]
-    assert again[3] == 1 and np.array_equal(again[0], miss[0])
+    # A damaged clip (issue 34, fault 6: a changed byte made every rerun raise zlib.error)
+    # is a miss, logged with its path, and the clip synthesized again replaces it.
+    for damage in (_truncated, _broken_deflate_stream, _garbled, _without_audio):
+        damage(clip)
+        again = run_forked(speak, [("hey snips", 150, voice)], 1, str(tmp_path))[0]
+        assert again[3] == 1 and np.array_equal(again[0], miss[0]), damage.__name__
+        assert again[1:3] == miss[1:3]
+        assert len(again[4]) == 1 and f"{clip} is damaged" in again[4][0], again[4]
+        rewritten = run_forked(speak, [("hey snips", 150, voice)], 1, str(tmp_path))[0]
+        assert rewritten[3] == 0 and rewritten[4] == [], damage.__name__
+        assert np.array_equal(rewritten[0], miss[0])
+    assert not any(p.endswith(".tmp") for p in _clips(root))
     monkeypatch.setenv("TOOLKIT_TTS_CACHE", "off")
     before = _clips(root)
     assert run_forked(speak, [("hey snips", 150, voice)], 1, str(tmp_path))[0][3] == 1

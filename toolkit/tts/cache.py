@@ -12,19 +12,22 @@ Nothing is evicted: delete the directory to reclaim the space (about 40 KB a sec
 
 Files are written to a private temporary name and renamed into place, so forked
 renderers that make the same clip at once each leave a whole file and readers never see
-a partial one; an unreadable file or one whose stored key differs is a miss and is
-rewritten.
+a partial one. A file whose stored key differs is a miss; so is a damaged one (cut
+short, bytes changed on disk: a broken zip, deflate stream or array), with a warning
+naming it. Either is replaced, atomically, by the clip synthesized again.
 """
 import hashlib
 import json
+import logging
 import os
 import tempfile
-import zipfile
 from typing import Any, Dict, Optional
 
 import numpy as np
 
 from toolkit.tts import Speech, Voice, toolkit_cache_dir
+
+logger = logging.getLogger(__name__)
 
 CACHE_ENV = "TOOLKIT_TTS_CACHE"
 OFF = ("off", "0", "no", "false")
@@ -59,18 +62,20 @@ class ClipCache:
         return os.path.join(self.root, engine, digest[:2], digest + ".npz")
 
     def load(self, key: str, engine: str) -> Optional[Speech]:
+        """The stored clip of `key`; None (a miss) when there is none, when it is another
+        key's, or when the file is damaged (logged)."""
         path = self.path(key, engine)
         try:
-            with np.load(path, allow_pickle=False) as z:
-                if str(z["key"]) != key:
-                    return None
-                audio = z["audio"]
-                if audio.dtype == np.int16:
-                    audio = audio.astype(np.float32) / 32768.0
-                onsets = [(int(c), int(s)) for c, s in z["onsets"]] if bool(z["timed"]) \
-                    else None
-                speech = Speech(audio, int(z["sample_rate"]), onsets)
-        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+            speech = _read_clip(path, key)
+        except FileNotFoundError:
+            return None
+        # Whatever a damaged file makes numpy or zipfile raise (zlib.error, BadZipFile,
+        # ValueError, EOFError, ...), a cache must only ever cost the saving.
+        except Exception as err:
+            logger.warning("clip cache: %s is damaged (%s: %s); synthesizing the clip again",
+                           path, type(err).__name__, err)
+            return None
+        if speech is None:
             return None
         self.hits += 1
         return speech
@@ -103,6 +108,25 @@ class ClipCache:
                     os.unlink(tmp)
         except OSError:
             pass
+
+
+def _read_clip(path: str, key: str) -> Optional[Speech]:
+    """The clip stored at `path`, None when it is another key's; raises on a damaged or
+    inconsistent file."""
+    with np.load(path, allow_pickle=False) as z:
+        if str(z["key"]) != key:
+            return None
+        audio = z["audio"]
+        onsets = np.asarray(z["onsets"])
+        sample_rate = int(z["sample_rate"])
+        timed = bool(z["timed"])
+    if audio.ndim != 1 or audio.dtype not in (np.int16, np.float32) or sample_rate <= 0 \
+            or onsets.ndim != 2 or onsets.shape[1] != 2:
+        raise ValueError(f"inconsistent arrays (audio {audio.dtype} {audio.shape}, sample rate "
+                         f"{sample_rate}, onsets {onsets.shape})")
+    if audio.dtype == np.int16:
+        audio = audio.astype(np.float32) / 32768.0
+    return Speech(audio, sample_rate, [(int(c), int(s)) for c, s in onsets] if timed else None)
 
 
 _caches: Dict[str, ClipCache] = {}

@@ -179,9 +179,22 @@ CODEC2_MODES = {"3200": 3200, "2400": 2400, "1600": 1600, "1400": 1400, "1300": 
                 "1200": 1200, "700C": 700}
 
 
-def _to_int16(x: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(np.asarray(x, dtype=np.float64) * 32767.0), -32768, 32767).astype(
-        np.int16)
+# 16-bit PCM <-> float in [-1, 1) by one scale both ways, 32768 as the toolkit's WAV reader
+# (toolkit.data.audio) and soundfile use: a clip on the 16-bit grid goes to the libraries
+# and back unchanged (32767 one way and 32768 the other scaled every decoded signal by
+# 32767/32768).
+PCM16_SCALE = 32768.0
+
+
+def to_pcm16(x: np.ndarray) -> np.ndarray:
+    """Float samples -> int16, rounded, full scale clipped to 32767."""
+    return np.clip(np.rint(np.asarray(x, dtype=np.float64) * PCM16_SCALE), -32768,
+                   32767).astype(np.int16)
+
+
+def from_pcm16(pcm: np.ndarray) -> np.ndarray:
+    """int16 samples -> float32, the inverse of to_pcm16 on the 16-bit grid."""
+    return np.asarray(pcm, dtype=np.float32) / np.float32(PCM16_SCALE)
 
 
 def _in_fresh_process(fn: Callable, *args):
@@ -247,9 +260,9 @@ def codec2_codec(x, sr: int, mode: str) -> Tuple[np.ndarray, float]:
     if mode not in CODEC2_MODES:
         raise ValueError(f"Codec2 mode {mode!r}: expected one of {', '.join(CODEC2_MODES)}")
     import_optional("pycodec2", CODEC2_REQUIREMENT, f"baseline codec2:{mode}")
-    pcm = _to_int16(resample(x, sr, CODEC2_RATE))
+    pcm = to_pcm16(resample(x, sr, CODEC2_RATE))
     out, bits, frame = _in_fresh_process(_codec2_frames, pcm, CODEC2_MODES[mode])
-    back = resample(out.astype(np.float32) / 32768.0, CODEC2_RATE, sr)
+    back = resample(from_pcm16(out), CODEC2_RATE, sr)
     return _fit_length(back, len(x)).astype(np.float32), bits * CODEC2_RATE / frame
 
 
@@ -296,8 +309,11 @@ def opus_codec(x, sr: int, kbps: float) -> Tuple[np.ndarray, float]:
     for packet in packets:
         for decoded in decoder.decode(packet):
             samples = decoded.to_ndarray().reshape(-1)
-            if samples.dtype.kind == "i":
-                samples = samples.astype(np.float32) / 32768.0
+            if samples.dtype == np.int16:
+                samples = from_pcm16(samples)
+            elif samples.dtype.kind != "f":
+                raise RuntimeError(f"libopus decoded {samples.dtype} samples; expected float "
+                                   "or int16")
             chunks.append(samples.astype(np.float32))
             out_rate = decoded.sample_rate
     if not chunks:

@@ -404,7 +404,7 @@ def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: 
         return summarize(out_dir, names)
 
     t0 = time.time()
-    with out.workspace() as tmp_dir:
+    with out.workspace(config) as tmp_dir:
         groups, by_split, espeak_data = plan_corpus(seed, sizes, snr_db, named, n_random_voices,
                                                     max_voices, sentences, tmp_dir, splits,
                                                     other_share, blends)

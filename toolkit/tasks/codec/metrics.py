@@ -9,6 +9,7 @@ ViSQOL v3 speech mode at 16 kHz with its lattice MOS mapping, the C++ tool's def
 Every metric but the first three needs a package of the `codec` extra; a missing package,
 or a pair a metric cannot score, is an expected error (MetricError) naming the metric.
 """
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -106,10 +107,34 @@ def _pystoi():
     return import_optional("pystoi", STOI_REQUIREMENT, "the STOI metric").stoi
 
 
+# pystoi's answer when fewer than 30 frames (384 ms at its 10 kHz, hop 12.8 ms) are left
+# once the reference's silent frames are dropped: a warning and this number, which is no
+# score (a perfect copy gets it) and must not be averaged in.
+_PYSTOI_TOO_SHORT = 1e-5
+_PYSTOI_TOO_SHORT_WARNING = "Not enough STFT frames"
+
+
 def stoi(reference, decoded, sample_rate: int, extended: bool = False) -> float:
-    """Short-time objective intelligibility (Taal et al. 2011) via pystoi; extended=True: ESTOI."""
+    """Short-time objective intelligibility (Taal et al. 2011) via pystoi; extended=True: ESTOI.
+    MetricError, as PESQ and ViSQOL refuse a pair too short for them, when too little speech
+    is left for STOI's 384 ms segments (more than about 0.41 s without silent frames)."""
+    stoi_of = _pystoi()
     ref, dec = align(reference, decoded)
-    return float(_pystoi()(ref, dec, int(sample_rate), extended=extended))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = float(stoi_of(ref, dec, int(sample_rate), extended=extended))
+    too_short = value == _PYSTOI_TOO_SHORT
+    for warning in caught:
+        if _PYSTOI_TOO_SHORT_WARNING in str(warning.message):
+            too_short = True
+        else:                       # not ours to hide
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)
+    if too_short:
+        raise MetricError(f"{'ESTOI' if extended else 'STOI'} is undefined for "
+                          f"{len(ref) / sample_rate:.2f} s of audio: less than one 384 ms "
+                          f"segment (30 frames) is left once its silent frames are removed")
+    return value
 
 
 def _at_rate(x: np.ndarray, sample_rate: int, rate: int) -> np.ndarray:

@@ -650,7 +650,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
         return summarize(out_dir, splits)
 
     t0 = time.time()
-    with out.workspace() as tmp_dir:
+    with out.workspace(config) as tmp_dir:
         groups, by_split = plan_corpus(keywords, seed, sizes, snr_db, named, tmp_dir,
                                        TrainMix(train_conf_share, train_hard_share), splits,
                                        other_share, blends)

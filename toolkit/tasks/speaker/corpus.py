@@ -421,7 +421,7 @@ def generate_corpus(out_dir: str, seed: int = 777, sizes: Sizes = Sizes(), nj: i
         return summarize(out_dir, splits)
 
     t0 = time.time()
-    with out.workspace() as tmp_dir:
+    with out.workspace(config) as tmp_dir:
         groups, speakers, espeak_data = plan_corpus(seed, sizes, snr_db, named, tmp_dir, splits,
                                                     blends, engine_sizing)
         planned = [s for g in groups for s in g.specs]
