@@ -308,9 +308,10 @@ def test_relative_paths_resolve_against_the_list_not_the_cwd(wav_dir, tmp_path, 
         shutil.copy(e["wav"], lists / "audio" / name)
         entries.append(dict(e, wav=f"audio/{name}"))
     matrix = np.arange(24, dtype=np.float32).reshape(6, 4)
-    with kaldiio.WriteHelper(f"ark,scp:{lists / 'feats' / 'f.ark'},{lists / 'feats' / 'f.scp'}") as w:
+    ark, scp = lists / "feats" / "f.ark", lists / "feats" / "f.scp"
+    with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}") as w:
         w("f0", matrix)
-    offset = open(lists / "feats" / "f.scp").read().split(":")[-1].strip()
+    offset = open(scp).read().split(":")[-1].strip()
     kept = [{"key": "abs", "wav": wav_dir["good"][3]["wav"], "duration": 0.9, "label": 1},
             {"key": "url", "wav": "http://127.0.0.1:9/u.wav", "duration": 0.5, "label": 0},
             {"key": "pipe", "wav": "sox audio/x.wav -t wav - |", "duration": 0.5, "label": 0}]
@@ -328,9 +329,9 @@ def test_relative_paths_resolve_against_the_list_not_the_cwd(wav_dir, tmp_path, 
         assert by_key[e["key"]]["wav"] == str(lists / e["wav"])
     for e in kept:
         assert by_key[e["key"]]["wav"] == e["wav"]
-    assert by_key["f0"]["feat"] == f"{lists / 'feats' / 'f.ark'}:{offset}"
+    assert by_key["f0"]["feat"] == f"{ark}:{offset}"
     assert set(dl.referenced_files()) >= {str(lists / e["wav"]) for e in entries} | {
-        str(lists / "feats" / "f.ark")}
+        str(ark)}
     cfg = DatasetConfig(batch_size=100)
     pipeline = FeaturePipeline(cfg, seed=0, train=False)
     rows = np.array([i for i in range(len(dl)) if dl.key(i).startswith("g")])
