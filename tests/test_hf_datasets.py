@@ -167,6 +167,23 @@ def test_wandb_offline_run_holds_metrics_and_continues_on_resume(data, reference
     assert [row["trainer/step"] for row in read_run(later)[0]] == [9, 10]
 
 
+def test_resume_with_the_cache_somewhere_else(data, tmp_path):
+    """HF_HOME pointed at a copy of the cache: the same data in another place. The data
+    fingerprint is the data's, not its cache location's, so the run resumes."""
+    import shutil
+    exp = str(tmp_path / "exp")
+    home = str(tmp_path / "home")
+    first = run_train(data.args(exp, "training.max_steps=2"), extra_env=data.env(HF_HOME=home))
+    assert first.returncode == 0, first.stderr[-3000:]
+    moved = str(tmp_path / "moved_home")
+    shutil.copytree(home, moved)
+    shutil.rmtree(home)
+    again = run_train(data.args(exp, "training.max_steps=3"), extra_env=data.env(HF_HOME=moved))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stderr and "training finished: 3 steps" in again.stderr
+    assert home not in open(os.path.join(exp, "data_fingerprint.json")).read()
+
+
 @pytest.mark.parametrize("case", ["missing_column", "missing_dir", "both_inputs", "no_labels",
                                   "hub_unreachable", "repeated_ids", "unsplit_dev"])
 def test_configuration_errors_are_one_line(data, tmp_path, case):

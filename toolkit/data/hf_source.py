@@ -33,7 +33,7 @@ import re
 import struct
 import time
 from collections import Counter
-from typing import Callable, List, Tuple
+from typing import Callable, List, Tuple, Union
 
 import numpy as np
 import soundfile as sf
@@ -509,12 +509,18 @@ class HFSource(DataSource):
         return make_loader(HFBatchDataset(self, batches, builder, epoch, builder_channel(builder)),
                            start, num_workers, prefetch_factor, seed)
 
-    def referenced_files(self) -> List[str]:
-        """The Arrow files behind the tables (their paths carry the data's own hash when
-        `datasets` built them from parquet or the hub), and audio files named by path."""
-        files = {}
+    def referenced_files(self) -> List[Union[str, Tuple[str, str]]]:
+        """The Arrow files behind the tables, and audio files named by path. Arrow files in
+        `datasets`' cache come as (name under the cache, path): that name carries the
+        builder's hash of the data, its configuration and revision, while where the cache
+        lives (HF_HOME) is no part of the data."""
+        cache = os.path.realpath(str(_import_datasets().config.HF_DATASETS_CACHE))
+        files: dict = {}
         for ds in self.tables:
             for f in ds.cache_files:
-                files[f["filename"]] = None
-        files.update(dict.fromkeys(self.audio_files))
-        return list(files)
+                path = f["filename"]
+                under = os.path.relpath(os.path.realpath(path), cache)
+                files[path] = path if under.startswith(os.pardir) else (
+                    "$HF_DATASETS_CACHE/" + under, path)
+        files.update((f, f) for f in self.audio_files)
+        return list(files.values())
