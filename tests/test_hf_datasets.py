@@ -7,7 +7,10 @@ Checked: the mixed input, bad-row accounting at indexing and batch time, bitwise
 resume, two gloo ranks on a fresh cache, a per-dataset token and HF_TOKEN absent from
 every written file (W&B's included), the offline W&B run's metrics and config read back,
 the run continued after a resume, online W&B without a login falling back to offline;
-configuration errors (an unreachable hub dataset among them) as one `error:` line."""
+a resume with HF_HOME moved to a copy of the cache; configuration errors (an unreachable
+hub dataset and a split an unsplit saved dataset lacks among them) as one `error:` line.
+In process: split names of a saved Dataset, damaged duration indexes rebuilt, keys of
+datasets that share a name, and repeated-key errors that name their cause."""
 import copy
 import glob
 import os

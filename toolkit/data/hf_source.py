@@ -519,8 +519,8 @@ class HFSource(DataSource):
         for ds in self.tables:
             for f in ds.cache_files:
                 path = f["filename"]
-                under = os.path.relpath(os.path.realpath(path), cache)
-                files[path] = path if under.startswith(os.pardir) else (
-                    "$HF_DATASETS_CACHE/" + under, path)
+                real = os.path.realpath(path)
+                files[path] = (path if os.path.commonpath([cache, real]) != cache else
+                               ("$HF_DATASETS_CACHE/" + os.path.relpath(real, cache), path))
         files.update((f, f) for f in self.audio_files)
         return list(files.values())
