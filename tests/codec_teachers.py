@@ -25,9 +25,9 @@ class FrameFeatures(nn.Module):
         return torch.tanh(4.0 * self.conv(audio.unsqueeze(1))).transpose(1, 2)
 
 
-def write_teachers(root: str, dim: int = 6, hop: int = 320) -> dict:
+def write_teachers(root: str, dim: int = 6, hop: int = 320, seed: int = 3) -> dict:
     """teacher.pt (TorchScript) and teacher.onnx of one FrameFeatures; their paths."""
-    model = FrameFeatures(dim, hop).eval()
+    model = FrameFeatures(dim, hop, seed).eval()
     paths = {"torchscript": os.path.join(root, "teacher.pt"),
              "onnx": os.path.join(root, "teacher.onnx")}
     torch.jit.script(model).save(paths["torchscript"])

@@ -6,7 +6,7 @@ undecodable, truncated or silent audio."""
 import io
 import json
 import os
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import soundfile as sf
@@ -59,14 +59,15 @@ def write_parquet_dataset(root: str, splits: Dict[str, List[dict]]) -> str:
     return root
 
 
-def write_saved_dataset(root: str, table_rows: List[dict]) -> str:
-    """One split written by `Dataset.save_to_disk` (Arrow files + state.json)."""
+def write_saved_dataset(root: str, table_rows: List[dict], split: Optional[str] = None) -> str:
+    """One `Dataset` written by `save_to_disk` (Arrow files + state.json), unsplit or
+    recording the name of the split it was cut from."""
     import datasets
     import pyarrow as pa
     table = pa.Table.from_pylist(table_rows)
     features = datasets.Features.from_dict(FEATURES)
     ds = datasets.Dataset(datasets.table.InMemoryTable(table.cast(features.arrow_schema)),
-                          info=datasets.DatasetInfo(features=features))
+                          info=datasets.DatasetInfo(features=features), split=split)
     ds.save_to_disk(root)
     return root
 

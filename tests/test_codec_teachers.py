@@ -192,6 +192,38 @@ def test_step_with_teachers_under_bf16_keeps_them_frozen(source, tmp_path):
     assert task.teacher("distillation", torch.device("cpu")).onnx
 
 
+def test_a_changed_teacher_file_is_refused_on_resume(corpus, tmp_path):
+    """The teachers' files are part of the exp dir's fingerprint: a teacher replaced under
+    the same path between a run and its resume is refused, naming it; put back, the run
+    resumes."""
+    import shutil
+    teachers = write_teachers(str(tmp_path))
+    saved = str(tmp_path / "teacher.onnx.orig")
+    shutil.copy(teachers["onnx"], saved)
+    exp = str(tmp_path / "exp")
+
+    def args(steps):
+        return ["-m", "toolkit.bin.train", "--config", PHASES_CONFIG, "--exp-dir", exp,
+                "--train-data", corpus.train, *TINY, f"training.max_steps={steps}",
+                f"teachers.distillation.model={teachers['onnx']}",
+                f"teachers.perceptual.model={teachers['torchscript']}"]
+    first = run_train(args(1))
+    assert first.returncode == 0, first.stderr[-3000:]
+    (tmp_path / "other").mkdir()
+    other = write_teachers(str(tmp_path / "other"), seed=4)      # same shapes, other weights
+    shutil.copy(other["onnx"], teachers["onnx"])
+    refused = run_train(args(2))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert re.search(r"teachers.distillation.model \S+teacher.onnx changed since the run "
+                     r"began \(sha256 \w+ -> \w+, \d+ -> \d+ bytes\): put the run's file "
+                     r"back or start a new exp dir", refused.stderr), refused.stderr[-3000:]
+    assert "teachers.perceptual.model" not in refused.stderr
+    shutil.copy(saved, teachers["onnx"])
+    again = run_train(args(2))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stderr
+
+
 # --------------------------------------------------------------------------- the phases
 
 @pytest.fixture(scope="module")

@@ -292,6 +292,81 @@ def test_batch_dataset_yields_good_and_counts_bad(wav_dir):
         assert int(batch.labels[i]) == good[key]["label"]
 
 
+def test_relative_paths_resolve_against_the_list_not_the_cwd(wav_dir, tmp_path, monkeypatch):
+    """A list names its audio, feature archives and noise relative to its own directory;
+    read from another working directory, every reader (batches, features, noise, the
+    data fingerprint's file list) finds them there. Absolute paths, URLs and pipes are
+    kept as written."""
+    import kaldiio
+    import shutil
+    lists = tmp_path / "lists"
+    (lists / "audio").mkdir(parents=True)
+    (lists / "feats").mkdir()
+    entries = []
+    for e in wav_dir["good"][:3]:
+        name = os.path.basename(e["wav"])
+        shutil.copy(e["wav"], lists / "audio" / name)
+        entries.append(dict(e, wav=f"audio/{name}"))
+    matrix = np.arange(24, dtype=np.float32).reshape(6, 4)
+    ark, scp = lists / "feats" / "f.ark", lists / "feats" / "f.scp"
+    with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}") as w:
+        w("f0", matrix)
+    offset = open(scp).read().split(":")[-1].strip()
+    kept = [{"key": "abs", "wav": wav_dir["good"][3]["wav"], "duration": 0.9, "label": 1},
+            {"key": "url", "wav": "http://127.0.0.1:9/u.wav", "duration": 0.5, "label": 0},
+            {"key": "pipe", "wav": "sox audio/x.wav -t wav - |", "duration": 0.5, "label": 0}]
+    path = write_lines(lists / "data.list", [json.dumps(e) for e in entries + kept] + [
+        json.dumps({"key": "f0", "feat": f"feats/f.ark:{offset}", "duration": 0.1, "label": 0})])
+    noise = write_lines(lists / "noise.list", [json.dumps(
+        {"key": "n0", "wav": "audio/" + os.path.basename(wav_dir["good"][0]["wav"]),
+         "duration": 0.5})])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    dl = DataList.load(os.path.relpath(path), num_classes=2)
+    by_key = {dl.key(i): dl.entry(i) for i in range(len(dl))}
+    for e in entries:
+        assert by_key[e["key"]]["wav"] == str(lists / e["wav"])
+    for e in kept:
+        assert by_key[e["key"]]["wav"] == e["wav"]
+    assert by_key["f0"]["feat"] == f"{ark}:{offset}"
+    assert set(dl.referenced_files()) >= {str(lists / e["wav"]) for e in entries} | {
+        str(ark)}
+    cfg = DatasetConfig(batch_size=100)
+    pipeline = FeaturePipeline(cfg, seed=0, train=False)
+    rows = np.array([i for i in range(len(dl)) if dl.key(i).startswith("g")])
+    batch = BatchDataset(dl, [rows], kws_builder(pipeline), epoch=0)[0]
+    assert sorted(batch.keys) == sorted(e["key"] for e in entries) and not batch.bad.total()
+    np.testing.assert_array_equal(pipeline.read_features(by_key["f0"]), matrix)
+    noise_list = DataList.load(noise, require_label=False)
+    assert os.path.isfile(noise_list.entry(0)["wav"])
+    assert augment.pick_and_load(noise_list, np.random.default_rng(0), RATE) is not None
+
+
+def test_kaldi_relative_paths_stay_right_in_a_list_written_elsewhere(wav_dir, tmp_path,
+                                                                     monkeypatch):
+    """wav.scp paths are Kaldi's, relative to the working directory; the data list made
+    from it names them absolutely, so it reads the same files from anywhere."""
+    import shutil
+    from toolkit.data.datalist import write_datalist
+    from toolkit.data.kaldi import load_data_dir, write_table
+    recipe = tmp_path / "recipe"
+    (recipe / "wavs").mkdir(parents=True)
+    names = [os.path.basename(e["wav"]) for e in wav_dir["good"][:2]]
+    for e, name in zip(wav_dir["good"], names):
+        shutil.copy(e["wav"], recipe / "wavs" / name)
+    (recipe / "data" / "train").mkdir(parents=True)
+    write_table(str(recipe / "data" / "train" / "wav.scp"),
+                {f"u{i}": f"wavs/{name}" for i, name in enumerate(names)})
+    monkeypatch.chdir(recipe)
+    write_datalist(str(recipe / "data" / "train" / "data.list"),
+                   load_data_dir("data/train", nj=1))
+    monkeypatch.chdir(tmp_path)
+    dl = DataList.load(str(recipe / "data" / "train" / "data.list"), require_label=False)
+    assert [dl.entry(i)["wav"] for i in range(len(dl))] == [
+        str(recipe / "wavs" / name) for name in names]
+
+
 def aug_cfg(**kw):
     cfg = DatasetConfig(speed_perturb=[0.9, 1.0, 1.1], volume_range=[0.5, 1.5],
                         vtlp_range=[0.9, 1.1], batch_size=2)

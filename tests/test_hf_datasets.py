@@ -7,16 +7,22 @@ Checked: the mixed input, bad-row accounting at indexing and batch time, bitwise
 resume, two gloo ranks on a fresh cache, a per-dataset token and HF_TOKEN absent from
 every written file (W&B's included), the offline W&B run's metrics and config read back,
 the run continued after a resume, online W&B without a login falling back to offline;
-configuration errors (an unreachable hub dataset among them) as one `error:` line."""
+a resume with HF_HOME moved to a copy of the cache; configuration errors (an unreachable
+hub dataset and a split an unsplit saved dataset lacks among them) as one `error:` line.
+In process: split names of a saved Dataset, damaged duration indexes rebuilt, keys of
+datasets that share a name, and repeated-key errors that name their cause."""
 import copy
 import glob
 import os
 import random
 
+import numpy as np
 import pytest
 import yaml
 
 from hf_data import rows, write_audio_folder, write_parquet_dataset, write_saved_dataset
+from toolkit.config import ConfigError, DatasetConfig
+from toolkit.config.schema import HFDatasetConfig
 from tensorboard_reader import scalars
 from test_trainer_resume import assert_same_run, train_with_kills
 from train_utils import latest_payload, run_train
@@ -164,8 +170,25 @@ def test_wandb_offline_run_holds_metrics_and_continues_on_resume(data, reference
     assert [row["trainer/step"] for row in read_run(later)[0]] == [9, 10]
 
 
+def test_resume_with_the_cache_somewhere_else(data, tmp_path):
+    """HF_HOME pointed at a copy of the cache: the same data in another place. The data
+    fingerprint is the data's, not its cache location's, so the run resumes."""
+    import shutil
+    exp = str(tmp_path / "exp")
+    home = str(tmp_path / "home")
+    first = run_train(data.args(exp, "training.max_steps=2"), extra_env=data.env(HF_HOME=home))
+    assert first.returncode == 0, first.stderr[-3000:]
+    moved = str(tmp_path / "moved_home")
+    shutil.copytree(home, moved)
+    shutil.rmtree(home)
+    again = run_train(data.args(exp, "training.max_steps=3"), extra_env=data.env(HF_HOME=moved))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stderr and "training finished: 3 steps" in again.stderr
+    assert home not in open(os.path.join(exp, "data_fingerprint.json")).read()
+
+
 @pytest.mark.parametrize("case", ["missing_column", "missing_dir", "both_inputs", "no_labels",
-                                  "hub_unreachable", "repeated_ids"])
+                                  "hub_unreachable", "repeated_ids", "unsplit_dev"])
 def test_configuration_errors_are_one_line(data, tmp_path, case):
     config = yaml.safe_load(open(data.config))
     entry = config["dataset"]["hf"]["train"][0]
@@ -185,6 +208,10 @@ def test_configuration_errors_are_one_line(data, tmp_path, case):
         entry["id_column"] = "speaker"
         expected = ("error: dataset.hf.train: utterance keys repeat (e.g. libri_like:train/0, "
                     "libri_like:train/1, libri_like:train/2)")
+    elif case == "unsplit_dev":         # dev must not silently be the whole train table
+        config["dataset"]["hf"]["dev"] = [{"path": data.saved, "split": "validation"}]
+        expected = (f"error: dataset.hf.dev[0].split: {data.saved} is one unsplit dataset "
+                    "(save_to_disk of a Dataset), it has no split 'validation'")
     elif case == "hub_unreachable":     # no network here: the token must not leak either
         entry["path"] = "some-org/private-speech"
         expected = "error: dataset.hf.train[0]: cannot open some-org/private-speech split 'train'"
@@ -228,3 +255,113 @@ def test_two_ranks_on_a_fresh_cache_and_wandb_online_without_login(data, tmp_pat
     assert len(sums) == 1
     assert "training finished: 2 steps" in result.stderr
 
+
+
+# --------------------------------------------------------------------------- in process
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """`datasets`' cache (and so the duration index) in a directory of this test."""
+    import datasets
+    cache = str(tmp_path / "datasets_cache")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    return cache
+
+
+def test_an_unsplit_saved_dataset_has_no_other_split(data, tmp_path):
+    """A `save_to_disk` Dataset has no split names: the default split reads it whole, any
+    other name is a one-line error (never the whole table as dev)."""
+    from toolkit.data.hf_source import open_table
+    assert len(open_table(HFDatasetConfig(path=data.saved), "w")) == 8
+    for split in ("validation", "no_such_split"):
+        with pytest.raises(ConfigError) as err:
+            open_table(HFDatasetConfig(path=data.saved, split=split), "dataset.hf.dev[0]")
+        text = str(err.value)
+        assert text.startswith(f"dataset.hf.dev[0].split: {data.saved} is one unsplit "
+                               f"dataset (save_to_disk of a Dataset), it has no split "
+                               f"{split!r}"), text
+        assert "omit split (or set split: train) to read it whole" in text and "\n" not in text
+    # A Dataset saved with the name of the split it was cut from answers to that name only.
+    test_only = write_saved_dataset(str(tmp_path / "test_only"), rows("t", 2, 16000, 9), "test")
+    assert len(open_table(HFDatasetConfig(path=test_only, split="test"), "w")) == 2
+    with pytest.raises(ConfigError, match=r"^w.split: \S+test_only holds the one split "
+                                          r"'test', not 'train'"):
+        open_table(HFDatasetConfig(path=test_only), "w")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "other_rows"])
+def test_a_damaged_duration_index_is_rebuilt(data, hf_cache, caplog, damage):
+    """However the cached index is damaged, it is logged, read again from the audio and
+    written whole (temporary file + rename) in place of the damaged one."""
+    import glob
+    import logging
+    from toolkit.data.hf_source import load_index, open_table
+    entry = HFDatasetConfig(path=data.saved)
+    ds = open_table(entry, "w")
+    first = load_index(ds, entry, "w")
+    (path,) = glob.glob(os.path.join(hf_cache, "toolkit_index", "*.npz"))
+    blob = open(path, "rb").read()
+    with open(path, "wb") as f:
+        if damage == "truncated":
+            f.write(blob[:len(blob) // 2])
+        elif damage == "garbage":
+            f.write(b"not an index" * 10)
+        elif damage == "other_rows":      # readable, but of another table's length
+            np.savez(f, ids=np.asarray(["x"]), labels=np.zeros(1, np.int64),
+                     durations=np.ones(1), problems=np.asarray([""]))
+    with caplog.at_level(logging.INFO, logger="toolkit.data.hf_source"):
+        again = load_index(ds, entry, "w")
+    assert again["ids"] == first["ids"] and again["problems"] == first["problems"]
+    np.testing.assert_array_equal(again["durations"], first["durations"])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and path in warnings[0] and "rebuilding it" in warnings[0]
+    assert any("audio headers read" in r.getMessage() for r in caplog.records)
+    assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+    with np.load(path) as z:
+        assert len(z["ids"]) == len(ds)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="toolkit.data.hf_source"):
+        load_index(ds, entry, "w")                   # whole again: read, not rebuilt
+    assert not any("audio headers read" in r.getMessage() for r in caplog.records)
+
+
+def _source(entries, split="train"):
+    from toolkit.data.hf_source import HFSource
+    from toolkit.task import DataRequirements
+    cfg = DatasetConfig()
+    getattr(cfg.hf, split).extend(entries)
+    return HFSource(split, DataRequirements(require_label=False), cfg,
+                    lambda durations: (durations * 100).astype(np.int64))
+
+
+def test_datasets_with_one_basename_get_distinct_keys(data, hf_cache, tmp_path):
+    """Two datasets named alike in different directories keep apart by as much of their
+    path as it takes; a dataset whose name is unique keeps its short keys."""
+    a = write_saved_dataset(str(tmp_path / "a" / "speech"), rows("a", 2, 16000, 5))
+    b = write_saved_dataset(str(tmp_path / "b" / "speech"), rows("b", 2, 16000, 6))
+    source = _source([HFDatasetConfig(path=a), HFDatasetConfig(path=b),
+                      HFDatasetConfig(path=data.saved)])
+    keys = [source.key(i) for i in range(len(source))]
+    assert keys[:4] == ["a/speech:train/00000000", "a/speech:train/00000001",
+                        "b/speech:train/00000000", "b/speech:train/00000001"]
+    assert keys[4:] == [f"saved:train/{i:08d}" for i in range(8)]
+
+
+@pytest.mark.parametrize("case", ["same_dataset_twice", "repeated_ids"])
+def test_repeated_keys_name_their_cause(data, hf_cache, case):
+    """The error says what to change: the entry listed twice, or the id column that does
+    not name utterances."""
+    if case == "same_dataset_twice":
+        entries = [HFDatasetConfig(path=data.saved),
+                   HFDatasetConfig(path=data.saved + "/", duration_column="seconds")]
+        expected = (r"^dataset.hf.train: utterance keys repeat \(e.g. saved:train/00000000, "
+                    r"saved:train/00000001, saved:train/00000002\): dataset.hf.train\[0\] and "
+                    r"\[1\] read the same split of \S+saved; list it once")
+    else:
+        entries = [HFDatasetConfig(path=data.saved, id_column="speaker")]
+        expected = (r"^dataset.hf.train: utterance keys repeat \(e.g. saved:train/0, "
+                    r"saved:train/1, saved:train/2\): dataset.hf.train\[0\].id_column "
+                    r"'speaker' repeats values; name a column of unique utterance ids, or "
+                    r"set id_column: '' to key rows by their number")
+    with pytest.raises(ConfigError, match=expected):
+        _source(entries)

@@ -258,6 +258,12 @@ class Task:
                            for n, m in modules.items())
         return f"task {self.name}: parameters {counts}"
 
+    def fingerprinted_files(self) -> Dict[str, str]:
+        """Files besides the data that training reads and a resume must find unchanged
+        (frozen teacher models), as config key -> path: their sha256 joins the exp dir's
+        data fingerprint, so a resume with one of them replaced is refused."""
+        return {}
+
     # ---------------------------------------------------------------- data
     def data_requirements(self, split: str = "train") -> DataRequirements:
         """What the `split` (train or dev) list must carry; a dev list may hold other

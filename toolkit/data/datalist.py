@@ -2,6 +2,12 @@
 `label`, optional `txt`, `spk`, `start`/`end`, and task-specific fields such as `tokens`
 or `kw_end`). This is the one parser of the format.
 
+A relative `wav` or `feat` path (also the file of a `file.ark:offset`) names a file
+relative to the directory of the list that holds it, never the working directory: a list
+reads the same from anywhere, as a shard list does. Absolute paths, URLs and `cmd |`
+pipes (run as written) are kept. Entries hold the resolved paths, so every reader of the
+list (batches, features, noise and RIR lists, shards, the data fingerprint) sees one rule.
+
 A list is held as one bytes blob plus offset/duration/label arrays instead of a Python
 list of dicts: forked loader workers then share its pages (no per-object refcounts are
 touched), so memory per worker stays flat however long the list and the epoch.
@@ -9,6 +15,8 @@ touched), so memory per worker stays flat however long the list and the epoch.
 import json
 import logging
 import math
+import os
+import re
 from collections import Counter
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -28,6 +36,17 @@ BAD_REASONS = (
     "unreadable_shard", "missing_from_shard", "missing_tokens", "token_not_in_units", "other",
 )
 MAX_ABSURD_DURATION = 3600.0
+PATH_FIELDS = ("wav", "feat")          # entry fields that name files
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def resolve_source(source: str, base_dir: str) -> str:
+    """`source` (a path, `file.ark:offset`, URL or `cmd |` pipe) with a relative file
+    path joined to `base_dir`; everything else as it is."""
+    if not isinstance(source, str) or not source or _URL.match(source) \
+            or source.rstrip().endswith("|") or os.path.isabs(source):
+        return source
+    return os.path.join(base_dir, source)
 
 
 class BadCounter:
@@ -120,6 +139,7 @@ class DataList:
         labels: List[int] = []
         seen = set() if strict else None
         low = -1 if allow_negative else 0
+        base_dir = os.path.dirname(os.path.abspath(path))
         with open(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 if not raw.strip():
@@ -137,6 +157,9 @@ class DataList:
                     if obj["key"] in seen:
                         raise DataError(f"{where}: duplicate key {obj['key']!r}")
                     seen.add(obj["key"])
+                for name in PATH_FIELDS:
+                    if name in obj:
+                        obj[name] = resolve_source(obj[name], base_dir)
                 chunks.append(json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode())
                 durations.append(float(obj["duration"]))
                 label = obj.get("label")

@@ -8,13 +8,19 @@ the entries are mixed into one input whose batches are planned like a data list'
   undecoded (`Audio(decode=False)`: bytes or a path) and decoded here with soundfile, so
   no torchcodec/FFmpeg is involved. The loader resamples to `dataset.sample_rate` as for
   every other input.
+- A `save_to_disk` DatasetDict has named splits. A saved `Dataset` is one table: saved
+  with the name of the split it came from, it answers to that name only; unsplit, it is
+  read whole under the default split name (`train`) and any other name is an error, so
+  a dev entry can never silently be the training table.
 - Exact resume needs every duration before the first batch: they come from a duration
   column when the entry names one, otherwise from each row's audio header, read once and
-  cached beside the `datasets` cache (keyed by the table's fingerprint).
+  cached beside the `datasets` cache (keyed by the table's fingerprint). A damaged cached
+  index is logged and rebuilt; a new one is written whole or not at all.
 - Rows whose audio is missing or unreadable when indexed are counted and left out, as a
   data list's bad lines are; rows that fail later are counted per batch. Keys are
   `<dataset>:<split>/<id or row>`, unique across the mixed entries and stable, so every
-  utterance keeps its own random stream.
+  utterance keeps its own random stream; <dataset> is the last component of the path,
+  or more of it where datasets of one name from different places are mixed.
 - A per-entry `token` (else the HF_TOKEN environment variable) reaches only the hub
   client; it is a secret-named key, redacted from every file the toolkit writes.
 """
@@ -27,7 +33,7 @@ import re
 import struct
 import time
 from collections import Counter
-from typing import Callable, List, Tuple
+from typing import Callable, List, Tuple, Union
 
 import numpy as np
 import soundfile as sf
@@ -40,10 +46,12 @@ from toolkit.data.loader import make_loader
 from toolkit.data.plan import plan_epoch, report_duration_filter, usable_indices
 from toolkit.data.sources import SOURCES, DataSource, builder_channel
 from toolkit.errors import MissingInputError
+from toolkit.fileio import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 INDEX_VERSION = 1
 INDEX_BATCH = 256             # rows read per Arrow slice while indexing
+UNSPLIT_NAME = "train"        # split name an unsplit saved Dataset is read whole under
 
 
 def _import_datasets():
@@ -75,6 +83,8 @@ def open_table(entry, where: str):
                     raise ConfigError(f"{where}.split: {entry.path} has splits "
                                       f"{', '.join(ds)}, not {entry.split!r}")
                 ds = ds[entry.split]
+            else:
+                _check_single_split(ds, entry, where)
         else:
             # A hub name is `org/name`; a local directory is named from / . or ~.
             if entry.path.startswith(("/", ".", "~")) and not os.path.exists(local):
@@ -105,6 +115,21 @@ def open_table(entry, where: str):
                           f"is {feature}, not audio (an Audio feature, a bytes/path struct or a "
                           "path string)")
     return ds
+
+
+def _check_single_split(ds, entry, where: str) -> None:
+    """A saved `Dataset` (not a DatasetDict) is one table. Saved with the name of the split
+    it was cut from, it answers to that name; unsplit, to the default `train` (read
+    whole). Any other name is refused: reading the whole table would make dev train."""
+    recorded = str(ds.split) if ds.split is not None else None
+    if recorded is not None and entry.split != recorded:
+        raise ConfigError(f"{where}.split: {entry.path} holds the one split {recorded!r}, "
+                          f"not {entry.split!r}: set split: {recorded}")
+    if recorded is None and entry.split != UNSPLIT_NAME:
+        raise ConfigError(f"{where}.split: {entry.path} is one unsplit dataset (save_to_disk "
+                          f"of a Dataset), it has no split {entry.split!r}: omit split (or "
+                          f"set split: {UNSPLIT_NAME}) to read it whole, or save a "
+                          "DatasetDict of named splits")
 
 
 def _needs_torchcodec(err: BaseException) -> bool:
@@ -145,10 +170,66 @@ def describe(entry) -> str:
     return f"hf:{entry.path}" + (f"[{entry.name}]" if entry.name else "") + f":{entry.split}"
 
 
-def key_prefix(entry) -> str:
-    base = entry.path.rstrip("/").rsplit("/", 1)[-1] or entry.path
-    return re.sub(r"\s+", "_", base + (f"[{entry.name}]" if entry.name else "")
-                  + f":{entry.split}/")
+def data_identity(entry) -> str:
+    """Where an entry's table comes from: a local directory's absolute path, else the hub
+    name; with the configuration and split, what makes two entries the same data."""
+    local = os.path.expanduser(entry.path)
+    if entry.path.startswith(("/", ".", "~")) or os.path.exists(local):
+        return os.path.abspath(local)
+    return entry.path.rstrip("/")
+
+
+def key_prefixes(entries) -> List[str]:
+    """`<dataset>[<name>]:<split>/` per entry, <dataset> the last component of its path;
+    entries of different data that would share a prefix (`/a/speech`, `/b/speech`) take
+    as many more trailing components as keep them apart (`a/speech`, `b/speech`). The
+    same data listed twice keeps one prefix (its keys then repeat, which is refused)."""
+    parts = [data_identity(e).rstrip("/").split("/") for e in entries]
+    data = [(data_identity(e), e.name, e.split) for e in entries]
+    depth = [1] * len(entries)
+
+    def prefix(i: int) -> str:
+        e = entries[i]
+        base = ("/".join(parts[i][-depth[i]:]) if depth[i] > 1 else
+                e.path.rstrip("/").rsplit("/", 1)[-1] or e.path)
+        return re.sub(r"\s+", "_", base + (f"[{e.name}]" if e.name else "") + f":{e.split}/")
+
+    while True:
+        sharing: dict = {}
+        for i in range(len(entries)):
+            sharing.setdefault(prefix(i), []).append(i)
+        longer = [i for group in sharing.values() if len({data[i] for i in group}) > 1
+                  for i in group if depth[i] < len(parts[i])]
+        if not longer:
+            return [prefix(i) for i in range(len(entries))]
+        for i in longer:
+            depth[i] += 1
+
+
+def _repeated_keys(split: str, entries, keys: List[str], which: np.ndarray) -> str:
+    """The one-line error for repeated utterance keys, naming what to change: the entry
+    listed twice, or the id column whose values do not name utterances."""
+    counts = Counter(keys)
+    dupes = sorted(k for k, n in counts.items() if n > 1)
+    first: dict = {}
+    cause = ""
+    for key, t in zip(keys, which.tolist()):
+        if counts[key] < 2:
+            continue
+        if key not in first:
+            first[key] = t
+            continue
+        where = f"dataset.hf.{split}[{first[key]}]"
+        if first[key] == t:
+            cause = (f"{where}.id_column {entries[t].id_column!r} repeats values; name a "
+                     "column of unique utterance ids, or set id_column: '' to key rows by "
+                     "their number")
+        else:
+            cause = (f"{where} and [{t}] read the same split of "
+                     f"{data_identity(entries[t])}; list it once")
+        break
+    return (f"dataset.hf.{split}: utterance keys repeat (e.g. {', '.join(dupes[:3])}): "
+            f"{cause}")
 
 
 # --------------------------------------------------------------------------- audio bytes
@@ -262,22 +343,32 @@ def build_index(ds, entry, where: str) -> dict:
     return {"ids": ids, "labels": labels, "durations": durations, "problems": problems}
 
 
+def _read_index(path: str, rows: int) -> dict:
+    with np.load(path, allow_pickle=False) as z:
+        index = {"ids": [str(x) for x in z["ids"]], "labels": z["labels"],
+                 "durations": z["durations"], "problems": [str(x) for x in z["problems"]]}
+    if any(len(v) != rows for v in index.values()):
+        raise ValueError(f"{len(index['ids'])} rows indexed, the table has {rows}")
+    return index
+
+
 def load_index(ds, entry, where: str) -> dict:
+    """The cached index of `ds`, or a new one (read from the table and cached). A cached
+    index that cannot be read whole, whatever the damage, is logged and rebuilt."""
     path = _index_path(ds, entry)
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {"ids": [str(x) for x in z["ids"]], "labels": z["labels"],
-                    "durations": z["durations"], "problems": [str(x) for x in z["problems"]]}
-    except (OSError, KeyError, ValueError):
-        pass
+    if os.path.exists(path):
+        try:
+            return _read_index(path, len(ds))
+        except Exception as err:      # zip, zlib, npy and OS errors: any damage is a rebuild
+            logger.warning("%s: cached duration index %s is damaged (%s: %s); rebuilding it",
+                           where, path, type(err).__name__, _one_line(err))
     index = build_index(ds, entry, where)
+    buf = io.BytesIO()
+    np.savez(buf, ids=np.asarray(index["ids"], dtype=str), labels=index["labels"],
+             durations=index["durations"], problems=np.asarray(index["problems"], dtype=str))
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        part = f"{path}.{os.getpid()}.part.npz"
-        np.savez(part, ids=np.asarray(index["ids"], dtype=str),
-                 labels=index["labels"], durations=index["durations"],
-                 problems=np.asarray(index["problems"], dtype=str))
-        os.replace(part, path)
+        # Temporary file, fsync, rename: a killed run leaves the old index or the whole new one.
+        atomic_write_bytes(path, buf.getvalue())
         logger.info("%s: durations cached in %s", where, path)
     except OSError as err:
         logger.warning("%s: duration index not cached (%s); it is read again next time",
@@ -334,6 +425,7 @@ class HFSource(DataSource):
         self.audio_columns: List[str] = []
         self.audio_files: List[str] = []
         which, rows, durations, labels, keys = [], [], [], [], []
+        prefixes = key_prefixes(entries)
         for t, entry in enumerate(entries):
             where = f"dataset.hf.{split}[{t}]"
             if entry.label_column == "" and requirements.require_label:
@@ -341,7 +433,7 @@ class HFSource(DataSource):
                                   "utterance; name the dataset's integer class column")
             ds = open_table(entry, where)
             index = load_index(ds, entry, f"{where} ({describe(entry)})")
-            prefix = key_prefix(entry)
+            prefix = prefixes[t]
             good = self._usable_rows(index, prefix, requirements, where)
             self.tables.append(ds.select_columns([entry.audio_column]))
             self.audio_columns.append(entry.audio_column)
@@ -357,9 +449,7 @@ class HFSource(DataSource):
             logger.info("%s: %s, %d of %d rows usable (%.2f h)", where, describe(entry),
                         len(good), len(ds), float(np.sum(durations[-1])) / 3600)
         if len(set(keys)) != len(keys):
-            dupes = sorted(k for k, n in Counter(keys).items() if n > 1)[:3]
-            raise ConfigError(f"dataset.hf.{split}: utterance keys repeat (e.g. "
-                              f"{', '.join(dupes)}): give each entry an id_column of unique ids")
+            raise ConfigError(_repeated_keys(split, entries, keys, np.concatenate(which)))
         self.which = np.concatenate(which) if which else np.zeros(0, np.int32)
         self.rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         self.durations = np.concatenate(durations).astype(np.float32) if durations else \
@@ -419,12 +509,18 @@ class HFSource(DataSource):
         return make_loader(HFBatchDataset(self, batches, builder, epoch, builder_channel(builder)),
                            start, num_workers, prefetch_factor, seed)
 
-    def referenced_files(self) -> List[str]:
-        """The Arrow files behind the tables (their paths carry the data's own hash when
-        `datasets` built them from parquet or the hub), and audio files named by path."""
-        files = {}
+    def referenced_files(self) -> List[Union[str, Tuple[str, str]]]:
+        """The Arrow files behind the tables, and audio files named by path. Arrow files in
+        `datasets`' cache come as (name under the cache, path): that name carries the
+        builder's hash of the data, its configuration and revision, while where the cache
+        lives (HF_HOME) is no part of the data."""
+        cache = os.path.realpath(str(_import_datasets().config.HF_DATASETS_CACHE))
+        files: dict = {}
         for ds in self.tables:
             for f in ds.cache_files:
-                files[f["filename"]] = None
-        files.update(dict.fromkeys(self.audio_files))
-        return list(files)
+                path = f["filename"]
+                real = os.path.realpath(path)
+                files[path] = (path if os.path.commonpath([cache, real]) != cache else
+                               ("$HF_DATASETS_CACHE/" + os.path.relpath(real, cache), path))
+        files.update((f, f) for f in self.audio_files)
+        return list(files.values())

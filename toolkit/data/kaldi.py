@@ -4,6 +4,8 @@ conversion of a data dir into data-list entries.
 Reads `wav.scp` (paths, `cmd |` pipes, `file.ark:offset`), optional `segments`, `text`,
 `utt2spk`, `utt2dur` (computed in parallel when missing), and turns each utterance into a
 data-list entry with a label from the class inventory (LABELERS: how a label is found).
+Relative paths in `wav.scp` and feats.scp are Kaldi's: relative to the working directory;
+entries get them absolute (a data list resolves relative paths against its own directory).
 """
 import logging
 import multiprocessing as mp
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from toolkit.data.audio import BadEntry, read_audio
+from toolkit.data.datalist import resolve_source
 from toolkit.errors import DataError, MissingInputError
 from toolkit.fileio import atomic_write_text
 from toolkit.registry import Registry
@@ -163,7 +166,8 @@ def load_data_dir(data_dir: str, nj: int = 2, write_utt2dur: bool = True) -> Lis
         if key in failed:
             continue
         source, start, end = utts[key]
-        entry = {"key": key, "wav": source, "duration": round(durations[key], 3)}
+        entry = {"key": key, "wav": resolve_source(source, os.getcwd()),
+                 "duration": round(durations[key], 3)}
         if end >= 0:
             entry["start"], entry["end"] = start, end
         if key in text:
@@ -207,7 +211,7 @@ def labelled_entries(data_dir: str, labeler: Callable[[dict], Optional[int]], nj
             if key not in feats:
                 problems.setdefault("no_features", []).append(key)
                 continue
-            entry["feat"] = feats[key]
+            entry["feat"] = resolve_source(feats[key], os.getcwd())
         label = labeler(entry)
         if label is None:
             problems.setdefault("no_label", []).append(key)

@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 CONFIG_NAME = "config.yaml"
 INVENTORY_NAME = "inventory.txt"
 FINGERPRINT_NAME = "data_fingerprint.json"
-FINGERPRINT_VERSION = 2
+# 3: referenced files may be recorded under a location-free name (HF cache files), data
+# lists' relative paths are resolved against the list, and task model files are in.
+FINGERPRINT_VERSION = 3
 
 # Keys whose change is allowed on resume (logged, and applied); every other difference
 # makes the exp dir refuse the run. Per-optimizer keys match any optimizer name.
@@ -124,12 +126,24 @@ def _shard_index(path: str, dataset_cfg) -> Optional[str]:
     return index_path_of(path) if data_type == "shard" else None
 
 
-def data_fingerprint(cfg: Config, referenced: Dict[str, Sequence[str]]) -> dict:
+def _model_identity(key: str, path: str) -> dict:
+    try:
+        return {"path": os.path.abspath(path), "size": os.path.getsize(path),
+                "sha256": sha256_file(path)}
+    except OSError as err:
+        raise MissingInputError(f"{key}: cannot read {path} ({err.strerror})") from None
+
+
+def data_fingerprint(cfg: Config, referenced: Dict[str, Sequence],
+                     model_files: Optional[Dict[str, str]] = None) -> dict:
     """What training reads, cheaply: the full sha256 of every list file (train, dev, the
     index beside a shard list, noise, RIR lists, CMVN stats; remote ones read with
     dataset.auth_token), and for the files the lists point at (audio, feature
     archives, shards) their sizes plus a hash of the first and last 64 KiB of a fixed
-    sample of them. Remote (URL) shards are named only by their list's content."""
+    sample of them. Remote (URL) shards are named only by their list's content. A
+    referenced file is a path, or (name, path) for a file whose location is no part of
+    the data (a `datasets` cache file, named under the cache: HF_HOME may move). The
+    task's `model_files` (config key -> path, e.g. frozen teachers) are hashed whole."""
     started = time.time()
     lists = {"train_data": cfg.dataset.train_data, "dev_data": cfg.dataset.dev_data,
              "noise_list": cfg.dataset.noise.noise_list, "rir_list": cfg.dataset.reverb.rir_list}
@@ -143,21 +157,24 @@ def data_fingerprint(cfg: Config, referenced: Dict[str, Sequence[str]]) -> dict:
             lists[name + INDEX_SUFFIX] = index
     token = cfg.dataset.auth_token
     out = {"version": FINGERPRINT_VERSION,
-           "lists": {name: _list_digest(path, token) for name, path in lists.items() if path}}
+           "lists": {name: _list_digest(path, token) for name, path in lists.items() if path},
+           "models": {key: _model_identity(key, path)
+                      for key, path in sorted((model_files or {}).items()) if path}}
     files_total = hashed = 0
     for name, files in referenced.items():
-        local = [f for f in files if "://" not in f]
+        named = [(f, f) if isinstance(f, str) else tuple(f) for f in files]
+        local = [(shown, f) for shown, f in named if "://" not in f]
         sizes = hashlib.sha256()
         missing = 0
-        for f in local:
+        for shown, f in local:
             try:
-                sizes.update(f"{f}\0{os.path.getsize(f)}\n".encode("utf-8"))
+                sizes.update(f"{shown}\0{os.path.getsize(f)}\n".encode("utf-8"))
             except OSError:
                 missing += 1
-                sizes.update(f"{f}\0missing\n".encode("utf-8"))
+                sizes.update(f"{shown}\0missing\n".encode("utf-8"))
         step = max(1, len(local) // SAMPLED_FILES)
         sample = hashlib.sha256()
-        for f in local[::step][:SAMPLED_FILES]:
+        for _, f in local[::step][:SAMPLED_FILES]:
             try:
                 sample.update(_sampled_digest(f, os.path.getsize(f)).encode())
                 hashed += 1
@@ -167,14 +184,19 @@ def data_fingerprint(cfg: Config, referenced: Dict[str, Sequence[str]]) -> dict:
                      "sampled": sample.hexdigest()[:16]}
         files_total += len(local)
     logger.info("data fingerprint: %d list files hashed, %d referenced files sized, %d of them "
-                "sampled (first and last 64 KiB) in %.1f s", len(out["lists"]), files_total,
-                hashed, time.time() - started)
+                "sampled (first and last 64 KiB), %d model files hashed in %.1f s",
+                len(out["lists"]), files_total, hashed, len(out["models"]),
+                time.time() - started)
     return out
 
 
 def fingerprint_differences(old: dict, new: dict) -> List[str]:
     if old.get("version") != FINGERPRINT_VERSION:
-        return []          # written by an older toolkit: not comparable, not refused
+        # Written by another toolkit version: not comparable, not refused (and replaced).
+        logger.warning("the exp dir's data fingerprint is of version %s, this toolkit's of %s: "
+                       "not compared; this run records its own", old.get("version"),
+                       FINGERPRINT_VERSION)
+        return []
     problems = []
     for name in sorted(set(old.get("lists", {})) | set(new.get("lists", {}))):
         a, b = old.get("lists", {}).get(name), new.get("lists", {}).get(name)
@@ -186,7 +208,17 @@ def fingerprint_differences(old: dict, new: dict) -> List[str]:
                     f"the shard index (labels, durations) of dataset.{name[:-len(INDEX_SUFFIX)]}"
                     if name.endswith(INDEX_SUFFIX) else f"dataset.{name}")
             problems.append(f"{what} content changed (sha256 {str(a)[:12]} -> {str(b)[:12]})")
-    for name in sorted(k for k in set(old) | set(new) if k not in ("version", "lists")):
+    old_models, new_models = old.get("models", {}), new.get("models", {})
+    for key in sorted(set(old_models) | set(new_models)):
+        a, b = old_models.get(key), new_models.get(key)
+        if a is None or b is None:
+            problems.append(f"{key} {'added' if a is None else 'removed'} since the run began")
+        elif a["sha256"] != b["sha256"]:
+            problems.append(f"{key} {b['path']} changed since the run began (sha256 "
+                            f"{a['sha256'][:12]} -> {b['sha256'][:12]}, {a['size']} -> "
+                            f"{b['size']} bytes): put the run's file back or start a new "
+                            "exp dir")
+    for name in sorted(k for k in set(old) | set(new) if k not in ("version", "lists", "models")):
         a, b = old.get(name) or {}, new.get(name) or {}
         if a != b:
             problems.append(f"files referenced by dataset.{name} changed ({a.get('files')} -> "

@@ -95,8 +95,8 @@ def run_training(args) -> int:
                 if trainer.dev_list is not None:
                     referenced["dev_data"] = trainer.dev_list.referenced_files()
                 prepare_exp_dir(args.exp_dir, cfg, inventory,
-                                data_fingerprint(cfg, referenced), task_cls.optimizers,
-                                write=True)
+                                data_fingerprint(cfg, referenced, task.fingerprinted_files()),
+                                task_cls.optimizers, write=True)
                 latest = ckpt.latest_valid(args.exp_dir)
                 resume_path = latest.path if latest else None
                 if latest is None and ckpt.has_checkpoint_files(args.exp_dir):

@@ -420,6 +420,13 @@ class CodecTask(Task):
                                                 differentiable=name == "perceptual")
         return self._teachers[key]
 
+    def fingerprinted_files(self) -> Dict[str, str]:
+        """The teachers in use: each shapes the losses, so a resume against a replaced
+        teacher file would silently train towards other targets."""
+        used = (("distillation", self.distill_on), ("perceptual", self.perceptual_on))
+        return {f"teachers.{name}.model": getattr(self.cfg.teachers, name).model
+                for name, on in used if on}
+
     def adapt_init_state(self, name, module, state):
         """An export holds plain weights (weight norm folded in); a generator built with
         weight norm expects (g, v): v = w and g = ||w|| per output channel rebuild the same
