@@ -445,3 +445,84 @@ def test_one_line_sources_need_contrib_and_non_free(tmp_path):
         "deb http://deb.debian.org/debian-security bookworm-security main",
         "deb http://deb.debian.org/debian bookworm-updates main contrib non-free"]
     assert [after[p] for p in after if p.endswith(".bak")] == [ONE_LINE_SOURCES.encode()]
+
+
+# --------------------------------------------------------------------------------------
+# tools/install.sh: pip's own upgrade
+# --------------------------------------------------------------------------------------
+
+@pytest.fixture
+def broken_index():
+    """A package index whose pip (a newer one, listed) cannot be fetched: the transfer is
+    cut short, as on a network that fails; every other project is unknown (404)."""
+    wheel = _wheel("pip", "99.0", "pip/__init__.py", b"")
+    name = "pip-99.0-py3-none-any.whl"
+    server = AssetServer({
+        "/simple/pip/": f'<html><body><a href="/files/{name}">{name}</a></body></html>'
+        .encode(), f"/files/{name}": wheel})
+    server.cut[f"/files/{name}"] = 10
+    yield server
+    server.stop()
+
+
+def _venv_with_this_ones_packages(path) -> str:
+    """A venv (no pip of its own) that also sees this interpreter's site-packages, so it
+    holds every package the toolkit needs, as after an earlier install; returns its
+    python."""
+    import sysconfig
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True,
+                   timeout=60)
+    python = os.path.join(path, "bin", "python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; "
+                                            "print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(purelib, "this-interpreters-packages.pth"), "w") as f:
+        f.write(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def _pip_env(index_url: str, **extra) -> dict:
+    """pip with only `index_url` (no configuration file, no find-links) and no retries."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PIP_") and k not in ("TOOLKIT_VOICES", "TOOLKIT_EXTRAS")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=index_url, PIP_RETRIES="0",
+               PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+    return env
+
+
+def _pip_version(python: str) -> str:
+    return subprocess.run([python, "-c", "from importlib.metadata import version; "
+                                         "print(version('pip'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_install_sh_does_not_upgrade_a_recent_pip(tmp_path, broken_index):
+    """Everything is installed but the stamp is missing, and the index cannot deliver a
+    pip: install.sh installs offline, asking the index for nothing."""
+    from importlib.metadata import version
+    venv = tmp_path / "venv"
+    _venv_with_this_ones_packages(venv)
+    env = _pip_env(f"{broken_index.url}/simple/", TOOLKIT_VENV=str(venv),
+                   TORCH_VERSION=version("torch"),
+                   PIP_NO_BUILD_ISOLATION="0")   # (sic) pip reads it as --no-build-isolation
+    res = subprocess.run(["bash", os.path.join(ROOT, "tools", "install.sh")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert broken_index.requests == []
+    assert (venv / ".toolkit-installed").read_text().split()[-1] == "tts"
+    assert "[install] toolkit installed in" in res.stderr and "upgrading pip" not in res.stderr
+
+
+def test_a_failed_pip_upgrade_is_a_warning(tmp_path, broken_index):
+    python = _venv_with_this_ones_packages(tmp_path / "venv")
+    have = _pip_version(python)
+    res = subprocess.run(["bash", "-c", 'source tools/install.sh && upgrade_old_pip "$1" 99.0',
+                          "bash", python], cwd=ROOT, env=_pip_env(f"{broken_index.url}/simple/"),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "/simple/pip/" in broken_index.requests
+    lines = [line for line in res.stderr.splitlines() if line.startswith("[install]")]
+    assert lines == [f"[install] upgrading pip {have} (older than 99.0)",
+                     f"[install] warning: upgrading pip {have} failed (offline?): "
+                     "installing with it"]
+    assert _pip_version(python) == have
