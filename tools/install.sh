@@ -12,6 +12,25 @@
 # its models are CC BY-NC-SA 4.0); nothing by default needs it. TOOLKIT_VOICES="kokoro
 # rhvoice ..." also installs those TTS engines (tools/install_voices.sh; opt-in).
 set -euo pipefail
+
+# pip older than 20.3 cannot install manylinux_2_28 wheels (PEP 600: torch's, onnxruntime's)
+# and lacks the dependency resolver; Python 3.10's own pip (ensurepip) is newer already.
+pip_min=20.3
+# Upgrades pip only when it is older than `min`: a newer pip is never needed to install,
+# so a failed upgrade (offline, a broken mirror) is a warning and the install goes on.
+upgrade_old_pip() {   # python [min]
+  local python=$1 min=${2:-$pip_min} have
+  have=$("$python" -c 'from importlib.metadata import version; print(version("pip"))')
+  "$python" -c 'import sys
+version = lambda text: tuple(int(x) for x in text.split(".")[:2] if x.isdigit())
+sys.exit(version(sys.argv[1]) >= version(sys.argv[2]))' "$have" "$min" || return 0
+  echo "[install] upgrading pip $have (older than $min)" >&2
+  "$python" -m pip install -q --upgrade pip \
+    || echo "[install] warning: upgrading pip $have failed (offline?): installing with it" >&2
+}
+# Sourced (the tests run the function above): nothing else.
+(return 0 2>/dev/null) && return 0
+
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TOOLKIT_VENV:-$root/tools/venv}
 python=${PYTHON:-python3}
@@ -78,7 +97,7 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "[install] creating virtual environment $venv" >&2
   "$python" -m venv --clear "$venv"
 fi
-"$venv/bin/python" -m pip install -q --upgrade pip
+upgrade_old_pip "$venv/bin/python"
 # Pin torch first: torch==2.13.0 is a local CPU wheel here; an open range would fetch CUDA.
 "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 "$venv/bin/python" -m pip install -q -e "$root[$all]"

