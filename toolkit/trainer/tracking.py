@@ -8,9 +8,9 @@ W&B, as it is used here:
   every chart, so that the steps a resumed run repeats after a kill stay on their steps;
 - `mode: offline` writes the run under `<dir>/wandb/offline-run-*` for `wandb sync`
   later; `mode: online` without network or login falls back to offline with a warning;
-- it records the redacted config (no secret value, only salted hashes) and the scalars,
-  nothing else: no console capture, no code, git or command-line metadata (a command
-  line may carry a token override);
+- it records the config with every secret as the fixed `<redacted>` (no hash) and the
+  scalars, nothing else: no console capture, no code, git or command-line metadata (a
+  command line may carry a token override); name, group, tags and notes are scrubbed too;
 - starting a run draws no number from the Python, NumPy or torch generators that the
   training's exact resume depends on.
 """
@@ -22,7 +22,8 @@ import secrets
 import string
 from typing import Dict, List, Optional
 
-from toolkit.config import Config, ConfigError, redact, scrub_text, to_dict
+from toolkit.config import Config, ConfigError, scrub_text, to_dict
+from toolkit.config.secrets import redact_shared
 from toolkit.fileio import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -106,10 +107,11 @@ def open_wandb(cfg: Config, exp_dir: str) -> WandbSink:
     with untouched_random_state():
         run_id = _run_id(exp_dir)
         kwargs = dict(project=w.project or None, entity=w.entity or None,
-                      name=w.name or os.path.basename(os.path.abspath(exp_dir)),
-                      group=w.group or None, tags=list(w.tags) or None, notes=w.notes or None,
-                      dir=directory, id=run_id, resume="allow",
-                      config=redact(to_dict(cfg)), settings=settings)
+                      name=scrub_text(w.name or os.path.basename(os.path.abspath(exp_dir))),
+                      group=scrub_text(w.group) or None,
+                      tags=[scrub_text(t) for t in w.tags] or None,
+                      notes=scrub_text(w.notes) or None, dir=directory, id=run_id,
+                      resume="allow", config=redact_shared(to_dict(cfg)), settings=settings)
         try:
             run = wandb.init(mode=w.mode, **kwargs)
         except Exception as err:        # no network, no login, server refused: many types
