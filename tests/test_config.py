@@ -202,6 +202,55 @@ def test_dump_config_writes_no_secret(tmp_path, monkeypatch):
 
 
 
+def test_only_credential_variables_hold_secrets_and_short_values_are_not_hidden(monkeypatch):
+    """Issue 34: any variable with a credential word anywhere in its name made its value a
+    secret, so TOKENIZERS_PARALLELISM=false turned every `false` of a log line into
+    `<redacted>`. Now a name must end in a credential word, and a value shorter than
+    secrets.MIN_SECRET_CHARS (a flag, a number, a word) is never hidden inside other text."""
+    import logging
+    from toolkit.config import secret_env_values
+    from toolkit.logging_utils import RedactSecrets
+    credentials = {"HF_TOKEN": "hf_abcdef123456789", "WANDB_API_KEY": "0123456789abcdef0123",
+                   "TOOLKIT_DATA_TOKEN": "data-t0ken-42", "HUGGING_FACE_HUB_TOKEN": "hf_legacy_99x",
+                   "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG", "PGPASSWORD": "pg-pass-123",
+                   "MY_CLIENT_SECRET": "cl1ent-s3cret"}
+    not_secrets = {"TOKENIZERS_PARALLELISM": "false", "MAX_TOKENS_PER_BATCH": "40000000",
+                   "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE", "PASSWORD_STORE_DIR": "/home/u/.pw",
+                   # credential names with flag values
+                   "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "SOME_API_KEY": "none",
+                   "GIT_TOKEN": "offline"}
+    for name, value in {**credentials, **not_secrets}.items():
+        monkeypatch.setenv(name, value)
+    found = secret_env_values()
+    assert set(credentials.values()) <= found
+    assert not set(not_secrets.values()) & found
+
+    def logged(message):
+        record = logging.LogRecord("t", logging.INFO, __file__, 1, message, None, None)
+        RedactSecrets().filter(record)
+        return record.getMessage()
+    line = "reading /data/false_positives/train.list (1 of 40000000, offline, none)"
+    assert logged(line) == line
+    assert logged("GET https://hub/x?token=hf_abcdef123456789 failed") == \
+        "GET https://hub/x?token=<redacted> failed"
+
+
+def test_shared_copy_holds_the_fixed_redaction(monkeypatch):
+    """What goes to W&B: every secret is the fixed `<redacted>` (a salted sha256 with its
+    salt beside it gave a weak secret away in 0.17 s), a secret inside a string is replaced
+    as in logs, and nothing else changes."""
+    from toolkit.config.secrets import redact_shared
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "s3cr3t-value-xyz")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    data = {"api_key": "abc", "db": {"password": 1234, "token": redact({"token": "x"})["token"]},
+            "empty_token": "", "path": "/data/s3cr3t-value-xyz/false_positives.list",
+            "items": ["false", "s3cr3t-value-xyz"], "flag": False, "lr": 0.1}
+    out = redact_shared(data)
+    assert out == {"api_key": "<redacted>", "db": {"password": "<redacted>", "token": "<redacted>"},
+                   "empty_token": "", "path": "/data/<redacted>/false_positives.list",
+                   "items": ["false", "<redacted>"], "flag": False, "lr": 0.1}
+
+
 def test_a_secret_may_be_any_scalar_and_is_never_quoted(tmp_path):
     """A numeric token stays the exact text given (leading zeros, every digit), from the
     command line, a YAML file or a mapping; a wrong type is named without the value."""

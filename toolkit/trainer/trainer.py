@@ -349,6 +349,8 @@ class Trainer:
             meta = {"epoch": self.epoch, "global_batch_pos": self.global_pos,
                     "dev_loss": dev_metric, "dev_metric": self.task.selection_metric,
                     "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+            if self.writer:     # a run killed once the checkpoint exists lost no scalar of it
+                self.writer.flush()
             t0 = time.time()
             path = ckpt.save_checkpoint(self.exp_dir, self.step, payload, meta)
             ckpt.prune(self.exp_dir, self.cfg.training.keep_last, self.cfg.training.keep_best)
