@@ -491,7 +491,6 @@ def test_evaluate_pair_aligns_lengths():
 
 
 def test_stoi_wrapper():
-    pytest.importorskip("pystoi")
     rng = np.random.default_rng(2)
     # Speech-like: noise bursts modulated at a syllable rate.
     t = np.arange(2 * SR) / SR
@@ -506,7 +505,6 @@ def test_stoi_refuses_a_pair_too_short_for_its_segments():
     warning, and the evaluation averaged that in. Too little speech for one 384 ms segment
     is a MetricError, as PESQ and ViSQOL refuse pairs too short for them; counted after
     pystoi drops the silent frames, so a long clip of mostly silence is refused too."""
-    pytest.importorskip("pystoi")
     import warnings
     from toolkit.tasks.codec.metrics import MetricError
     rng = np.random.default_rng(2)

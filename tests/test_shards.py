@@ -385,7 +385,6 @@ def test_http_shards_same_batches_as_local(corpus):
 
 
 def test_fsspec_urls_same_batches_as_local_and_unknown_scheme_error(corpus, tmp_path):
-    pytest.importorskip("fsspec")
     listing = tmp_path / "fs.list"
     listing.write_text("".join(f"file://{p}\n" for p in corpus.paths))
     index = ShardIndex.load(str(listing), os.path.join(corpus.out, "shards.index.json"))

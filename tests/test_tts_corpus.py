@@ -16,10 +16,9 @@ from toolkit.tasks.kws import corpus as kws
 from toolkit.tasks.speaker import corpus as speaker
 from toolkit.tts import SynthError, Voice
 from toolkit.tts import corpus as C
-from toolkit.tts.engines import engine_class
 from toolkit.tts.espeak import espeak_voices
+from installed import require_engine, require_root_and_unshare
 
-pytest.importorskip("espeakng_loader")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FESTIVAL = tuple(Voice(f"festival_{v}", "festival", v)
@@ -188,9 +187,8 @@ def test_one_wording_of_every_engine_error_in_all_three_generators(tmp_path, mon
         assert len(said["kws"]) == 1 and said["kws"][0].startswith(line), said
 
 
-@pytest.mark.skipif(not engine_class("festival").available(),
-                    reason="festival is not installed (apt-get install festival festvox-kallpc16k)")
 def test_a_reserved_engine_is_refused_alike_outside_test_only(tmp_path, capsys):
+    require_engine("festival")
     for family in BINARIES:
         out = tmp_path / family
         status, err = cli_error(family, capsys, "--out-dir", str(out), "--engines",
@@ -425,12 +423,11 @@ def _hidden(binaries):
 INSTALLED = [b for b in ("flite", "text2wave", "festival") if shutil.which(b)]
 
 
-@pytest.mark.skipif(not INSTALLED or os.geteuid() != 0 or not shutil.which("unshare"),
-                    reason="needs an installed engine binary (apt-get install flite), root "
-                           "and unshare to hide it")
 @pytest.mark.parametrize("family", ["kws", "speaker", "codec"])
 def test_stage0_is_byte_identical_whether_or_not_an_unnamed_engine_is_installed(family,
                                                                                 tmp_path):
+    require_engine("flite")                 # tools/test.sh installs flite and festival
+    require_root_and_unshare()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     check = subprocess.run(_hidden(INSTALLED) + [sys.executable, "-c",
                            "import shutil, sys; sys.exit(any(map(shutil.which, sys.argv[1:])))",

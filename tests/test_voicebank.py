@@ -18,9 +18,9 @@ from toolkit.tts import (RESERVED_VOICES, SynthError, Voice, is_reserved, pitch_
                          training_voices)
 from toolkit.tts import kokoro_assets as A
 from toolkit.tts.engines import EspeakEngine, engine_class
+from installed import require_engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KOKORO_MISSING = engine_class("kokoro").unavailable_reason()
 
 
 def _sha(data: bytes) -> str:
@@ -420,8 +420,7 @@ def _f0(audio, sr):
 
 @pytest.fixture(scope="module")
 def kokoro_engine(tmp_path_factory):
-    if KOKORO_MISSING:
-        pytest.skip(f"Kokoro is not installed: {KOKORO_MISSING}")
+    require_engine("kokoro")
     from toolkit.tts.kokoro import KokoroEngine
     return KokoroEngine(str(tmp_path_factory.mktemp("kokoro")))
 
