@@ -18,7 +18,10 @@ def engine_missing(name: str) -> str:
 
 ENGINE_INSTALL = {"kokoro": "bash tools/install_voices.sh kokoro",
                   "festival": "bash tools/install_voices.sh festival",
-                  "flite": "bash tools/install_voices.sh flite"}
+                  "flite": "bash tools/install_voices.sh flite",
+                  "rhvoice": "bash tools/install_voices.sh --enable-nonfree rhvoice",
+                  "pico": "bash tools/install_voices.sh --enable-nonfree pico",
+                  "mbrola": "bash tools/install_voices.sh --enable-nonfree mbrola"}
 
 
 def require_engine(name: str) -> None:

@@ -20,7 +20,7 @@ from toolkit.config import ConfigError, DatasetConfig, FeatureConfig
 from toolkit.task import validate
 from toolkit.data import features as F
 from toolkit.tasks.kws.data import keyword_end_frame
-from installed import INSTALL_HINT
+from installed import INSTALL_HINT, require_engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "egs", "wake_word", "s0")
@@ -243,10 +243,8 @@ def test_export_parity_of_an_embedding_input_head(tmp_path):
 def test_festival_is_refused_for_training(tmp_path):
     from toolkit.tts import SynthError
     from toolkit.tasks.kws.corpus import generate_corpus
-    from toolkit.tts.engines import engine_class
-    # Installed, festival is reserved; missing, it is refused as missing (nothing is written).
-    refusal = ("reserved for the unseen-engine test" if engine_class("festival").available()
-               else "festival was asked for")
+    require_engine("festival")          # installed, and refused as reserved for testing
+    refusal = "reserved for the unseen-engine test"
     for engines in (["festival"], ["espeak", "festival"]):
         with pytest.raises(SynthError, match=refusal):
             generate_corpus(["hey jarvis"], str(tmp_path / "data"), engines=engines)

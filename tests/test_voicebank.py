@@ -464,25 +464,25 @@ def test_kokoro_phonemes_match_kokoro_onnx(kokoro_engine):
 
 
 # --------------------------------------------------------------------------------------
-# Debian engines, when installed
+# Debian engines (tools/test.sh installs them)
 # --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["rhvoice", "pico", "mbrola"])
 def test_debian_engine(name, tmp_path, monkeypatch):
+    require_engine(name)
     cls = engine_class(name)
     monkeypatch.setenv("TOOLKIT_TTS_CACHE", "off")
-    if cls.available():
-        voices = cls.voices()
-        assert voices and all(v.engine == name and not is_reserved(v) for v in voices)
-        assert name in cls.fingerprint()
-        for voice in voices[:2]:
-            a, b = (cls(str(tmp_path)).synth("turn on the lights", voice) for _ in range(2))
-            assert np.array_equal(a.audio, b.audio) and a.word_onsets is None
-            assert a.sample_rate in (16000, 24000) and len(a.audio) > 0.4 * a.sample_rate
-            fast = cls(str(tmp_path)).synth("turn on the lights", voice, rate=262)
-            assert len(fast.audio) < 0.85 * len(a.audio), voice
-            high = cls(str(tmp_path)).synth("turn on the lights", voice, pitch=90)
-            assert not np.array_equal(high.audio[:len(a.audio)], a.audio[:len(high.audio)])
+    voices = cls.voices()
+    assert voices and all(v.engine == name and not is_reserved(v) for v in voices)
+    assert name in cls.fingerprint()
+    for voice in voices[:2]:
+        a, b = (cls(str(tmp_path)).synth("turn on the lights", voice) for _ in range(2))
+        assert np.array_equal(a.audio, b.audio) and a.word_onsets is None
+        assert a.sample_rate in (16000, 24000) and len(a.audio) > 0.4 * a.sample_rate
+        fast = cls(str(tmp_path)).synth("turn on the lights", voice, rate=262)
+        assert len(fast.audio) < 0.85 * len(a.audio), voice
+        high = cls(str(tmp_path)).synth("turn on the lights", voice, pitch=90)
+        assert not np.array_equal(high.audio[:len(a.audio)], a.audio[:len(high.audio)])
     monkeypatch.setenv("PATH", str(tmp_path))
     assert not cls.available() and cls.voices() == []
     assert f"bash tools/install_voices.sh {name}" in cls.unavailable_reason()

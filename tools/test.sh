@@ -6,8 +6,10 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root/tools/install.sh" test codec hf wandb
 # The real engines and peers the tests run: a test whose engine is missing fails, it never
 # skips. Kokoro is assembled once into ${TOOLKIT_CACHE:-~/.cache/toolkit}/kokoro and reused
-# by later runs; festival and flite are Debian packages (apt-get needs root or sudo).
-bash "$root/tools/install_voices.sh" kokoro festival flite
+# by later runs; the others are Debian packages (apt-get needs root or sudo). rhvoice, pico
+# and mbrola come from contrib/non-free: running the suite is the explicit request to enable
+# them (the script keeps a backup of apt's sources and prints the change; a no-op once done).
+bash "$root/tools/install_voices.sh" --enable-nonfree kokoro festival flite rhvoice pico mbrola
 bash "$root/tools/install_resemblyzer.sh"
 bash "$root/tools/install_oww.sh"
 cd "$root"
