@@ -10,12 +10,13 @@ import tempfile
 # first; files not listed keep their order after these.
 SLOWEST_FIRST = [
     "test_recipe_wake_word.py", "test_recipe_corpora.py", "test_trainer_resume.py",
-    "test_trainer_faults.py", "test_recipe_tts_speakers.py", "test_recipe_voxceleb.py",
+    "test_trainer_faults.py", "test_recipe_tts_codec.py", "test_recipe_tts_speakers.py",
+    "test_recipe_voxceleb.py", "test_speech_embedding_frontend.py",
     "test_trainer_restarts.py", "test_codec_task.py", "test_codec_rates.py",
-    "test_codec_teachers.py", "test_trainer_behaviour.py",
-    "test_speaker_task.py", "test_recipe_tts_codec.py", "test_new_corpus_guide.py",
-    "test_speech_embedding_frontend.py", "test_data_robustness.py", "test_ctc.py",
-    "test_expected_errors.py",
+    "test_codec_teachers.py", "test_trainer_behaviour.py", "test_hf_datasets.py",
+    "test_speaker_task.py", "test_new_corpus_guide.py", "test_tts_corpus.py",
+    "test_tracking.py", "test_data_robustness.py", "test_ctc.py", "test_voicebank.py",
+    "test_resemblyzer_compare.py", "test_installers.py", "test_expected_errors.py",
 ]
 
 
