@@ -429,7 +429,7 @@ def test_features_identical_across_processes_and_precomputed(tmp_path):
 @needs_oww
 def test_killed_training_on_embeddings_resumes_bitwise(tmp_path):
     """Embeddings computed on the fly in two forked loader workers (lazy ONNX sessions),
-    with speed perturbation: a run killed three times ends where an uninterrupted one does."""
+    with speed perturbation: a run killed twice ends where an uninterrupted one does."""
     import copy
     import random
     from test_trainer_resume import assert_same_run, train_with_kills
@@ -445,8 +445,8 @@ def test_killed_training_on_embeddings_resumes_bitwise(tmp_path):
     ref = latest_payload(reference)
     exp = str(tmp_path / "killed")
     rng = random.Random(7)
-    points = sorted(rng.sample(range(1, max(4, ref["step"] * 2 // 3)), 3))
-    assert train_with_kills(corpus.train_args(exp), 0, points, exp, rng) == 3
+    points = sorted(rng.sample(range(1, max(4, ref["step"] * 2 // 3)), 2))
+    assert train_with_kills(corpus.train_args(exp), 0, points, exp, rng) == 2
     assert_same_run(ref, latest_payload(exp))
 
 
