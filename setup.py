@@ -16,6 +16,9 @@ INSTALL_REQUIRES = [
     "onnx>=1.16",
     "onnxruntime>=1.18",
     "safetensors>=0.4",
+    # The training binary's host allocator (toolkit/memory.py): mimalloc's library in a
+    # wheel, preloaded at start; pinned, as memory and speed figures depend on it.
+    "cmeel-mimalloc==3.4.3; platform_system == 'Linux'",
 ]
 
 setup(

@@ -1,6 +1,7 @@
-"""Host memory of training: the training binary starts with glibc settings that keep RSS
-near the live tensors (toolkit/memory.py) unless the user chose GLIBC_TUNABLES; forked
-loader workers leave the parent's garbage collector as it was."""
+"""Host memory of training: the training binary starts on mimalloc (the wheel setup.py
+requires; glibc's pinned mmap threshold where it is absent) unless the user chose an
+allocator or GLIBC_TUNABLES (toolkit/memory.py), and logs what it runs on; forked loader
+workers leave the parent's garbage collector as it was."""
 import gc
 import os
 import subprocess
@@ -12,53 +13,74 @@ import torch
 from torch.utils.data import Dataset
 
 from toolkit.data.loader import build_loader
-from toolkit.memory import allocator_tunables, release_free_memory, rss_bytes
+from toolkit.memory import (allocator_environment, mimalloc_library, release_free_memory,
+                            rss_bytes)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OURS = "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4194304"
 
 
-def test_tunables_respect_the_users_setting_and_the_kernels(tmp_path):
-    """Both kernel answers are checked on every host: the setting file is read from a path,
-    here written in the kernel's own format (the selected value in brackets)."""
+def test_the_allocator_wheel_is_installed():
+    library = mimalloc_library()
+    assert library and os.path.isfile(library), "cmeel-mimalloc (setup.py) is not installed"
+    assert os.path.basename(library).startswith("libmimalloc.so")
+
+
+def test_environment_keeps_the_users_choice_and_falls_back_to_glibc(tmp_path):
+    """Every branch on every host: the library path and the kernel's huge-page setting are
+    given, the setting written in the kernel's own format (the selected value in brackets)."""
     thp = {}
     for name, text in {"madvise": "always [madvise] never\n", "always": "[always] madvise never\n",
                        "never": "always madvise [never]\n"}.items():
         thp[name] = tmp_path / name
         thp[name].write_text(text)
-    ours = "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4194304"
-    assert allocator_tunables({}, str(thp["madvise"])) == ours
-    assert allocator_tunables({}, str(thp["always"])) == ours
-    assert allocator_tunables({}, str(thp["never"])) == ""
-    assert allocator_tunables({}, str(tmp_path / "no-such-file")) == ""
+    lib = "/opt/x/libmimalloc.so"
+    assert allocator_environment({}, str(thp["never"]), lib) == {"LD_PRELOAD": lib}
+    # Another preload stays, after ours; an allocator of the user's own is kept as it is.
+    assert allocator_environment({"LD_PRELOAD": "/usr/lib/libfoo.so"}, str(thp["madvise"]),
+                                 lib) == {"LD_PRELOAD": lib + ":/usr/lib/libfoo.so"}
+    for theirs in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "libtcmalloc_minimal.so.4",
+                   "/a/libfoo.so /b/libmimalloc.so"):
+        assert allocator_environment({"LD_PRELOAD": theirs}, str(thp["madvise"]), lib) == {}
     for users in ("", "glibc.malloc.arena_max=1"):
-        assert allocator_tunables({"GLIBC_TUNABLES": users}, str(thp["madvise"])) == ""
+        assert allocator_environment({"GLIBC_TUNABLES": users}, str(thp["madvise"]), lib) == {}
+    # Without mimalloc: glibc's pinned threshold, only with transparent huge pages.
+    assert allocator_environment({}, str(thp["madvise"]), None) == {"GLIBC_TUNABLES": OURS}
+    assert allocator_environment({}, str(thp["always"]), None) == {"GLIBC_TUNABLES": OURS}
+    assert allocator_environment({}, str(thp["never"]), None) == {}
+    assert allocator_environment({}, str(tmp_path / "no-such-file"), None) == {}
 
 
-def logged_tunables(tmp_path, env_update):
-    """The allocator line of a training run that stops at its (missing) config."""
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+def logged_allocator(tmp_path, env_update):
+    """The allocator lines of a training run that stops at its (missing) config: what the
+    trainer found mapped into its own process."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
     env.update(env_update)
-    exp = tmp_path / f"exp{len(env_update)}"
+    exp = tmp_path / f"exp{len(os.listdir(tmp_path))}"
     proc = subprocess.run([sys.executable, "-m", "toolkit.bin.train", "--config",
                            str(tmp_path / "missing.yaml"), "--exp-dir", str(exp)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("error:"), proc.stderr
     log = (exp / "log" / "train.rank0.log").read_text()
-    return [line.split("GLIBC_TUNABLES=", 1)[1] for line in log.splitlines()
-            if "allocator: GLIBC_TUNABLES=" in line]
+    return [line.split("allocator: ", 1)[1] for line in log.splitlines()
+            if "allocator: " in line]
 
 
-def test_training_binary_starts_with_the_allocator_settings(tmp_path):
-    expected = allocator_tunables({}) or "(unset)"
-    assert logged_tunables(tmp_path, {}) == [expected]
-    assert logged_tunables(tmp_path, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == \
-        ["glibc.malloc.arena_max=2"]
+def test_training_binary_runs_on_mimalloc_unless_the_user_chose(tmp_path):
+    library = mimalloc_library()
+    assert logged_allocator(tmp_path, {}) == [f"mimalloc ({library})"]
+    assert logged_allocator(tmp_path, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == \
+        ["glibc malloc, GLIBC_TUNABLES=glibc.malloc.arena_max=2"]
+    assert logged_allocator(tmp_path, {"GLIBC_TUNABLES": ""}) == \
+        ["glibc malloc, GLIBC_TUNABLES="]
+    # Preloaded by the user: kept, not preloaded twice.
+    assert logged_allocator(tmp_path, {"LD_PRELOAD": library}) == [f"mimalloc ({library})"]
 
 
 def test_binary_run_inside_another_program_does_not_start_that_program_again(tmp_path):
     """A harness that runs the binary with runpy in its own interpreter (the tests' zygote)
     has a command line of its own: re-executing it would run the harness, not training."""
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
     exp = tmp_path / "exp"
     harness = ("import runpy, sys; sys.argv = ['train', '--config', sys.argv[1], '--exp-dir', "
                "sys.argv[2]]; runpy.run_module('toolkit.bin.train', run_name='__main__', "
@@ -68,7 +90,7 @@ def test_binary_run_inside_another_program_does_not_start_that_program_again(tmp
                           timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("error:"), proc.stderr
     log = (exp / "log" / "train.rank0.log").read_text()
-    assert "allocator: GLIBC_TUNABLES=(unset)" in log
+    assert "allocator: glibc malloc, GLIBC_TUNABLES=(unset)" in log
 
 
 def test_rss_and_trim():

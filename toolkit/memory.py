@@ -1,66 +1,128 @@
-"""Host memory of a training process: glibc's allocator settings and the process's RSS.
+"""Host memory of a training process: which allocator it runs on, and its RSS.
 
 Training on CPU allocates a few hundred MB of activations per step, in tensors whose sizes
-follow the batch's padded length. glibc serves requests below its mmap threshold from its
-heap, and that threshold rises to the largest block freed so far (up to 32 MB): after the
-first steps nearly every activation comes from the heap, where small long-lived objects
-split the freed blocks and requests of ever-changing sizes no longer fit the holes, so RSS
-climbs to several times the live peak (egs/wake_word/s0/RESULTS.md, "Training memory").
+follow the batch's padded length. glibc's malloc serves them from its heap once its mmap
+threshold has risen to the largest block freed so far; requests of ever-changing sizes
+then no longer fit the holes that small long-lived objects leave, and RSS climbs to several
+times the live peak. Pinning the threshold (every block from 4 MiB gets its own mapping,
+returned when freed) keeps RSS near the live tensors but pays a page fault per 4 KiB (or a
+zeroed huge page) for every large activation of every step: a quarter of the trainer's
+CPU went to system time. mimalloc (a wheel on PyPI, a dependency of this package) keeps
+freed pages in size-segregated spans, reuses them for the next step's activations and
+returns idle ones to the OS after a short delay: the same peak as the pinned threshold at
+a fraction of the system time, and faster steps than glibc's defaults
+(docs/performance.md, "Host allocator").
 
-A fixed threshold gives every block of at least that size its own mapping, returned to the
-OS when freed: RSS follows the live tensors. Each new mapping is faulted in again, which
-costs about 0.5 s per GB in 4 KiB pages on the 2-core machines here (a training step
-allocates about 1 GB) but a tenth of that in transparent huge pages. glibc asks for huge
-pages (madvise) only with its `glibc.malloc.hugetlb` tunable, read at start-up, so the
-training binary re-executes itself once with `GLIBC_TUNABLES` set (`allocator_tunables`).
+A process cannot change its allocator once started, so the training binary re-executes
+itself once with the environment `allocator_environment` returns (LD_PRELOAD of the
+wheel's library, or glibc's tunables where mimalloc is absent) and logs the allocator it
+runs on (`allocator_in_use`). A user who sets GLIBC_TUNABLES (even to nothing) or preloads
+an allocator of their own keeps it.
 """
 import ctypes
 import ctypes.util
 import os
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 _LIBC = None
 # Blocks from 4 MiB up get their own mapping: the activations of a batch (a 256 x 64 x 64
 # float tensor is 4 MiB) but not the many small tensors, Python objects and buffers.
 MMAP_THRESHOLD = 4 << 20
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+# Allocators a user may preload instead of ours (file name stems).
+_ALLOCATORS = ("mimalloc", "jemalloc", "tcmalloc")
 
 
-def allocator_tunables(environ=None, thp_setting: str = _THP_SETTING) -> str:
-    """The GLIBC_TUNABLES a training process should start with; "" when it should keep
-    its environment: the user set GLIBC_TUNABLES (even to nothing), the C library is not
-    glibc, or the kernel gives no transparent huge pages (without them the fixed
-    threshold's page faults would cost more than the memory it saves)."""
-    environ = os.environ if environ is None else environ
-    if "GLIBC_TUNABLES" in environ:
-        return ""
+def mimalloc_library() -> Optional[str]:
+    """The shared library of the installed cmeel-mimalloc wheel, or None."""
     try:
-        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
-            return ""
+        from importlib.metadata import PackageNotFoundError, files
+        listed = files("cmeel-mimalloc") or []
+    except (ImportError, PackageNotFoundError):
+        return None
+    candidates = sorted(str(f.locate()) for f in listed
+                        if os.path.basename(str(f)).startswith("libmimalloc.so"))
+    found = [c for c in candidates if os.path.isfile(c)]
+    return os.path.realpath(found[0]) if found else None
+
+
+def _preloads_an_allocator(preload: str) -> bool:
+    return any(name in os.path.basename(entry) for entry in preload.replace(":", " ").split()
+               for name in _ALLOCATORS)
+
+
+def _is_glibc() -> bool:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
     except (ValueError, OSError):
-        return ""
+        return False
+
+
+def allocator_environment(environ=None, thp_setting: str = _THP_SETTING,
+                          mimalloc: Optional[str] = "find") -> Dict[str, str]:
+    """The variables a training process should start with; {} when it should keep its
+    environment: the user set GLIBC_TUNABLES (even to nothing) or preloads an allocator,
+    or the process already runs on ours. mimalloc (the wheel's library; `mimalloc` names
+    another path, None means absent) when there is one; otherwise glibc's pinned mmap
+    threshold with huge pages, when the C library is glibc and the kernel gives
+    transparent huge pages (without them the threshold's page faults cost more than the
+    memory it saves)."""
+    environ = os.environ if environ is None else environ
+    preload = environ.get("LD_PRELOAD", "")
+    if "GLIBC_TUNABLES" in environ or _preloads_an_allocator(preload):
+        return {}
+    library = mimalloc_library() if mimalloc == "find" else mimalloc
+    if library:
+        return {"LD_PRELOAD": library + (":" + preload if preload.strip() else "")}
+    if not _is_glibc():
+        return {}
     try:
         with open(thp_setting) as f:
             if "[never]" in f.read():
-                return ""
+                return {}
     except OSError:
-        return ""
-    return f"glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold={MMAP_THRESHOLD}"
+        return {}
+    return {"GLIBC_TUNABLES":
+            f"glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold={MMAP_THRESHOLD}"}
 
 
-def reexec_with_allocator_tunables() -> None:
+def reexec_with_allocator() -> None:
     """Replaces this process (same PID, arguments and environment) with one started with
-    `allocator_tunables()`; returns without doing anything when there are none. Call it
-    first thing in a binary's `__main__`, before any work."""
-    tunables = allocator_tunables()
+    `allocator_environment()`; returns without doing anything when there is nothing to
+    change. Call it first thing in a binary's `__main__`, before any work."""
+    changes = allocator_environment()
     command = _own_command_line()
-    if not tunables or command is None:
+    if not changes or command is None:
         return
-    env = dict(os.environ, GLIBC_TUNABLES=tunables)
+    env = dict(os.environ, **changes)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable] + command[1:], env)
+
+
+def _loaded_allocator() -> Optional[str]:
+    """Path of a preloaded allocator mapped into this process, or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if any(f"lib{name}" in os.path.basename(path) for name in _ALLOCATORS):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def allocator_in_use() -> str:
+    """What serves this process's malloc, for the training log: a preloaded allocator's
+    library, or glibc with its tunables."""
+    loaded = _loaded_allocator()
+    if loaded:
+        return f"{os.path.basename(loaded).split('.so')[0][3:]} ({loaded})"
+    tunables = os.environ.get("GLIBC_TUNABLES")
+    return f"glibc malloc, GLIBC_TUNABLES={'(unset)' if tunables is None else tunables}"
 
 
 def _own_command_line() -> Optional[List[str]]:
@@ -92,9 +154,10 @@ def _libc():
 
 
 def release_free_memory() -> None:
-    """Returns freed heap pages to the OS (glibc malloc_trim); a no-op without it."""
+    """Returns glibc's freed heap pages to the OS (malloc_trim); a no-op without glibc or
+    under a preloaded allocator, which returns idle pages on its own."""
     libc = _libc()
-    if libc:
+    if libc and _loaded_allocator() is None:
         libc.malloc_trim(0)
 
 

@@ -58,6 +58,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from toolkit.memory import reexec_with_allocator_tunables
-    reexec_with_allocator_tunables()       # host memory: toolkit/memory.py
+    from toolkit.memory import reexec_with_allocator
+    reexec_with_allocator()       # host memory: toolkit/memory.py
     sys.exit(main())

@@ -196,9 +196,9 @@ class TrainingConfig:
     init_allow_missing: bool = False
     tensorboard: bool = True      # write <exp>/tensorboard event files
     rank_failure_timeout_s: float = 60.0  # collective timeout: a dead rank stops the others
-    # CPU: return freed heap pages to the OS every N steps (0: never). Varying batch shapes
-    # fragment glibc's arenas; trimming bounds RSS, but every step it costs page faults
-    # (20 steps: a quarter of the system time of 1, for more RSS; egs/wake_word/s0/RESULTS.md).
+    # CPU under glibc's malloc (no preloaded allocator, toolkit/memory.py): return freed
+    # heap pages to the OS every N steps (0: never). Varying batch shapes fragment glibc's
+    # arenas; trimming bounds RSS, but each trim costs page faults on the next steps.
     malloc_trim_interval: int = 20
     trace_keys: bool = False      # write log/keys.rank<r>.txt: the keys of every trained batch
     # Weights & Biases; the run id is kept in the exp dir, so a resumed run continues it

@@ -9,6 +9,7 @@ from toolkit.config import (ConfigError, apply_overrides, config_secrets, load_y
                             register_secrets)
 from toolkit.errors import MissingInputError, UserError
 from toolkit.logging_utils import setup_logging
+from toolkit.memory import allocator_in_use
 from toolkit.task import resolve_config as resolve_task_config
 from toolkit.task import task_class
 from toolkit.trainer import checkpoint as ckpt
@@ -57,8 +58,7 @@ def run_training(args) -> int:
     log_file = os.path.join(args.exp_dir, "log", f"train.rank{rank}.log")
     setup_logging(log_file, console=rank == 0, rank=rank)
     # Host memory depends on it (toolkit/memory.py): recorded with every run.
-    logger.info("allocator: GLIBC_TUNABLES=%s", os.environ.get("GLIBC_TUNABLES", "(unset)"),
-                extra={"console": False})
+    logger.info("allocator: %s", allocator_in_use(), extra={"console": False})
     info = None
     lock = ExpDirLock(args.exp_dir, rank)
     try:

@@ -740,6 +740,10 @@ class Trainer:
                         self.save_seconds, 100.0 * self.save_seconds / max(wall, 1e-9),
                         usage.ru_maxrss / 2 ** 20, workers.ru_maxrss / 2 ** 20,
                         usage.ru_utime + workers.ru_utime, usage.ru_stime + workers.ru_stime)
+            if self.device.type == "cuda":
+                logger.info("CUDA peak memory %.2f GB allocated, %.2f GB reserved",
+                            torch.cuda.max_memory_allocated(self.device) / 2 ** 30,
+                            torch.cuda.max_memory_reserved(self.device) / 2 ** 30)
 
     def checksum(self) -> str:
         import hashlib

@@ -9,10 +9,14 @@ once from precomputed features (in the training process).
       --feats data/train/fbank/data.list --dev-raw data/dev/data.list \\
       --dev-feats data/dev/fbank/data.list --inventory data/dict/keywords.txt \\
       [--cmvn data/train/global_cmvn.json] [--workers 2] [--epochs 2] [overrides ...]
+  python tools/benchmarks/kws_throughput.py --build /tmp/kws_corpus \
+      --toolkit-root /tmp/before      # the trainer of another commit's worktree
 
 --build DIR synthesizes the corpus of issue 28 into DIR first (the wake-word recipe's stages
 0-2: 8,000 train and 1,000 dev utterances of "hey snips", a quarter positives, fbank and
 CMVN), or reuses it when DIR already holds it; it takes about 7 minutes on 2 cores.
+--corpus train_pos=N,train_neg=N,dev_pos=N,dev_neg=N builds a corpus of other sizes
+(the test suite runs the tool on a tiny one).
 
 Printed per run: utterances/s and audio seconds/s over the trainer's own training time
 (start-up excluded) and over the wall time of the command, both against WeKws on this
@@ -72,6 +76,11 @@ def get_args(argv=None):
     p.add_argument("--runs", default="raw,feats", help="comma list of raw, feats")
     p.add_argument("--no-torchrun", action="store_true",
                    help="start the trainer directly instead of through torchrun")
+    p.add_argument("--corpus", type=corpus_sizes, default=dict(CORPUS), metavar="SIZES",
+                   help="with --build: comma list of train_pos=N, train_neg=N, dev_pos=N, "
+                   "dev_neg=N replacing issue 28's sizes")
+    p.add_argument("--toolkit-root", default=ROOT, metavar="DIR",
+                   help="checkout whose toolkit trains (default: this one)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     if args.build:
@@ -84,12 +93,25 @@ def get_args(argv=None):
     return args
 
 
-def build_corpus(out_dir: str) -> None:
-    """The wake-word recipe's stages 0-2 with issue 28's sizes into out_dir/data."""
+def corpus_sizes(text: str) -> Dict[str, int]:
+    sizes = dict(CORPUS)
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        key = f"num_{name.strip()}"
+        if key not in sizes or not value.strip().isdigit():
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: expected NAME=COUNT with NAME one of "
+                f"{', '.join(k[4:] for k in CORPUS)}")
+        sizes[key] = int(value)
+    return sizes
+
+
+def build_corpus(out_dir: str, sizes: Dict[str, int] = CORPUS) -> None:
+    """The wake-word recipe's stages 0-2 with the given sizes into out_dir/data."""
     data = os.path.join(os.path.abspath(out_dir), "data")
     if os.path.exists(f"{data}/train/global_cmvn.json"):
         return
-    sizes = [a for k, v in CORPUS.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    sizes = [a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]
     cmd = ["bash", "run.sh", "--stage", "0", "--stop-stage", "2", "--data", data, *sizes]
     print("building the corpus:", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=os.path.join(ROOT, "egs", "wake_word", "s0"), check=True)
@@ -111,7 +133,7 @@ def run(name: str, train: str, dev: str, workers: int, args, config_path: str) -
                f"dataset.num_workers={workers}", *args.overrides]
     if args.cmvn:
         trainer += ["--cmvn", args.cmvn]
-    r = train_and_measure(trainer, torchrun=not args.no_torchrun)
+    r = train_and_measure(trainer, torchrun=not args.no_torchrun, cwd=args.toolkit_root)
     n_train, sec_train = count_and_seconds(train)
     n_dev, sec_dev = count_and_seconds(dev)
     utts, audio = args.epochs * (n_train + n_dev), args.epochs * (sec_train + sec_dev)
@@ -127,7 +149,7 @@ def run(name: str, train: str, dev: str, workers: int, args, config_path: str) -
 def main(argv=None):
     args = get_args(argv)
     if args.build:
-        build_corpus(args.build)
+        build_corpus(args.build, args.corpus)
     import yaml
     config_path = os.path.join(tempfile.mkdtemp(prefix="kws_bench_conf_"), "ds_tcn_wekws.yaml")
     with open(config_path, "w") as f:
@@ -140,8 +162,9 @@ def main(argv=None):
         rows.append(run("feats", args.feats, args.dev_feats or args.dev_raw, 0, args,
                         config_path))
     print(f"DS-TCN 64x4, kernel 8, 40 fbank, batch 256, {args.epochs} epochs, dev included; "
-          f"{os.cpu_count()} CPUs; {'direct' if args.no_torchrun else 'torchrun'}; "
-          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(binary default)')}")
+          f"toolkit {args.toolkit_root}; {os.cpu_count()} CPUs; "
+          f"{'direct' if args.no_torchrun else 'torchrun'}; allocator "
+          f"{rows[0]['allocator'] if rows else '-'}")
     print("| input | utts (h) | train s / wall s | utt/s (x WeKws) | audio s/s x WeKws | "
           "peak RSS trainer / a worker GB | trainer+workers RSS / PSS GB | user / sys s | "
           "dev loss | checksum |")
