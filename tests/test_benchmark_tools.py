@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from speaker_data import SpeakerCorpus
 
