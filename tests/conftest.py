@@ -11,7 +11,7 @@ import tempfile
 SLOWEST_FIRST = [
     "test_recipe_wake_word.py", "test_recipe_corpora.py", "test_trainer_resume.py",
     "test_trainer_faults.py", "test_recipe_tts_codec.py", "test_recipe_tts_speakers.py",
-    "test_recipe_voxceleb.py", "test_speech_embedding_frontend.py",
+    "test_recipe_voxceleb.py", "test_benchmark_tools.py", "test_speech_embedding_frontend.py",
     "test_trainer_restarts.py", "test_codec_task.py", "test_codec_rates.py",
     "test_codec_teachers.py", "test_trainer_behaviour.py", "test_hf_datasets.py",
     "test_speaker_task.py", "test_new_corpus_guide.py", "test_tts_corpus.py",

@@ -14,9 +14,10 @@ bash "$root/tools/install_resemblyzer.sh"
 bash "$root/tools/install_oww.sh"
 cd "$root"
 set +e
-# Most tests wait on training subprocesses: one pytest worker per core, each test file on
-# one worker (module fixtures are built once).
-workers=$(nproc 2>/dev/null || echo 2)
+# Each test file runs on one worker (module fixtures are built once). Tests spend a quarter
+# of their time waiting (process start-up, rendezvous, a kill's aftermath): with one worker
+# per core the cores idle meanwhile, so there is one worker more than cores.
+workers=$(( $(nproc 2>/dev/null || echo 2) + 1 ))
 "$root/tools/venv/bin/python" -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@" tests
 rc=$?
 set -e

@@ -200,6 +200,10 @@ class TrainingConfig:
     # heap pages to the OS every N steps (0: never). Varying batch shapes fragment glibc's
     # arenas; trimming bounds RSS, but each trim costs page faults on the next steps.
     malloc_trim_interval: int = 20
+    # CPU fp32: the memory-lean training pass of convolution -> BatchNorm -> ReLU -> dropout
+    # units (toolkit/nn/lean.py), bitwise the plain modules' results; false keeps every
+    # intermediate for backward instead (about 3.5x the activation memory, docs/performance.md).
+    lean_units: bool = True
     trace_keys: bool = False      # write log/keys.rank<r>.txt: the keys of every trained batch
     # Weights & Biases; the run id is kept in the exp dir, so a resumed run continues it
     wandb: WandbConfig = field(default_factory=WandbConfig)

@@ -38,6 +38,7 @@ ALLOWED_CHANGES = {
     "training.save_interval_steps", "training.val_interval_steps", "training.keep_last",
     "training.keep_best", "training.tensorboard", "training.max_nonfinite_steps",
     "training.rank_failure_timeout_s", "training.grad_clip", "training.malloc_trim_interval",
+    "training.lean_units",
     "training.trace_keys", "dataset.num_workers", "dataset.prefetch_factor",
     "dataset.max_bad_fraction", "training.init_checkpoint", "training.init_allow_missing",
 }

@@ -28,6 +28,7 @@ from toolkit.trainer.clip import clip_and_step
 from toolkit.trainer.distributed import DistInfo
 from toolkit.trainer.experiment import load_init_weights
 from toolkit.memory import release_free_memory
+from toolkit.nn.lean import plain_pass
 from toolkit.trainer.optim import build_optimizer, build_schedule
 from toolkit.trainer.tracking import open_metric_writer
 
@@ -217,6 +218,7 @@ class Trainer:
         self.wrapped: Dict[str, nn.Module] = {}
         self.trace = None
         self.trim_interval = t.malloc_trim_interval if self.device.type == "cpu" else 0
+        self.lean_units = t.lean_units
         self.num_threads = torch.get_num_threads()
         noise = DataList.load(cfg.dataset.noise.noise_list, require_label=False) \
             if cfg.dataset.noise.noise_list and _ever_positive(cfg.dataset.noise.prob) else None
@@ -543,7 +545,8 @@ class Trainer:
             self._record_phase_starts()
         frozen = frozen_norm_stats(self.modules.values()) if empty else contextlib.nullcontext()
         ctx = _StepContext(self, True, boundary, 0.0 if empty else 1.0, factor)
-        with sync, frozen:
+        plain = contextlib.nullcontext() if self.lean_units else plain_pass()
+        with sync, frozen, plain:
             metrics = self.task.train_step(batch, ctx)
         if boundary:
             for name in self.optimizers:

@@ -8,9 +8,10 @@ the imports, after the trainer is built (data lists, batch plan, model, optimize
 reading one epoch's batches without training (the feature store and collation); the
 process's peak RSS (getrusage) before and after --steps training steps on the epoch's
 longest batches; the bytes autograd keeps for the backward pass of the longest batch.
---plain takes the plain modules instead of the lean training pass (toolkit.nn.lean). Start
-it with and without GLIBC_TUNABLES to see the allocator's share (the training binary sets
-them itself; this script keeps its environment).
+--plain takes the plain modules instead of the lean training pass (toolkit.nn.lean). This
+script keeps its environment (the training binary preloads mimalloc itself): start it with
+`LD_PRELOAD=$(python -c 'from toolkit.memory import mimalloc_library; print(mimalloc_library())')`
+and without to see the allocator's share.
 """
 import argparse
 import contextlib

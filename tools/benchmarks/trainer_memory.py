@@ -165,7 +165,7 @@ def train_and_measure(trainer_args: Sequence[str], torchrun: bool = True,
     for part in done.group(2).split(":"):
         seconds = 60 * seconds + int(part)
     steps, rate = int(done.group(1)), float(done.group(3))
-    if rate > 0 and steps:        # fresh runs: finer than the logged whole seconds
+    if seconds < 20 and rate > 0 and steps:     # short runs: finer than whole seconds
         seconds = steps / rate
     return {"steps": steps, "train_s": round(seconds, 1), "wall_s": round(wall, 1),
             "peak_rss_trainer_gb": float(done.group(4)),
