@@ -6,17 +6,18 @@ import os
 import shutil
 import tempfile
 
-# Seconds per file on 2 cores (fresh clone, `bash tools/test.sh --durations=60`), longest
-# first; files not listed keep their order after these.
+# Seconds per file in the suite on 2 cores (`bash tools/test.sh --durations=60`, summed
+# per file), longest first; files not listed keep their order after these.
 SLOWEST_FIRST = [
-    "test_recipe_wake_word.py", "test_recipe_corpora.py", "test_trainer_resume.py",
-    "test_trainer_faults.py", "test_recipe_tts_codec.py", "test_recipe_tts_speakers.py",
-    "test_recipe_voxceleb.py", "test_benchmark_tools.py", "test_speech_embedding_frontend.py",
-    "test_trainer_restarts.py", "test_codec_task.py", "test_codec_rates.py",
-    "test_codec_teachers.py", "test_trainer_behaviour.py", "test_hf_datasets.py",
-    "test_speaker_task.py", "test_new_corpus_guide.py", "test_tts_corpus.py",
-    "test_tracking.py", "test_data_robustness.py", "test_ctc.py", "test_voicebank.py",
-    "test_resemblyzer_compare.py", "test_installers.py", "test_expected_errors.py",
+    "test_recipe_wake_word.py", "test_trainer_resume.py", "test_trainer_faults.py",
+    "test_recipe_corpora.py", "test_codec_task.py", "test_recipe_tts_codec.py",
+    "test_recipe_tts_speakers.py", "test_speech_embedding_frontend.py",
+    "test_trainer_behaviour.py", "test_benchmark_tools.py", "test_hf_datasets.py",
+    "test_speaker_task.py", "test_trainer_restarts.py", "test_recipe_voxceleb.py",
+    "test_recipe_libritts.py", "test_new_corpus_guide.py", "test_codec_teachers.py",
+    "test_shards.py", "test_codec_rates.py", "test_tts_corpus.py", "test_tracking.py",
+    "test_resemblyzer_compare.py", "test_data_robustness.py", "test_memory.py", "test_ctc.py",
+    "test_voicebank.py", "test_installers.py", "test_expected_errors.py",
 ]
 
 

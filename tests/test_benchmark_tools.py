@@ -80,14 +80,16 @@ def test_trainer_memory_measures_a_speaker_run_on_two_ranks(tmp_path):
     assert len(table) == 1 and r["checksum"] in table[0]
 
 
-def test_gpu_family_check_runs_each_family_on_cpu(tmp_path):
-    """The GPU check (run only where a GPU is lent) with every family's overrides, on CPU
-    with tiny models: the day a GPU comes, the script is known to work."""
+def test_gpu_family_check_validates_every_run_and_trains_on_cpu(tmp_path):
+    """The GPU check (run only where a GPU is lent): each family's config with the
+    overrides of every run it makes is valid, and a run goes through the trainer on CPU
+    with a tiny model (the codec: two optimizers), so the day a GPU comes the script works."""
+    out = run_tool(os.path.join(BENCH, "gpu_families.py"), "--check-configs")
+    assert out.count("config ok:") == 18, out
     out = run_tool(os.path.join(BENCH, "gpu_families.py"), "--device", "cpu", "--dtypes",
-                   "float32", "--tiny", "--steps", "2", "--work", str(tmp_path))
-    rows = rows_of(out)
-    assert [(r["family"], r["dtype"], r["steps"]) for r in rows] == \
-        [("kws", "float32", 2), ("speaker", "float32", 2), ("codec", "float32", 2)]
-    for r in rows:
-        assert r["train_s"] > 0 and r["host_rss_gb"] > 0.1 and len(r["checksum"]) == 16
-        assert r["cuda_peak_gb"] is None        # no CUDA line on CPU
+                   "float32", "--families", "codec", "--tiny", "--steps", "2", "--work",
+                   str(tmp_path))
+    [r] = rows_of(out)
+    assert (r["family"], r["dtype"], r["steps"]) == ("codec", "float32", 2)
+    assert r["train_s"] > 0 and r["host_rss_gb"] > 0.1 and len(r["checksum"]) == 16
+    assert r["cuda_peak_gb"] is None        # no CUDA line on CPU

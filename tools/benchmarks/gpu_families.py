@@ -11,7 +11,9 @@ families): egs/wake_word/s0/conf/ds_tcn.yaml, egs/voxceleb/v2/conf/ecapa_c1024.y
 egs/tts_codec/s0/conf/codec_gpu.yaml, each with its loader workers. Rates come from the
 trainer's own log lines after the first one (warm-up and compilation excluded); the
 loader-wait share is their mean. --device cpu runs the same on CPU (fp32 only; the suite
-runs it that way on a tiny corpus, with --tiny, so the script cannot rot).
+runs it that way on a tiny corpus, with --tiny, so the script cannot rot). --check-configs
+only validates every family's config with the overrides of every run (GPU and tiny ones)
+and exits: a config change that would break the GPU runs shows here without a GPU.
 """
 import argparse
 import json
@@ -58,6 +60,8 @@ def get_args(argv=None):
     p.add_argument("--work", help="corpus and exp dirs (default: a fresh temporary dir)")
     p.add_argument("--tiny", action="store_true",
                    help="tiny corpus and models: checks the script, measures nothing")
+    p.add_argument("--check-configs", action="store_true",
+                   help="validate each family's config and overrides, then exit")
     args = p.parse_args(argv)
     args.dtypes = args.dtypes.split(",")
     args.families = args.families.split(",")
@@ -96,16 +100,34 @@ def write_corpora(work: str, tiny: bool) -> Dict[str, List[str]]:
             "codec": ["--train-data", train, "--dev-data", dev]}
 
 
+def overrides(family: str, dtype: str, steps: int, tiny: bool) -> List[str]:
+    spec = FAMILIES[family]
+    amp = ["training.use_amp=false"] if dtype == "float32" else \
+        ["training.use_amp=true", f"training.amp_dtype={dtype}"]
+    return [f"training.max_steps={steps}", "training.max_epoch=1000",
+            f"training.log_interval={max(1, steps // 8)}",
+            "training.save_interval_steps=100000", "training.tensorboard=false",
+            *spec["overrides"], *(spec["tiny"] if tiny else []), *amp]
+
+
+def check_configs() -> None:
+    """Every family's config with the overrides of each run it can make, validated as the
+    trainer validates them (one line per combination)."""
+    import toolkit.tasks  # noqa: F401  (registers the tasks)
+    from toolkit.task import load_config
+    for family, spec in FAMILIES.items():
+        for dtype in ("float32", "bfloat16", "float16"):
+            for tiny in (False, True):
+                load_config(os.path.join(ROOT, spec["config"]),
+                            overrides(family, dtype, 40, tiny))
+                print(f"config ok: {family} {dtype}{' tiny' if tiny else ''}")
+
+
 def measure(family: str, dtype: str, data: List[str], args) -> Dict:
     spec = FAMILIES[family]
     exp = os.path.join(args.work, f"exp_{family}_{dtype}")
-    amp = ["training.use_amp=false"] if dtype == "float32" else \
-        ["training.use_amp=true", f"training.amp_dtype={dtype}"]
     trainer = ["--config", os.path.join(ROOT, spec["config"]), "--exp-dir", exp, *data,
-               f"training.max_steps={args.steps}", "training.max_epoch=1000",
-               f"training.log_interval={max(1, args.steps // 8)}",
-               "training.save_interval_steps=100000", "training.tensorboard=false",
-               *spec["overrides"], *(spec["tiny"] if args.tiny else []), *amp]
+               *overrides(family, dtype, args.steps, args.tiny)]
     if args.device == "cuda":
         trainer += ["--num-gpus", "1"]
     r = train_and_measure(trainer, torchrun=True)
@@ -124,6 +146,9 @@ def measure(family: str, dtype: str, data: List[str], args) -> Dict:
 
 def main(argv=None):
     args = get_args(argv)
+    if args.check_configs:
+        check_configs()
+        return 0
     args.work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="gpu_families_"))
     data = write_corpora(args.work, args.tiny)
     rows = [measure(f, d, data[f], args) for f in args.families for d in args.dtypes]
