@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 from speaker_data import SpeakerCorpus
 
@@ -44,10 +46,20 @@ def test_finished_line_of_either_form_parses():
     assert parse_finished("training finished: soon") is None
 
 
-def test_kws_throughput_builds_and_measures_a_tiny_corpus(tmp_path):
-    sizes = "train_pos=12,train_neg=36,dev_pos=4,dev_neg=12,test_pos=2,test_neg=2"
-    out = run_tool(os.path.join(BENCH, "kws_throughput.py"), "--build", str(tmp_path / "c"),
-                   "--corpus", sizes, "--epochs", "1", "dataset.batch_size=16")
+def test_kws_throughput_measures_raw_and_feature_runs(tmp_path):
+    """Both runs of the benchmark on tiny lists (real WAVs and their fbank features);
+    `--build` is the wake-word recipe's stages 0-2, tested with the recipe."""
+    from kws_data import make_datalist, write_keywords
+    root = str(tmp_path)
+    train, dev = make_datalist(root, "train", 12, 36, 1), make_datalist(root, "dev", 4, 12, 2)
+    feats = subprocess.run([sys.executable, "-m", "toolkit.bin.compute_feats", "--nj", "1",
+                            train, f"{root}/fb_train", dev, f"{root}/fb_dev"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert feats.returncode == 0, feats.stderr[-2000:]
+    out = run_tool(os.path.join(BENCH, "kws_throughput.py"), "--raw", train, "--dev-raw", dev,
+                   "--feats", f"{root}/fb_train/data.list", "--dev-feats",
+                   f"{root}/fb_dev/data.list", "--inventory", write_keywords(root, ["hey chirp"]),
+                   "--epochs", "1", "dataset.batch_size=16")
     rows = {r["run"]: r for r in rows_of(out)}
     assert set(rows) == {"raw", "feats"}
     for name, r in rows.items():
@@ -61,6 +73,16 @@ def test_kws_throughput_builds_and_measures_a_tiny_corpus(tmp_path):
         assert f"| {name} | 64 (" in out
     assert rows["raw"]["processes"] >= 3        # the trainer and its 2 loader workers
     assert "allocator mimalloc" in out
+
+
+def test_kws_throughput_corpus_sizes():
+    import argparse
+    from kws_throughput import CORPUS, corpus_sizes
+    sizes = corpus_sizes("train_pos=12, dev_neg=3")
+    assert sizes == dict(CORPUS, num_train_pos=12, num_dev_neg=3)
+    for bad in ("train_pos=x", "voices=3", "train_pos"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=COUNT"):
+            corpus_sizes(bad)
 
 
 def test_trainer_memory_measures_a_speaker_run_on_two_ranks(tmp_path):
@@ -87,9 +109,9 @@ def test_gpu_family_check_validates_every_run_and_trains_on_cpu(tmp_path):
     out = run_tool(os.path.join(BENCH, "gpu_families.py"), "--check-configs")
     assert out.count("config ok:") == 18, out
     out = run_tool(os.path.join(BENCH, "gpu_families.py"), "--device", "cpu", "--dtypes",
-                   "float32", "--families", "codec", "--tiny", "--steps", "2", "--work",
+                   "float32", "--families", "kws", "--tiny", "--steps", "2", "--work",
                    str(tmp_path))
     [r] = rows_of(out)
-    assert (r["family"], r["dtype"], r["steps"]) == ("codec", "float32", 2)
+    assert (r["family"], r["dtype"], r["steps"]) == ("kws", "float32", 2)
     assert r["train_s"] > 0 and r["host_rss_gb"] > 0.1 and len(r["checksum"]) == 16
     assert r["cuda_peak_gb"] is None        # no CUDA line on CPU

@@ -71,8 +71,6 @@ def test_training_binary_runs_on_mimalloc_unless_the_user_chose(tmp_path):
     assert logged_allocator(tmp_path, {}) == [f"mimalloc ({library})"]
     assert logged_allocator(tmp_path, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == \
         ["glibc malloc, GLIBC_TUNABLES=glibc.malloc.arena_max=2"]
-    # Preloaded by the user: kept, not preloaded twice.
-    assert logged_allocator(tmp_path, {"LD_PRELOAD": library}) == [f"mimalloc ({library})"]
 
 
 def test_binary_run_inside_another_program_does_not_start_that_program_again(tmp_path):
