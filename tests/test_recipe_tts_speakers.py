@@ -1,6 +1,7 @@
 """egs/tts_speakers/v1 end to end at a tiny size through the real run.sh (TTS speakers,
 the outside test set, lists and features, training, averaging, large-margin fine-tuning,
-export, extraction, scoring of both test sets with and without AS-Norm), and the
+export, extraction, scoring of both test sets with and without AS-Norm; the shipped
+pretrained encoder and Resemblyzer scored beside on the same lists), and the
 speaker-corpus generator: deterministic for the seed and for any nj, speakers and voice
 families disjoint across splits, procedural voices beyond the fixed ones, festival only
 when asked for and then in test only; on the voice bank: Kokoro blends as speakers that
@@ -116,7 +117,18 @@ def test_all_stages_produce_their_outputs(recipe_run):
     log = (tmp / "exp" / "log" / "train.rank0.log").read_text()
     losses = [float(v) for v in re.findall(r" step \d+/\d+ loss ([-0-9.]+)", log)]
     assert len(losses) >= 3 and losses[-1] < 0.95 * losses[0], losses
-    assert result.stderr.count("parity onnx vs PyTorch") == 2
+    assert result.stderr.count("parity onnx vs PyTorch") == 3
+    # The shipped encoder, scored alike on the same lists, and Resemblyzer beside both.
+    shipped = tmp / "ecapa-voicebank-v1"
+    lines = (shipped / "score" / "summary.txt").read_text().splitlines()
+    assert [l.split(":")[0] for l in lines] == [
+        "ecapa-voicebank-v1 trials cosine", "ecapa-voicebank-v1 trials cosine + AS-Norm top 4",
+        "ecapa-voicebank-v1 outside_trials cosine",
+        "ecapa-voicebank-v1 outside_trials cosine + AS-Norm top 4"]
+    table = (tmp / "resemblyzer" / "results.md").read_text()
+    for system in ("| resemblyzer |", "| exp: cosine |", "| exp_lm: cosine |",
+                   "| ecapa-voicebank-v1: cosine |"):
+        assert table.count(system) == 2, (system, table)
 
 
 def test_stage0_rerun_does_nothing(recipe_run):

@@ -355,6 +355,14 @@ class Task:
         A pipeline for the test audio: toolkit.data.pipeline.evaluation_pipeline."""
         raise NotImplementedError(f"task {self.name} has no export")
 
+    @classmethod
+    def export_weights(cls, weights: str, out_dir: str, test_data: Optional[str] = None,
+                       num_check: int = 20, tolerance: float = 1e-4) -> Dict[str, float]:
+        """The deployable files of an export's safetensors + config.json (a shipped
+        pretrained model: toolkit.pretrained), checked like `export`; without `test_data`
+        the check runs on seeded random inputs of several lengths."""
+        raise NotImplementedError(f"task {cls.name} cannot export from safetensors alone")
+
 
 # --------------------------------------------------------------------------- configuration
 # How the config hooks above are called: every binary reads a config through these.

@@ -31,6 +31,11 @@
 #   cohort_utts_per_spk  AS-Norm cohort = training speakers' mean embeddings over at most
 #                      this many utterances each (0, default: all)
 #   as_norm_top        cohort scores kept per side (300)
+#   pretrained         a shipped pretrained encoder (toolkit/pretrained/NAME) scored beside
+#                      the recipe's own as the system $pretrained_exp (exp/NAME): exported
+#                      from the shipped weights in stage 5, then embedded and scored alike
+#   resemblyzer        true: Resemblyzer (tools/install_resemblyzer.sh) on the same trial
+#                      lists after stage 7, its table beside every system's
 #   embed_nj           parallel extraction jobs ($nj)
 #   num_check          utterances the export's parity check runs (20)
 #
@@ -76,6 +81,9 @@ lm_train_overrides=${lm_train_overrides:-}
 cohort_utts_per_spk=${cohort_utts_per_spk:-0}
 as_norm_top=${as_norm_top:-300}
 embed_nj=${embed_nj:-$nj}
+pretrained=${pretrained:-}
+pretrained_exp=${pretrained_exp:-$(dirname "$exp")/$pretrained}
+resemblyzer=${resemblyzer:-false}
 num_check=${num_check:-20}
 dict=$data/dict/speakers.txt
 
@@ -105,6 +113,10 @@ _models=("$exp/avg_${average_num}.pt")
 if [ -n "$lm_config" ]; then
   _systems+=("$lm_exp")
   _models+=("$lm_exp/avg_${lm_average_num}.pt")
+fi
+if [ -n "$pretrained" ]; then
+  _systems+=("$pretrained_exp")
+  _models+=("pretrained:$pretrained")
 fi
 
 _sv_train() {   # _sv_train EXP_DIR CONFIG [overrides...]
@@ -184,9 +196,16 @@ fi
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
   for i in "${!_systems[@]}"; do
     echo "stage 5: export of ${_models[$i]}"
-    python -m toolkit.bin.export_model --checkpoint "${_models[$i]}" --exp-dir "${_systems[$i]}" \
-      --out-dir "${_systems[$i]}/export" --test-data "$data/$test_set/data.list" \
-      --num-check "$num_check"
+    case ${_models[$i]} in
+      pretrained:*)
+        python -m toolkit.bin.export_model --pretrained "${_models[$i]#pretrained:}" \
+          --out-dir "${_systems[$i]}/export" --test-data "$data/$test_set/data.list" \
+          --num-check "$num_check" ;;
+      *)
+        python -m toolkit.bin.export_model --checkpoint "${_models[$i]}" \
+          --exp-dir "${_systems[$i]}" --out-dir "${_systems[$i]}/export" \
+          --test-data "$data/$test_set/data.list" --num-check "$num_check" ;;
+    esac
   done
 fi
 
@@ -252,4 +271,13 @@ if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
     echo "summary ($sys/score/summary.txt):"
     cat "$sys/score/summary.txt"
   done
+  if [ "$resemblyzer" = true ]; then
+    echo "stage 7: Resemblyzer on the same trial lists -> $(dirname "$exp")/resemblyzer"
+    bash "$_sv_stages_dir/../tools/install_resemblyzer.sh"
+    _exp_args=()
+    for sys in "${_systems[@]}"; do _exp_args+=(--exp "$sys"); done
+    python "$_sv_stages_dir/../tools/benchmarks/resemblyzer_compare.py" --data "$data" \
+      --test-sets "$test_sets" "${_exp_args[@]}" --out-dir "$(dirname "$exp")/resemblyzer" \
+      --nj "$embed_nj"
+  fi
 fi

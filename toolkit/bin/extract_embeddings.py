@@ -1,11 +1,14 @@
 """Speaker embeddings of every utterance of a data list, with an exported extractor
-(model.onnx / model.zip / model.safetensors) or a checkpoint (.pt): whole utterances,
+(model.onnx / model.zip / model.safetensors), a checkpoint (.pt) or a pretrained encoder
+shipped with the toolkit (--pretrained NAME, toolkit/pretrained/): whole utterances,
 long ones in chunks whose embeddings are averaged. Writes OUT_DIR/embeddings.{scp,N.ark}
 (Kaldi float vectors, kaldiio) and the per-speaker means speaker_embeddings.{ark,scp}.
 The list is split into --nj parts extracted in parallel; a rerun skips finished parts.
 
   python -m toolkit.bin.extract_embeddings --model exp/resnet/export/model.onnx \\
       --data-list data/test/data.list --out-dir exp/resnet/embeddings/test --nj 2
+  python -m toolkit.bin.extract_embeddings --pretrained ecapa-voicebank-v1 \\
+      --data-list data/test/data.list --out-dir exp/pretrained/embeddings/test
 """
 import argparse
 import logging
@@ -20,7 +23,10 @@ logger = logging.getLogger("extract_embeddings")
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="model.onnx, model.zip, model.safetensors or .pt")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="model.onnx, model.zip, model.safetensors or .pt")
+    which.add_argument("--pretrained", metavar="NAME",
+                       help="a shipped pretrained encoder (toolkit/pretrained/NAME)")
     p.add_argument("--data-list", required=True, help="data list (wav or feat entries)")
     p.add_argument("--out-dir", required=True)
     p.add_argument("--nj", type=int, default=1, help="parallel parts (default %(default)s)")
@@ -33,7 +39,8 @@ def main(argv=None):
     args = get_args(argv)
     setup_logging()
     from toolkit.tasks.speaker.embed import extract_embeddings
-    counts = extract_embeddings(args.model, args.data_list, args.out_dir, max(1, args.nj),
+    model = args.model or "pretrained:" + args.pretrained
+    counts = extract_embeddings(model, args.data_list, args.out_dir, max(1, args.nj),
                                 args.threads)
     logger.info("wrote %s/embeddings.scp (%d utterances) and speaker_embeddings.scp "
                 "(%d speakers)", args.out_dir, counts["utterances"], counts["speakers"])

@@ -1,7 +1,9 @@
 """Are two recordings the same speaker? Cosine score of their embeddings with an exported
-extractor (model.onnx / model.zip / model.safetensors) or a checkpoint.
+extractor (model.onnx / model.zip / model.safetensors), a checkpoint, or a pretrained
+encoder shipped with the toolkit (toolkit/pretrained/).
 
   python -m toolkit.bin.sv --model exp/resnet/export/model.onnx a.wav b.wav
+  python -m toolkit.bin.sv --pretrained ecapa-voicebank-v1 a.wav b.wav
 
 Prints the score, and `same`/`different` against --threshold (default: the one scoring
 stored in the model's metadata, if any)."""
@@ -14,7 +16,9 @@ from toolkit.errors import cli
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="model.onnx, model.zip, model.safetensors or .pt")
+    which.add_argument("--pretrained", metavar="NAME", help="a shipped pretrained encoder")
     p.add_argument("--threshold", type=float, default=None)
     p.add_argument("wav_a")
     p.add_argument("wav_b")
@@ -25,7 +29,7 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     from toolkit.tasks.speaker.embed import Embedder
-    embedder = Embedder.from_path(args.model)
+    embedder = Embedder.from_path(args.model or "pretrained:" + args.pretrained)
     score = embedder.score(args.wav_a, args.wav_b)
     threshold = args.threshold if args.threshold is not None else embedder.metadata.get("threshold")
     verdict = "" if threshold is None else (" same" if score >= threshold else " different")

@@ -190,7 +190,7 @@ class TrainingConfig:
     # Bitwise-reproducible kernels; on CUDA also cuBLAS's workspace setting, and a
     # nondeterministic op is an error instead of a warning.
     deterministic: bool = True
-    init_checkpoint: str = ""     # weights to start from (checkpoint or .safetensors export)
+    init_checkpoint: str = ""     # weights to start from: checkpoint, .safetensors export, pretrained:NAME
     # Accept missing/unexpected/mismatched tensors when initialising; mismatched ones keep
     # their fresh initialisation (e.g. a classifier for another inventory size).
     init_allow_missing: bool = False

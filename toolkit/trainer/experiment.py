@@ -304,7 +304,9 @@ def load_init_weights(modules: Dict[str, torch.nn.Module], task, path: str,
     missing, unexpected and shape-mismatched tensors are logged by name and the
     mismatched ones keep their fresh values. A safetensors export needs its config.json
     beside it, describing the same architecture. Returns the modules loaded."""
+    from toolkit import pretrained
     from toolkit.trainer.checkpoint import module_states_from_file
+    path = pretrained.resolve(path)
     if not os.path.exists(path):
         raise MissingInputError(f"training.init_checkpoint {path} not found")
     states = module_states_from_file(path)

@@ -26,9 +26,10 @@
 #   4 large-margin fine-tuning into ${exp}_lm (only with --lm-config)
 #   5 export (ONNX, TorchScript, safetensors; parity-checked)
 #   6 embeddings of both test sets and of the cohort (training speaker means)
-#   7 scoring of every trial list with and without AS-Norm -> $exp/score/summary.txt
+#   7 scoring of every trial list with and without AS-Norm -> $exp/score/summary.txt, the
+#     same for the shipped pretrained encoder (exp/$pretrained), then Resemblyzer on the
+#     same lists (exp/resemblyzer/results.md: every system side by side)
 # Stages 1-7 are utils/sv_stages.sh, shared with the other speaker recipes.
-# Resemblyzer on the same trials: tools/benchmarks/resemblyzer_compare.py (opt-in).
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./path.sh
@@ -80,6 +81,11 @@ average_num=3
 lm_config=""           # e.g. conf/lm.yaml: large-margin fine-tuning after averaging
 lm_train_overrides=""
 as_norm_top=100        # of the training speakers (300 by default)
+# Scored beside this recipe's own model on every list: the speaker encoder the toolkit
+# ships (toolkit/pretrained/, made by egs/voice_bank/speaker_encoder; empty: none) and
+# Resemblyzer, a GE2E encoder trained on real speech (tools/install_resemblyzer.sh).
+pretrained=ecapa-voicebank-v1
+resemblyzer=true
 cohort_utts_per_spk=4  # cohort = training speakers' means over 4 utterances each
 
 help_message="Usage: $0 [--config conf/resnet.yaml] [--stage N] [--stop-stage M] [--gpus 0] ..."

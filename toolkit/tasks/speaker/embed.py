@@ -3,6 +3,7 @@ any length), a Python API that embeds WAVs with any exported format or a checkpo
 the extraction of a whole data list into Kaldi archives (resumable per split).
 
     embedder = Embedder.from_path("exp/resnet34/export/model.onnx")
+    embedder = Embedder.from_pretrained("ecapa-voicebank-v1")   # shipped: toolkit.pretrained
     score = embedder.score("a.wav", "b.wav")        # cosine, higher = same speaker
 """
 import dataclasses
@@ -58,6 +59,42 @@ def export_embedder(task, checkpoint: str, out_dir: str, test_data: str, num_che
     d = task.cfg.dataset
     metadata = build_metadata(model, fbank_metadata(options_from_config(d.feature, d.sample_rate)),
                               threshold, task.cfg.head.num_classes)
+    pipeline = evaluation_pipeline(d)
+    pipeline.min_frames = max(1, int(model.min_frames))     # shorter ones: counted skips
+    cases = parity_inputs(test_data, lambda e: (pipeline.features(e, 0)[None],), num_check)
+    return _write_exports(model, metadata, out_dir, cases, tolerance, safetensors=True)
+
+
+def export_embedder_weights(weights: str, out_dir: str, test_data: Optional[str] = None,
+                            num_check: int = 20, tolerance: float = 1e-4) -> Dict[str, float]:
+    """model.onnx and model.zip of a safetensors export (e.g. a shipped pretrained model),
+    its config.json copied beside them; checked on the fbank of `test_data`'s utterances,
+    or without it on seeded random features of 1-6 s."""
+    import shutil
+    model = model_from_safetensors(weights)
+    metadata = read_metadata(weights)
+    os.makedirs(out_dir, exist_ok=True)
+    side = os.path.join(os.path.dirname(os.path.abspath(weights)), writers.SIDE_CONFIG)
+    if os.path.abspath(out_dir) != os.path.dirname(os.path.abspath(weights)):
+        shutil.copyfile(weights, os.path.join(out_dir, "model.safetensors"))
+        shutil.copyfile(side, os.path.join(out_dir, writers.SIDE_CONFIG))
+    if test_data:
+        embedder = Embedder(None, metadata)
+        from toolkit.data.augment import load_mono
+
+        def make(entry):
+            feats = embedder.features(load_mono(entry["wav"], embedder.sample_rate))
+            return (feats[None].astype(np.float32),)
+        cases = parity_inputs(test_data, make, num_check)
+    else:
+        rng = np.random.default_rng(0)
+        cases = [(rng.standard_normal((1, int(n), model.config.input_dim)).astype(np.float32),)
+                 for n in np.linspace(max(100, model.min_frames), 600, num_check)]
+    return _write_exports(model, metadata, out_dir, cases, tolerance, safetensors=False)
+
+
+def _write_exports(model: nn.Module, metadata: dict, out_dir: str, cases: list,
+                   tolerance: float, safetensors: bool) -> Dict[str, float]:
     os.makedirs(out_dir, exist_ok=True)
     paths = {"torchscript": os.path.join(out_dir, "model.zip"),
              "onnx": os.path.join(out_dir, "model.onnx")}
@@ -65,17 +102,15 @@ def export_embedder(task, checkpoint: str, out_dir: str, test_data: str, num_che
     writers.export_torchscript(model, paths["torchscript"], metadata, trace_example=example)
     writers.export_onnx(model, example, paths["onnx"], ["feats"], ["embedding"],
                         {"feats": {0: "batch", 1: "frames"}, "embedding": {0: "batch"}}, metadata)
-    writers.export_safetensors(model, os.path.join(out_dir, "model.safetensors"), metadata,
-                               metadata["model_config"])
-    pipeline = evaluation_pipeline(d)
-    pipeline.min_frames = max(1, int(model.min_frames))     # shorter ones: counted skips
-    cases = parity_inputs(test_data, lambda e: (pipeline.features(e, 0)[None],), num_check)
-    return compare(torch_runner(model), {
-        "torchscript": torch_runner(torch.jit.load(paths["torchscript"]).eval()),
-        "onnx": onnx_runner(paths["onnx"]),
-        "safetensors": torch_runner(model_from_safetensors(
-            os.path.join(out_dir, "model.safetensors")))},
-        cases, tolerance, "exported embedding extractor")
+    candidates = {"torchscript": torch_runner(torch.jit.load(paths["torchscript"]).eval()),
+                  "onnx": onnx_runner(paths["onnx"])}
+    if safetensors:
+        writers.export_safetensors(model, os.path.join(out_dir, "model.safetensors"), metadata,
+                                   metadata["model_config"])
+        candidates["safetensors"] = torch_runner(model_from_safetensors(
+            os.path.join(out_dir, "model.safetensors")))
+    return compare(torch_runner(model), candidates, cases, tolerance,
+                   "exported embedding extractor")
 
 
 def model_from_safetensors(path: str) -> nn.Module:
@@ -102,7 +137,17 @@ class Embedder:
         self.min_frames = int(metadata.get("min_frames", 1))
 
     @classmethod
+    def from_pretrained(cls, name: str, threads: int = 1) -> "Embedder":
+        """A shipped pretrained encoder (toolkit.pretrained), checked against its card."""
+        from toolkit import pretrained
+        return cls.from_path(pretrained.PREFIX + name, threads)
+
+    @classmethod
     def from_path(cls, path: str, threads: int = 1) -> "Embedder":
+        """`path`: an export (.onnx, .zip, .safetensors), a checkpoint (.pt), or
+        `pretrained:NAME` for a shipped model."""
+        from toolkit import pretrained
+        path = pretrained.resolve(path)
         if not os.path.exists(path):
             raise MissingInputError(f"speaker model {path} not found (run the export stage)")
         torch.set_num_threads(threads)

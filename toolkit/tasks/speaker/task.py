@@ -186,3 +186,9 @@ class SpeakerTask(Task):
         from toolkit.tasks.speaker.embed import export_embedder
         return export_embedder(self, checkpoint, out_dir, test_data, num_check, tolerance,
                                threshold)
+
+    @classmethod
+    def export_weights(cls, weights: str, out_dir: str, test_data: Optional[str] = None,
+                       num_check: int = 20, tolerance: float = 1e-4) -> Dict[str, float]:
+        from toolkit.tasks.speaker.embed import export_embedder_weights
+        return export_embedder_weights(weights, out_dir, test_data, num_check, tolerance)

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Pretrains the speaker encoder the toolkit ships (toolkit/pretrained/ecapa-voicebank-v1) on
+# the voice bank: espeak-ng accents x variants and procedural voices, Kokoro's 21 unreserved
+# voices and $blends blends of them (each a speaker), every utterance in noise. It is scored
+# on voices no training of it ever heard: Kokoro's seven reserved voices, the held-out
+# espeak-ng voices, festival's and flite's voices, and all of them together (cross-engine
+# pairs). Results and timings: RESULTS.md; the model card: conf/card.md.
+#
+#   bash run.sh                          # everything, about 2 h on 2 CPU cores
+#   bash run.sh --stage 3 --stop-stage 3 # only training (resumes where it was killed)
+#   bash run.sh --gpus 0                 # training on a GPU
+#
+# Stages (each rerunnable; the synthesis is cached per clip, training resumes):
+#   0 synthesize the training corpus ($data/{train,dev,test}) and the outside test set
+#     ($data/outside/test with its trial lists), validate them
+#   1 speaker inventory, data lists, fbank features of train (with speed copies) and dev
+#   2 (nothing: the keyword recipes' global CMVN; speaker models normalise per utterance)
+#   3 training through torchrun into $exp
+#   4 average the last $average_num checkpoints
+#   5 export (ONNX, TorchScript, safetensors; parity-checked)
+#   6 embeddings of the outside test set and of the AS-Norm cohort, scoring of every list;
+#     Resemblyzer on the same lists (tools/install_resemblyzer.sh installs it)
+#   7 the shipped model: toolkit/pretrained/$name (weights, config.json, model card)
+set -euo pipefail
+cd "$(dirname "$0")"
+. ./path.sh
+
+gpus=-1              # e.g. "0" or "0,1"; -1: CPU
+num_procs=2          # CPU: gloo ranks of one thread each
+num_nodes=1
+node_rank=0
+rdzv_endpoint=127.0.0.1:29400
+stage=0
+stop_stage=7
+
+seed=777             # the self-contained recipe's seed: the same espeak-ng voices held out
+blends=800           # Kokoro blends, each a speaker (5 % dev, 5 % test)
+kokoro_utts=4        # utterances per Kokoro training speaker (about 1 CPU-s each)
+espeak_utts=12       # per espeak-ng training speaker (about 1 ms each)
+speed_copies=0.9,1.1  # speed-perturbed copies of the training set, new speakers each
+outside_engines=espeak,kokoro,festival,flite
+outside_utts=20
+nj=2
+
+config=conf/ecapa_c192.yaml
+data=data
+exp=exp/ecapa_c192
+average_num=3
+as_norm_top=100
+cohort_utts_per_spk=4
+name=ecapa-voicebank-v1
+. utils/parse_options.sh
+
+if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
+  echo "stage 0: TTS engines, the training corpus and the outside test set"
+  bash "$TOOLKIT_ROOT/tools/install_voices.sh" kokoro festival flite
+  python -m toolkit.bin.synth_speaker_data --out-dir "$data" --seed "$seed" --nj "$nj" \
+    --num-train-speakers 300 --train-utts "$espeak_utts" \
+    --num-dev-speakers 24 --dev-utts 4 --num-test-speakers 40 --test-utts 6 \
+    --engines espeak,kokoro --blends "$blends" \
+    --engine-train-utts "kokoro=$kokoro_utts" --engine-words kokoro=3-6
+  python -m toolkit.bin.synth_speaker_data --out-dir "$data/outside" --test-only \
+    --seed "$seed" --nj "$nj" --num-test-speakers 40 --test-utts "$outside_utts" \
+    --engines "$outside_engines"
+  for x in train dev test outside/test; do
+    utils/validate_data_dir.sh --no-audio "$data/$x"
+  done
+fi
+
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  echo "stage 1: speaker inventory, data lists, fbank of train and dev"
+  python -m toolkit.bin.make_inventory "$data/dict/speakers.txt" --utt2spk "$data/train/utt2spk"
+  python -m toolkit.bin.make_datalist "$data/train" "$data/train/data.list" \
+    --inventory "$data/dict/speakers.txt" --label-mode speaker --nj "$nj"
+  for x in dev outside/test; do
+    # Speakers outside training are labelled against their own list.
+    python -m toolkit.bin.make_inventory "$data/$x/speakers.txt" --utt2spk "$data/$x/utt2spk"
+    python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" \
+      --inventory "$data/$x/speakers.txt" --label-mode speaker --nj "$nj"
+  done
+  # Speed-perturbed copies of every training utterance, each copy a new speaker: three
+  # times the voices for the same synthesis (the inventory is rewritten with the copies).
+  python -m toolkit.bin.compute_feats "$data/train/data.list" "$data/train/fbank" \
+    --config "$config" --nj "$nj" --speed-copies "$speed_copies"
+  python -m toolkit.bin.make_inventory "$data/dict/speakers.txt" \
+    --data-list "$data/train/fbank/data.list" --relabel
+  python -m toolkit.bin.compute_feats "$data/dev/data.list" "$data/dev/fbank" \
+    --config "$config" --nj "$nj"
+fi
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  echo "stage 3: training in $exp"
+  utils/torchrun.sh "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
+    -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
+    --train-data "$data/train/fbank/data.list" --dev-data "$data/dev/fbank/data.list" \
+    --inventory "$data/dict/speakers.txt"
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  echo "stage 4: averaging the last $average_num checkpoints"
+  python -m toolkit.bin.average_model --exp-dir "$exp" --output "$exp/avg_$average_num.pt" \
+    --num "$average_num" --mode last
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  echo "stage 5: export"
+  python -m toolkit.bin.export_model --checkpoint "$exp/avg_$average_num.pt" --exp-dir "$exp" \
+    --out-dir "$exp/export" --test-data "$data/outside/test/data.list"
+fi
+
+if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  echo "stage 6: embeddings and scoring of every outside trial list"
+  # The AS-Norm cohort: training speakers' means over their first utterances.
+  awk -v n="$cohort_utts_per_spk" 'match($0, /"spk": "[^"]*"/) {
+      s = substr($0, RSTART, RLENGTH); if (++count[s] <= n) print }' \
+    "$data/train/data.list" > "$data/train/cohort.list"
+  for part in outside:"$data/outside/test/data.list" cohort:"$data/train/cohort.list"; do
+    rm -rf "$exp/embeddings/${part%%:*}"
+    python -m toolkit.bin.extract_embeddings --model "$exp/export/model.onnx" \
+      --data-list "${part#*:}" --out-dir "$exp/embeddings/${part%%:*}" --nj "$nj"
+  done
+  mkdir -p "$exp/score"
+  : > "$exp/score/summary.txt"
+  for t in "$data"/outside/test/trials "$data"/outside/test/trials_*; do
+    list=$(basename "$t")
+    python -m toolkit.bin.score_sv --trials "$t" \
+      --embeddings "$exp/embeddings/outside/embeddings.scp" \
+      --cohort "$exp/embeddings/cohort/speaker_embeddings.scp" --as-norm-top "$as_norm_top" \
+      --out-dir "$exp/score/$list" --name "$name outside_$list" > /dev/null
+    cat "$exp/score/$list/summary.txt" >> "$exp/score/summary.txt"
+  done
+  cat "$exp/score/summary.txt"
+  # The peer on the same lists, scored the same way: Resemblyzer (GE2E, real speech).
+  bash "$TOOLKIT_ROOT/tools/install_resemblyzer.sh"
+  python "$TOOLKIT_ROOT/tools/benchmarks/resemblyzer_compare.py" --data "$data" \
+    --test-sets outside/test --cohort-dir "$data/train" \
+    --cohort-utts-per-spk "$cohort_utts_per_spk" --as-norm-top "$as_norm_top" \
+    --exp "$exp" --out-dir "$exp/resemblyzer" --nj "$nj"
+fi
+
+if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
+  echo "stage 7: packaging $name into toolkit/pretrained/$name"
+  python -m toolkit.bin.package_pretrained --export-dir "$exp/export" --name "$name" \
+    --card conf/card.md --summary "$exp/score/summary.txt" \
+    --set-file "comparison=$exp/resemblyzer/results.md" \
+    --set "blends=$blends" --set "kokoro_utts=$kokoro_utts" --set "espeak_utts=$espeak_utts" \
+    --set "train_log=$(grep -h 'training finished' "$exp/log/train.rank0.log" | tail -1 | sed 's/.*training finished: //')"
+fi

@@ -1,0 +1,194 @@
+"""The project's shipped pretrained models (toolkit/pretrained/): each matches its card's
+sha256 and size limit, loads, embeds chunked input as it embeds the whole, exports to ONNX
+with the same output, extracts a data list and fine-tunes; the packager refuses a hole in a
+card, damaged weights and an oversized model; each recipe's card template is complete."""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from speaker_data import RATE, SpeakerCorpus, speaker_params, voice_wave
+from train_utils import env, run_train
+from toolkit import pretrained
+from toolkit.errors import ConfigError, DataError, MissingInputError
+from toolkit.pretrained.package import AUTO_FIELDS, MAX_BYTES, package
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEAKER_ENCODER = "ecapa-voicebank-v1"
+
+
+def _run(*args, timeout=300):
+    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                          env=env(), timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _speech(path, index, seconds, seed=0):
+    pitch, formants = speaker_params(index)
+    sf.write(path, voice_wave(np.random.default_rng(seed), pitch, formants, seconds), RATE,
+             subtype="PCM_16")
+    return str(path)
+
+
+# --------------------------------------------------------------------------- shipped models
+
+def test_the_speaker_encoder_is_shipped():
+    assert SPEAKER_ENCODER in pretrained.available()
+
+
+@pytest.mark.parametrize("name", pretrained.available())
+def test_each_shipped_model_matches_its_card(name):
+    folder = pretrained.model_dir(name)
+    weights = pretrained.weights(name)                    # checks the card's sha256
+    assert pretrained.card_sha256(name) == pretrained.file_sha256(weights)
+    assert os.path.getsize(weights) + os.path.getsize(os.path.join(folder, "config.json")) \
+        <= MAX_BYTES
+    card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
+    assert "{{" not in card
+    recipe = re.search(r"bash (egs/\S+/run\.sh)", card)
+    assert recipe and os.path.exists(os.path.join(ROOT, recipe.group(1))), "card names no recipe"
+    assert re.search(r"at commit [0-9a-f]{40}", card), "card names no commit"
+    for word in ("Licences", "Apache-2.0", "GPL-3.0", "Hardware", "EER"):
+        assert word in card, word
+    assert pretrained.metadata(name)["task"]
+
+
+def test_damaged_weights_are_refused(tmp_path):
+    root = str(tmp_path)
+    shutil.copytree(pretrained.model_dir(SPEAKER_ENCODER), os.path.join(root, SPEAKER_ENCODER))
+    path = os.path.join(root, SPEAKER_ENCODER, "model.safetensors")
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 1
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(DataError, match="differs from its model card"):
+        pretrained.weights(SPEAKER_ENCODER, root=root)
+    with pytest.raises(MissingInputError, match="no pretrained model 'nope'"):
+        pretrained.weights("nope", root=root)
+
+
+def test_speaker_encoder_chunked_onnx_extraction_and_cli(tmp_path):
+    from toolkit.tasks.speaker.embed import Embedder
+    whole = Embedder.from_pretrained(SPEAKER_ENCODER)
+    assert whole.metadata["task"] == "speaker"
+    a = _speech(tmp_path / "a.wav", 1, 12.0, seed=1)
+    b = _speech(tmp_path / "b.wav", 1, 4.0, seed=2)
+    c = _speech(tmp_path / "c.wav", 7, 4.0, seed=3)
+    # The same 12 s embedded whole and in 2 s chunks (length-weighted mean) agree.
+    chunked = Embedder.from_pretrained(SPEAKER_ENCODER)
+    chunked.max_chunk_frames = 200
+    full, parts = whole.embed(a), chunked.embed(a)
+    assert np.all(np.isfinite(full)) and full.shape == (whole.metadata["embed_dim"],)
+    assert whole.cosine(full, parts) > 0.95, whole.cosine(full, parts)
+    # ONNX and TorchScript from the shipped weights, parity-checked, same embeddings.
+    out = str(tmp_path / "onnx")
+    _run("toolkit.bin.export_model", "--pretrained", SPEAKER_ENCODER, "--out-dir", out,
+         "--num-check", "4")
+    onnx = Embedder.from_path(os.path.join(out, "model.onnx"))
+    assert np.max(np.abs(onnx.embed(b) - whole.embed(b))) < 1e-4
+    assert os.path.exists(os.path.join(out, "model.zip"))
+    # A data list through extract_embeddings --pretrained.
+    listing = tmp_path / "list"
+    listing.write_text("".join(json.dumps({"key": k, "wav": w, "spk": s}) + "\n"
+                               for k, w, s in (("a", a, "s1"), ("b", b, "s1"), ("c", c, "s7"))))
+    _run("toolkit.bin.extract_embeddings", "--pretrained", SPEAKER_ENCODER, "--data-list",
+         str(listing), "--out-dir", str(tmp_path / "emb"))
+    import kaldiio
+    got = kaldiio.load_scp(str(tmp_path / "emb" / "embeddings.scp"))
+    assert sorted(got) == ["a", "b", "c"]
+    assert np.max(np.abs(np.asarray(got["b"]) - whole.embed(b))) < 1e-4
+    cli = _run("toolkit.bin.sv", "--pretrained", SPEAKER_ENCODER, b, c)
+    assert abs(float(cli.stdout.split()[0]) - whole.score(b, c)) < 1e-4
+
+
+def test_fine_tuning_starts_from_the_shipped_encoder(tmp_path):
+    meta = pretrained.metadata(SPEAKER_ENCODER)
+    config = {"task": {"type": "speaker", "chunk_frames": 100, "eval_max_frames": 200},
+              "dataset": {"feature": {"num_mel_bins": meta["feature"]["num_mel_bins"]},
+                          "batch_size": 8, "num_workers": 0},
+              "model": dict(meta["model_config"]),
+              "head": {"type": "aam_softmax", "scale": 16.0},
+              "optim": {"type": "adam", "lr": 0.0},
+              "training": {"seed": 3, "max_steps": 1, "log_interval": 1,
+                           "init_checkpoint": "pretrained:" + SPEAKER_ENCODER}}
+    config["model"].pop("input_dim", None)
+    corpus = SpeakerCorpus(str(tmp_path / "data"), num_speakers=4, utts=3, dev_speakers=3,
+                           config=config)
+    exp = str(tmp_path / "exp")
+    proc = run_train(corpus.train_args(exp))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"from {pretrained.weights(SPEAKER_ENCODER)}" in proc.stderr
+    from safetensors.torch import load_file
+    shipped = load_file(pretrained.weights(SPEAKER_ENCODER))
+    tuned = torch.load(sorted(glob.glob(os.path.join(exp, "ckpt-*.pt")))[-1],
+                       weights_only=False)["modules"]["model"]
+    key = next(k for k in shipped if k.endswith("weight") and "bn" not in k)
+    assert torch.equal(shipped[key], tuned[key])             # lr 0: the shipped weights
+
+
+# --------------------------------------------------------------------------- the packager
+
+def _tiny_export(folder):
+    from toolkit import export as writers
+    from toolkit.tasks.speaker.embed import build_metadata
+    from toolkit.tasks.speaker.models import SPEAKER_MODELS, build_speaker_model
+    model = build_speaker_model(SPEAKER_MODELS.get("ecapa_tdnn").Config(
+        type="ecapa_tdnn", input_dim=24, channels=16, mfa_channels=48, embed_dim=8,
+        se_bottleneck=8, attention_bottleneck=8))
+    fbank = {"sample_rate": 16000, "num_mel_bins": 24, "frame_length_ms": 25.0,
+             "frame_shift_ms": 10.0}
+    meta = build_metadata(model, fbank)
+    os.makedirs(folder, exist_ok=True)
+    writers.export_safetensors(model, os.path.join(folder, "model.safetensors"), meta,
+                               meta["model_config"])
+    return str(folder), sum(p.numel() for p in model.parameters())
+
+
+def test_packager_writes_a_checkable_card_and_refuses_holes(tmp_path):
+    export, params = _tiny_export(tmp_path / "export")
+    template = tmp_path / "card.md"
+    template.write_text("# {{name}}\n\nat commit {{commit}}, {{parameters}} parameters\n"
+                        "sha256 (model.safetensors): `{{sha256}}`\n\n{{ mine }}\n```\n{{summary}}\n```\n")
+    summary = tmp_path / "summary.txt"
+    summary.write_text("tiny trials cosine: EER 1.00%\n")
+    root = str(tmp_path / "shipped")
+    os.makedirs(root)
+    out = package(export, "tiny-v1", str(template), {"mine": "hello"}, [str(summary)],
+                  root=root)
+    card = open(os.path.join(out, "README.md")).read()
+    assert f"{params:,} parameters" in card and "hello" in card and "EER 1.00%" in card
+    assert pretrained.available(root) == ["tiny-v1"]
+    assert pretrained.card_sha256("tiny-v1", root) == \
+        pretrained.file_sha256(pretrained.weights("tiny-v1", root=root))
+    # A field nobody fills names the template's line; nothing is written.
+    template.write_text("# {{name}}\n\n{{licence}}\n")
+    with pytest.raises(ConfigError, match=r"card\.md:3: no value for \{\{licence\}\}"):
+        package(export, "tiny-v2", str(template), {}, root=root)
+    assert pretrained.available(root) == ["tiny-v1"]
+    with pytest.raises(DataError, match="over the"):
+        package(export, "tiny-v3", str(template), {"licence": "x"}, root=root, max_bytes=1000)
+    with pytest.raises(ConfigError, match="lower case"):
+        package(export, "Tiny", str(template), {"licence": "x"}, root=root)
+
+
+def test_every_recipe_card_template_is_filled_by_its_recipe():
+    """The fields a recipe's packaging stage passes (--set/--set-file), with the
+    packager's own, fill every field of its template."""
+    recipes = [os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "egs", "*", "*", "conf",
+                                                                   "card.md"))]
+    assert recipes
+    for recipe in recipes:
+        run_sh = open(os.path.join(os.path.dirname(recipe), "run.sh")).read()
+        assert "toolkit.bin.package_pretrained" in run_sh, recipe
+        given = set(re.findall(r'--set(?:-file)? "([a-z0-9_]+)=', run_sh))
+        fields = set(re.findall(r"\{\{\s*([a-z0-9_]+)\s*\}\}",
+                                open(os.path.join(recipe, "card.md")).read()))
+        assert fields <= given | set(AUTO_FIELDS), (recipe, fields - given - set(AUTO_FIELDS))
