@@ -97,8 +97,9 @@ def test_speaker_encoder_chunked_onnx_extraction_and_cli(tmp_path):
     assert os.path.exists(os.path.join(out, "model.zip"))
     # A data list through extract_embeddings --pretrained.
     listing = tmp_path / "list"
-    listing.write_text("".join(json.dumps({"key": k, "wav": w, "spk": s}) + "\n"
-                               for k, w, s in (("a", a, "s1"), ("b", b, "s1"), ("c", c, "s7"))))
+    listing.write_text("".join(json.dumps({"key": k, "wav": w, "spk": s, "duration": d}) + "\n"
+                               for k, w, s, d in (("a", a, "s1", 12.0), ("b", b, "s1", 4.0),
+                                                  ("c", c, "s7", 4.0))))
     _run("toolkit.bin.extract_embeddings", "--pretrained", SPEAKER_ENCODER, "--data-list",
          str(listing), "--out-dir", str(tmp_path / "emb"))
     import kaldiio
