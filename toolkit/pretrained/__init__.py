@@ -10,13 +10,13 @@ Each is written by a recipe's packaging stage (``toolkit.bin.package_pretrained`
 checked against its card on load. Anywhere a model path is taken, ``pretrained:NAME`` names
 one of these (``training.init_checkpoint=pretrained:NAME`` fine-tunes from it).
 """
-import hashlib
 import json
 import os
 import re
 from typing import Dict, List
 
 from toolkit.errors import DataError, MissingInputError
+from toolkit.fileio import sha256_file
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 WEIGHTS = "model.safetensors"
@@ -40,12 +40,7 @@ def model_dir(name: str, root: str = ROOT) -> str:
     return os.path.join(root, name)
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+file_sha256 = sha256_file
 
 
 def card_sha256(name: str, root: str = ROOT) -> str:
