@@ -102,6 +102,10 @@ def test_speaker_encoder_chunked_onnx_extraction_and_cli(tmp_path):
                                                   ("c", c, "s7", 4.0))))
     _run("toolkit.bin.extract_embeddings", "--pretrained", SPEAKER_ENCODER, "--data-list",
          str(listing), "--out-dir", str(tmp_path / "emb"))
+    # The parity check on a data list's audio instead of random features.
+    checked = _run("toolkit.bin.export_model", "--pretrained", SPEAKER_ENCODER, "--out-dir",
+                   str(tmp_path / "onnx_listed"), "--test-data", str(listing), "--num-check", "3")
+    assert checked.stderr.count("parity onnx vs PyTorch") == 1
     import kaldiio
     got = kaldiio.load_scp(str(tmp_path / "emb" / "embeddings.scp"))
     assert sorted(got) == ["a", "b", "c"]

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -79,18 +79,26 @@ def export_embedder_weights(weights: str, out_dir: str, test_data: Optional[str]
         shutil.copyfile(weights, os.path.join(out_dir, "model.safetensors"))
         shutil.copyfile(side, os.path.join(out_dir, writers.SIDE_CONFIG))
     if test_data:
-        embedder = Embedder(None, metadata)
-        from toolkit.data.augment import load_mono
-
-        def make(entry):
-            feats = embedder.features(load_mono(entry["wav"], embedder.sample_rate))
-            return (feats[None].astype(np.float32),)
-        cases = parity_inputs(test_data, make, num_check)
+        pipeline = pipeline_from_metadata(metadata)
+        pipeline.min_frames = max(1, int(model.min_frames))     # shorter ones: counted skips
+        cases = parity_inputs(test_data, lambda e: (pipeline.features(e, 0)[None],), num_check)
     else:
         rng = np.random.default_rng(0)
         cases = [(rng.standard_normal((1, int(n), model.config.input_dim)).astype(np.float32),)
                  for n in np.linspace(max(100, model.min_frames), 600, num_check)]
     return _write_exports(model, metadata, out_dir, cases, tolerance, safetensors=False)
+
+
+def pipeline_from_metadata(metadata: dict):
+    """The evaluation pipeline (fbank, no dither, any length) an export's metadata names."""
+    from toolkit.config import DatasetConfig
+    from toolkit.data.pipeline import evaluation_pipeline
+    f = metadata["feature"]
+    dcfg = DatasetConfig(sample_rate=int(f["sample_rate"]), max_duration=1e9, min_duration=0.0)
+    dcfg.feature.num_mel_bins = int(f["num_mel_bins"])
+    dcfg.feature.frame_length_ms = float(f["frame_length_ms"])
+    dcfg.feature.frame_shift_ms = float(f["frame_shift_ms"])
+    return evaluation_pipeline(dcfg)
 
 
 def _write_exports(model: nn.Module, metadata: dict, out_dir: str, cases: list,
@@ -206,15 +214,8 @@ def _extract_part(args) -> Tuple[int, int, List[str]]:
     import kaldiio
     from toolkit.data.audio import BadEntry
     from toolkit.data.datalist import BadCounter, DataList, split_range
-    from toolkit.data.pipeline import evaluation_pipeline
-    from toolkit.config import DatasetConfig
     embedder = Embedder.from_path(model_path, threads)
-    f = embedder.metadata["feature"]
-    dcfg = DatasetConfig(sample_rate=embedder.sample_rate, max_duration=1e9, min_duration=0.0)
-    dcfg.feature.num_mel_bins = int(f["num_mel_bins"])
-    dcfg.feature.frame_length_ms = float(f["frame_length_ms"])
-    dcfg.feature.frame_shift_ms = float(f["frame_shift_ms"])
-    pipeline = evaluation_pipeline(dcfg)
+    pipeline = pipeline_from_metadata(embedder.metadata)
     datalist = DataList.load(list_path, require_label=False)
     start, end = split_range(len(datalist), parts, part)
     ark = os.path.join(out_dir, f"embeddings.{part + 1}.ark")
