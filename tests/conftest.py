@@ -1,7 +1,7 @@
 """Suite-wide pytest setup: the slowest test files are collected first, so that pytest-xdist
 (--dist loadfile, tools/test.sh) hands them out before the short ones and the workers
 finish together instead of one running a long recipe test alone at the end; and the TTS
-clip cache (toolkit.tts.cache) is a directory of this run, not the user's."""
+clip cache (toolkit.voicebank.cache) is a directory of this run, not the user's."""
 import os
 import shutil
 import tempfile

@@ -12,7 +12,7 @@ INSTALL_HINT = "bash tools/test.sh installs it (or: {})"
 
 def engine_missing(name: str) -> str:
     """Why the voice-bank engine `name` cannot speak here, "" when it can."""
-    from toolkit.tts.engines import engine_class
+    from toolkit.voicebank.engines import engine_class
     return engine_class(name).unavailable_reason() or ""
 
 

@@ -28,7 +28,7 @@ def ds_tcn_config(hidden_dim=8):
                                        dilations=[1, 2], dropout=0.0)
 
 
-def train_and_save(exp_dir, config, save_steps, dev_loss=None, seed=0):
+def train_and_save(exp_dir, config, save_steps, dev_metric=None, seed=0):
     """One training run; a checkpoint after each step in save_steps. Returns
     step -> state dict (deep copies, as saved)."""
     torch.manual_seed(seed)
@@ -46,8 +46,8 @@ def train_and_save(exp_dir, config, save_steps, dev_loss=None, seed=0):
         optimizer.step()
         if step in save_steps:
             meta = {"epoch": step // 4}
-            if dev_loss is not None:
-                meta["dev_loss"] = dev_loss[step]
+            if dev_metric is not None:
+                meta["dev_metric"] = dev_metric[step]
             save_checkpoint(str(exp_dir), step,
                             {"format": 2, "task": "kws", "modules": {"model": model.state_dict()},
                              "config": {"task": {"type": "kws"},
@@ -97,13 +97,13 @@ def test_average_states_mean_and_counters(exp):
         assert averaged[key].dtype == torch.int64 and int(averaged[key]) == 7
 
 
-def test_best_picks_lowest_dev_losses(exp):
+def test_best_picks_lowest_dev_metrics(exp):
     exp_dir, states = exp
     chosen = select_checkpoints(str(exp_dir), 2, "best")
     assert [c.step for c in chosen] == [5, 9]
     result = average_checkpoints(str(exp_dir), 2, "best")
     assert [a["step"] for a in result["averaged_from"]] == [5, 9]
-    assert [a["dev_loss"] for a in result["averaged_from"]] == [0.20, 0.30]
+    assert [a["dev_metric"] for a in result["averaged_from"]] == [0.20, 0.30]
     assert_average_of(result["modules"]["model"], [states[5], states[9]])
     assert result["config"]["model"] == dataclasses.asdict(ds_tcn_config())
 
@@ -139,7 +139,7 @@ def test_corrupted_checkpoints_are_excluded(exp):
     assert_average_of(result["modules"]["model"], [states[3], states[7]])
 
 
-def test_no_dev_loss_and_no_usable_checkpoint(tmp_path):
+def test_no_dev_metric_and_no_usable_checkpoint(tmp_path):
     exp_dir = tmp_path / "exp"
     exp_dir.mkdir()
     train_and_save(exp_dir, ds_tcn_config(), [2, 4])       # no dev loss recorded

@@ -33,8 +33,8 @@ def noisy(x: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:
 def speech(tmp_path_factory):
     """Two espeak-ng sentences as 16 kHz 16-bit WAV files and a data list of them."""
     from toolkit.data.audio import resample
-    from toolkit.tts import Voice
-    from toolkit.tts.engines import EspeakEngine
+    from toolkit.voicebank import Voice
+    from toolkit.voicebank.engines import EspeakEngine
     root = tmp_path_factory.mktemp("codec_eval_speech")
     engine = EspeakEngine(str(root))
     entries, waves = [], []

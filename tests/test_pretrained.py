@@ -110,7 +110,7 @@ def test_speaker_encoder_chunked_onnx_extraction_and_cli(tmp_path):
     got = kaldiio.load_scp(str(tmp_path / "emb" / "embeddings.scp"))
     assert sorted(got) == ["a", "b", "c"]
     assert np.max(np.abs(np.asarray(got["b"]) - whole.embed(b))) < 1e-4
-    cli = _run("toolkit.bin.sv", "--pretrained", SPEAKER_ENCODER, b, c)
+    cli = _run("toolkit.bin.speaker", "--pretrained", SPEAKER_ENCODER, b, c)
     assert abs(float(cli.stdout.split()[0]) - whole.score(b, c)) < 1e-4
 
 

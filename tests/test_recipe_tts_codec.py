@@ -72,7 +72,7 @@ def test_every_stage_writes_its_outputs(recipe_run):
     reserved = [json.loads(line) for line in
                 (data / "reserved" / "test" / "data.list").read_text().splitlines()]
     assert len(reserved) == 2 and all(os.path.exists(e["wav"]) for e in reserved)
-    from toolkit.tts import RESERVED_VOICES
+    from toolkit.voicebank import RESERVED_VOICES
     rows = [line.split("\t") for line in (data / "voices.tsv").read_text().splitlines()[1:]]
     outside = [line.split("\t") for line in
                (data / "reserved" / "voices.tsv").read_text().splitlines()[1:]]
@@ -176,7 +176,7 @@ def test_generator_is_deterministic_for_any_nj(tmp_path):
     # Noisy = clean + noise: the same keys, and the noise at the SNR of utt2snr.
     import numpy as np
     import soundfile as sf
-    from toolkit.tts.signal import active_power
+    from toolkit.voicebank.signal import active_power
     snr = dict(line.split() for line in open(one / "dev_noisy" / "utt2snr"))
     assert snr.keys() == dict(line.split() for line in open(one / "dev" / "utt2spk")).keys()
     for utt, value in snr.items():
@@ -191,7 +191,7 @@ def test_generator_is_deterministic_for_any_nj(tmp_path):
 
 
 def test_voices_of_the_splits_are_disjoint(tmp_path):
-    from toolkit.tts.espeak import ACCENTS, espeak_voices, random_voices
+    from toolkit.voicebank.espeak import ACCENTS, espeak_voices, random_voices
     from toolkit.tasks.codec.corpus import split_voices
     pool = espeak_voices() + random_voices(40, ACCENTS, 7)
     splits = split_voices(pool, seed=7)
@@ -220,9 +220,9 @@ def test_voices_of_the_splits_are_disjoint(tmp_path):
 
 def test_named_engines_only(tmp_path, monkeypatch):
     from toolkit.tasks.codec.corpus import Sizes, generate_speech
-    from toolkit.tts import SynthError
-    from toolkit.tts.corpus import check_engines
-    from toolkit.tts.engines import FestivalEngine
+    from toolkit.voicebank import SynthError
+    from toolkit.voicebank.corpus import check_engines
+    from toolkit.voicebank.engines import FestivalEngine
     assert check_engines(["espeak"]) == ["espeak"]
     # An engine named but missing stops before any work, in one message.
     monkeypatch.setattr(FestivalEngine, "unavailable_reason",
@@ -239,7 +239,7 @@ def plan_with_bank(tmp_path, names, voices, test_only=False, blends=12, other_sh
     """codec.plan_corpus over espeak-ng and Kokoro's voice list (planning needs no Kokoro
     model: its voices and blends are names and weights)."""
     from toolkit.tasks.codec import corpus as codec
-    from toolkit.tts.corpus import Engines
+    from toolkit.voicebank.corpus import Engines
     tmp = tmp_path / ("only" if test_only else "full")
     tmp.mkdir()
     splits = ("test",) if test_only else ("train", "dev", "test")
@@ -249,8 +249,8 @@ def plan_with_bank(tmp_path, names, voices, test_only=False, blends=12, other_sh
 
 
 def test_bank_blends_train_their_voices_and_reserved_voices_stay_out(tmp_path):
-    from toolkit.tts import RESERVED_VOICES, is_reserved
-    from toolkit.tts.kokoro import kokoro_voices
+    from toolkit.voicebank import RESERVED_VOICES, is_reserved
+    from toolkit.voicebank.kokoro import kokoro_voices
     bank = kokoro_voices()
     groups, by_split, _ = plan_with_bank(tmp_path, ("espeak", "kokoro"), bank)
     spoken = {s: [spec.voice for g in groups if g.split == s for spec in g.specs]
@@ -280,13 +280,13 @@ def test_bank_blends_train_their_voices_and_reserved_voices_stay_out(tmp_path):
 
 def test_bank_arguments_are_checked(tmp_path):
     from toolkit.tasks.codec.corpus import Sizes, generate_speech
-    from toolkit.tts import SynthError
+    from toolkit.voicebank import SynthError
     for kwargs, message in (({"other_share": 1.5}, r"other-engine share 1\.5 is outside"),
                             ({"blends": -1}, "blends must be >= 0"),
                             ({"blends": 3}, "none of the engines espeak mixes voices")):
         with pytest.raises(SynthError, match=message):
             generate_speech(str(tmp_path / "x"), sizes=Sizes(2, 1, 1), noisy=False, **kwargs)
-    res = subprocess.run([sys.executable, "-m", "toolkit.bin.synth_speech_data", "--out-dir",
+    res = subprocess.run([sys.executable, "-m", "toolkit.bin.synth_codec_data", "--out-dir",
                           str(tmp_path / "y"), "--blends", "2"], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("error: ")

@@ -17,10 +17,10 @@ import sys
 import pytest
 
 from toolkit.tasks.speaker import corpus as sc
-from toolkit.tts import Voice, is_reserved
-from toolkit.tts.corpus import Engines, voice_family
-from toolkit.tts.espeak import VARIANTS, espeak_voices
-from toolkit.tts.kokoro import kokoro_voices
+from toolkit.voicebank import Voice, is_reserved
+from toolkit.voicebank.corpus import Engines, voice_family
+from toolkit.voicebank.espeak import VARIANTS, espeak_voices
+from toolkit.voicebank.kokoro import kokoro_voices
 from installed import require_engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

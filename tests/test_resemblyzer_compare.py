@@ -1,5 +1,5 @@
 """tools/benchmarks/resemblyzer_compare.py: Resemblyzer's embeddings of a recipe's test
-sets scored by the recipe's own score_sv on the same trial lists, beside the recipe's
+sets scored by the recipe's own score_speaker on the same trial lists, beside the recipe's
 results. The real encoder runs (tools/test.sh installs Resemblyzer; the tool itself is
 opt-in); without it the tool says how to install it, in one line."""
 import json
@@ -50,7 +50,7 @@ def test_a_test_set_without_trials_is_named(corpus, tmp_path):
     assert result.stderr.strip().splitlines()[-1] == f"error: {corpus}/dev has no trials file"
 
 
-def test_resemblyzer_scored_by_score_sv_beside_a_recipe(corpus, tmp_path):
+def test_resemblyzer_scored_by_score_speaker_beside_a_recipe(corpus, tmp_path):
     require_module("resemblyzer", "bash tools/install_resemblyzer.sh")
     # A recipe's scores of the same list, as utils/sv_stages.sh stage 7 leaves them.
     exp = tmp_path / "exp_x"

@@ -46,7 +46,7 @@ def test_training_logs_margin_ramp_and_dev_eer(trained):
     assert set(payload["modules"]) == {"model", "head"}
     assert payload["task_state"]["inventory"][0] == "spk000"
     from toolkit.trainer.checkpoint import list_checkpoints
-    assert any(c.meta.get("dev_metric") == "eer" and c.dev_loss is not None
+    assert any(c.meta.get("dev_metric_name") == "eer" and c.dev_metric is not None
                for c in list_checkpoints(exp))
 
 
@@ -142,7 +142,7 @@ def test_export_extract_score_and_cli(corpus, trained, tmp_path):
     trials = tmp_path / "trials.txt"
     trials.write_text("".join(f"{a} {b} {'target' if a[:6] == b[:6] else 'nontarget'}\n"
                               for i, a in enumerate(keys) for b in keys[i + 1:]))
-    score = run("toolkit.bin.score_sv", "--trials", str(trials), "--embeddings",
+    score = run("toolkit.bin.score_speaker", "--trials", str(trials), "--embeddings",
                 os.path.join(emb_dir, "embeddings.scp"), "--cohort",
                 os.path.join(train_dir, "speaker_embeddings.scp"), "--as-norm-top", "3",
                 "--out-dir", str(tmp_path / "score"))
@@ -152,7 +152,7 @@ def test_export_extract_score_and_cli(corpus, trained, tmp_path):
     result = json.load(open(tmp_path / "score" / "result.json"))
     assert result["systems"]["cosine"]["trials"] == len(keys) * (len(keys) - 1) // 2
     # Two WAVs on the command line.
-    cli = run("toolkit.bin.sv", "--model", os.path.join(out, "model.onnx"), wavs[0], wavs[1],
+    cli = run("toolkit.bin.speaker", "--model", os.path.join(out, "model.onnx"), wavs[0], wavs[1],
               "--threshold", "0.5")
     value, verdict = cli.stdout.split()
     assert abs(float(value) - onnx.score(wavs[0], wavs[1])) < 1e-4 and verdict in ("same", "different")

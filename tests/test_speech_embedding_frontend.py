@@ -241,7 +241,7 @@ def test_export_parity_of_an_embedding_input_head(tmp_path):
 # ----------------------------------------------------------------------------- corpus
 
 def test_festival_is_refused_for_training(tmp_path):
-    from toolkit.tts import SynthError
+    from toolkit.voicebank import SynthError
     from toolkit.tasks.kws.corpus import generate_corpus
     require_engine("festival")          # installed, and refused as reserved for testing
     refusal = "reserved for the unseen-engine test"

@@ -1,4 +1,4 @@
-"""Tests of the TTS layer (toolkit.tts) and the synthetic wake-word corpus on top of it
+"""Tests of the TTS layer (toolkit.voicebank) and the synthetic wake-word corpus on top of it
 (toolkit.tasks.kws.corpus)."""
 import hashlib
 import json
@@ -13,10 +13,10 @@ import soundfile as sf
 
 from toolkit.data.audio import resample
 from toolkit.tasks.kws import corpus as S
-from toolkit.tts import Voice, espeak as E, flite as F, signal as sig
-from toolkit.tts.corpus import open_engines
-from toolkit.tts.engines import ENGINES, engine_class
-from toolkit.tts.render import Renderer
+from toolkit.voicebank import Voice, espeak as E, flite as F, signal as sig
+from toolkit.voicebank.corpus import open_engines
+from toolkit.voicebank.engines import ENGINES, engine_class
+from toolkit.voicebank.render import Renderer
 from installed import require_engine
 
 
@@ -538,14 +538,14 @@ def test_engine_registry(monkeypatch, tmp_path):
         cls = engine_class(name)
         assert not cls.available() and cls.voices() == [] and hint in cls.unavailable_reason()
     # generic layer: importing it loads no task code
-    code = ("import sys, toolkit.tts.corpus, toolkit.tts.engines, toolkit.tts.pool, "
-            "toolkit.tts.render, toolkit.tts.signal; "
+    code = ("import sys, toolkit.voicebank.corpus, toolkit.voicebank.engines, toolkit.voicebank.pool, "
+            "toolkit.voicebank.render, toolkit.voicebank.signal; "
             "sys.exit(any(m.startswith('toolkit.tasks') for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_espeak_engine_speaks_with_word_onsets(tmp_path):
-    from toolkit.tts.pool import run_forked
+    from toolkit.voicebank.pool import run_forked
     voice = engine_class("espeak").voices()[0]
 
     def speak(_):

@@ -262,7 +262,7 @@ def test_accumulation_with_ddp_and_step_validation(corpus, tmp_path):
     # 24 utterances / batch 6 = 4 batches -> 2 per rank -> 1 optimizer step with accum 2.
     assert latest_payload(exp)["step"] == 1
     from toolkit.trainer.checkpoint import list_checkpoints
-    assert all(c.dev_loss is not None for c in list_checkpoints(exp))
+    assert all(c.dev_metric is not None for c in list_checkpoints(exp))
 
 
 

@@ -323,7 +323,7 @@ def test_checkpoint_housekeeping(tmp_path):
 
     def save(step, dev=None):
         return ckpt.save_checkpoint(str(tmp_path), step, {"w": torch.full((2,), float(step))},
-                                    {"epoch": 0, "dev_loss": dev})
+                                    {"epoch": 0, "dev_metric": dev})
     for step in (1, 2, 3, 4):
         save(step)
     # The newest two by step are corrupt: they must not take keep_last places.
@@ -372,6 +372,6 @@ def test_prune_always_keeps_the_newest_checkpoint(tmp_path):
     from toolkit.trainer import checkpoint as ckpt
     for step, dev in ((1, 0.5), (2, 0.9)):
         ckpt.save_checkpoint(str(tmp_path), step, {"w": torch.zeros(1)},
-                             {"epoch": 0, "dev_loss": dev})
+                             {"epoch": 0, "dev_metric": dev})
     ckpt.prune(str(tmp_path), keep_last=0, keep_best=1)
     assert [c.step for c in ckpt.list_checkpoints(str(tmp_path))] == [1, 2]

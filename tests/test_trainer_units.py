@@ -114,9 +114,9 @@ def test_workers_divided_across_local_ranks():
     assert workers_per_rank(0, 2) == 0
 
 
-def _save(exp, step, dev_loss=None):
+def _save(exp, step, dev_metric=None):
     return ckpt.save_checkpoint(str(exp), step, {"model": {"w": torch.full((2,), float(step))}},
-                                {"epoch": 0, "dev_loss": dev_loss})
+                                {"epoch": 0, "dev_metric": dev_metric})
 
 
 def test_retention_keeps_last_k_and_best_n(tmp_path):
@@ -204,3 +204,12 @@ def test_a_begun_fraction_ramp_keeps_the_total_it_began_under():
     # One run, one total: every ramp against it.
     plain = SimpleNamespace(ramp_totals=[(0, 100)], total_steps=100)
     assert Trainer.ramp_total(plain, later, 10) == 100
+
+
+def test_checkpoint_metadata_of_older_exp_dirs_still_reads(tmp_path):
+    """Exp dirs written before the rename hold the value as dev_loss and the metric's name
+    in dev_metric: averaging and pruning must still rank them."""
+    from toolkit.trainer.checkpoint import dev_metric_of
+    assert dev_metric_of({"dev_loss": 0.25, "dev_metric": "eer"}) == 0.25
+    assert dev_metric_of({"dev_metric": 0.5, "dev_metric_name": "eer"}) == 0.5
+    assert dev_metric_of({"step": 3}) is None

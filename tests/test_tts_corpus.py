@@ -1,4 +1,4 @@
-"""The corpus layer every TTS generator stands on (toolkit.tts.corpus), through the three
+"""The corpus layer every TTS generator stands on (toolkit.voicebank.corpus), through the three
 generators that use it (wake word, speaker, codec speech): reserved voices never reach
 train or dev, one wording of every engine error, the stamp decides what is redone,
 cleaning removes only what a generator writes, the voice inventory lists every voice that
@@ -14,9 +14,9 @@ import pytest
 from toolkit.tasks.codec import corpus as codec
 from toolkit.tasks.kws import corpus as kws
 from toolkit.tasks.speaker import corpus as speaker
-from toolkit.tts import SynthError, Voice
-from toolkit.tts import corpus as C
-from toolkit.tts.espeak import espeak_voices
+from toolkit.voicebank import SynthError, Voice
+from toolkit.voicebank import corpus as C
+from toolkit.voicebank.espeak import espeak_voices
 from installed import require_engine, require_root_and_unshare
 
 
@@ -32,7 +32,7 @@ BINARIES = {
     "speaker": ["toolkit.bin.synth_speaker_data", "--num-train-speakers", "2", "--train-utts",
                 "2", "--num-dev-speakers", "2", "--dev-utts", "2", "--num-test-speakers", "2",
                 "--test-utts", "2"],
-    "codec": ["toolkit.bin.synth_speech_data", "--num-train", "3", "--num-dev", "1",
+    "codec": ["toolkit.bin.synth_codec_data", "--num-train", "3", "--num-dev", "1",
               "--num-test", "1", "--random-voices", "2", "--sentences", "1,1"],
 }
 
@@ -348,7 +348,7 @@ def test_an_interrupted_run_is_cleaned_by_the_next_whatever_its_kind(test_only, 
         (out / "wavs" / name / "half.wav").write_bytes(b"RIFF")
     if interrupted:                 # a test-only run writes no train split
         (out / "wavs" / "train").mkdir()
-        with pytest.raises(SynthError, match=r"holds wavs/train/ but \.synth_speech_data\.json "
+        with pytest.raises(SynthError, match=r"holds wavs/train/ but \.synth_codec_data\.json "
                                              r"does not account for them"):
             generate("codec", out, test_only=test_only)
         assert (out / "wavs" / "test" / "half.wav").exists()
@@ -382,7 +382,7 @@ def test_the_inventory_lists_every_voice_that_speaks(family, tmp_path):
 
 
 def test_blend_weights_in_the_inventory():
-    from toolkit.tts.kokoro import blend_voice
+    from toolkit.voicebank.kokoro import blend_voice
     blended = blend_voice([("af_bella", 0.6), ("am_adam", 0.4)])
     assert C._blend_text(blended) == "af_bella:0.6,am_adam:0.4"
     assert C._blend_text(blend_voice([("bf_alice", 3), ("bm_lewis", 1)])) == \

@@ -1,4 +1,4 @@
-"""The voice bank (toolkit.tts): Kokoro's installer (assembly and verification on parts
+"""The voice bank (toolkit.voicebank): Kokoro's installer (assembly and verification on parts
 the test writes), Kokoro itself when it is installed, blends and reserved voices, the
 clip cache, and Debian's opt-in engines when they are installed."""
 import hashlib
@@ -14,10 +14,10 @@ import zipfile
 import numpy as np
 import pytest
 
-from toolkit.tts import (RESERVED_VOICES, SynthError, Voice, is_reserved, pitch_ratio,
+from toolkit.voicebank import (RESERVED_VOICES, SynthError, Voice, is_reserved, pitch_ratio,
                          training_voices)
-from toolkit.tts import kokoro_assets as A
-from toolkit.tts.engines import EspeakEngine, engine_class
+from toolkit.voicebank import kokoro_assets as A
+from toolkit.voicebank.engines import EspeakEngine, engine_class
 from installed import require_engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -208,7 +208,7 @@ def test_kokoro_unavailable_names_the_install_command(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------
 
 def test_blends_are_seeded_and_never_reserved():
-    from toolkit.tts.kokoro import blend_voice, kokoro_blends, kokoro_voices
+    from toolkit.voicebank.kokoro import blend_voice, kokoro_blends, kokoro_voices
     a = kokoro_blends(40, seed=3)
     assert a == kokoro_blends(40, seed=3)
     assert [v.name for v in a] != [v.name for v in kokoro_blends(40, seed=4)]
@@ -244,7 +244,7 @@ def test_is_reserved():
 
 def test_kokoro_word_onsets_from_phoneme_timings():
     from collections import namedtuple
-    from toolkit.tts.kokoro import _word_onsets
+    from toolkit.voicebank.kokoro import _word_onsets
     timing = namedtuple("Timing", "phoneme start end")
 
     def timings(phonemes):           # 0.1 s a token
@@ -335,7 +335,7 @@ def _without_audio(path):
 
 
 def test_cache_hit_is_exact_and_skips_the_engine(tmp_path, monkeypatch):
-    from toolkit.tts.pool import run_forked
+    from toolkit.voicebank.pool import run_forked
     root = tmp_path / "clips"
     monkeypatch.setenv("TOOLKIT_TTS_CACHE", str(root))
     voice = Voice("en-us_f3", "espeak", "en-us+f3")
@@ -344,7 +344,7 @@ def test_cache_hit_is_exact_and_skips_the_engine(tmp_path, monkeypatch):
         text, rate, voice_ = args
         CountingEspeak.calls = 0
         warned = _Recorder()
-        logging.getLogger("toolkit.tts.cache").addHandler(warned)
+        logging.getLogger("toolkit.voicebank.cache").addHandler(warned)
         s = CountingEspeak(str(tmp_path)).synth(text, voice_, rate=rate, seed=1)
         return s.audio, s.sample_rate, s.word_onsets, CountingEspeak.calls, warned.lines
 
@@ -383,7 +383,7 @@ def test_cache_hit_is_exact_and_skips_the_engine(tmp_path, monkeypatch):
 
 def test_cache_under_concurrent_renderers(tmp_path, monkeypatch):
     """Forked renderers making the same clips at once leave whole files, no temporaries."""
-    from toolkit.tts.pool import run_forked
+    from toolkit.voicebank.pool import run_forked
     root = tmp_path / "clips"
     monkeypatch.setenv("TOOLKIT_TTS_CACHE", str(root))
     voices = [Voice("en-us_m3", "espeak", "en-us+m3"), Voice("en_f2", "espeak", "en+f2")]
@@ -421,12 +421,12 @@ def _f0(audio, sr):
 @pytest.fixture(scope="module")
 def kokoro_engine(tmp_path_factory):
     require_engine("kokoro")
-    from toolkit.tts.kokoro import KokoroEngine
+    from toolkit.voicebank.kokoro import KokoroEngine
     return KokoroEngine(str(tmp_path_factory.mktemp("kokoro")))
 
 
 def test_kokoro_speaks_voices_blends_rate_and_pitch(kokoro_engine, monkeypatch):
-    from toolkit.tts.kokoro import kokoro_blends, kokoro_voice
+    from toolkit.voicebank.kokoro import kokoro_blends, kokoro_voice
     monkeypatch.setenv("TOOLKIT_TTS_CACHE", "off")
     engine = kokoro_engine
     bella = kokoro_voice("af_bella")

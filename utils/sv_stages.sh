@@ -260,7 +260,7 @@ if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
         _prefix=${_tset%/test}
         name=${_prefix//\//_}_$name
       fi
-      python -m toolkit.bin.score_sv --trials "$t" \
+      python -m toolkit.bin.score_speaker --trials "$t" \
         --embeddings "$sys/embeddings/$_tset/embeddings.scp" \
         --cohort "$sys/embeddings/cohort/speaker_embeddings.scp" --as-norm-top "$as_norm_top" \
         --out-dir "$sys/score/$name" --name "$(basename "$sys") $name" > /dev/null

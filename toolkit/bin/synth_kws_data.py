@@ -10,7 +10,7 @@ import sys
 from toolkit.errors import cli
 from toolkit.tasks.kws.corpus import (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, Sizes,
                                       generate_corpus)
-from toolkit.tts.corpus import add_voice_bank_arguments
+from toolkit.voicebank.corpus import add_voice_bank_arguments
 
 _DEFAULTS = Sizes()
 

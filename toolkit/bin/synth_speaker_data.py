@@ -11,8 +11,8 @@ from typing import Dict
 from toolkit.errors import cli
 from toolkit.tasks.speaker.corpus import (BLEND_SPLIT, SNR_DB, WORDS_PER_UTT,
                                           EngineSizing, Sizes, generate_corpus)
-from toolkit.tts import SynthError
-from toolkit.tts.corpus import add_voice_bank_arguments
+from toolkit.voicebank import SynthError
+from toolkit.voicebank.corpus import add_voice_bank_arguments
 
 _DEFAULTS = Sizes()
 

@@ -12,8 +12,8 @@ logger = logging.getLogger(__name__)
 def select_checkpoints(exp_dir: str, num: int, mode: str) -> List[ckpt.CheckpointInfo]:
     infos = [c for c in ckpt.list_checkpoints(exp_dir) if ckpt.verify(c) is None]
     if mode == "best":
-        infos = sorted((c for c in infos if c.dev_loss is not None),
-                       key=lambda c: (c.dev_loss, -c.step))
+        infos = sorted((c for c in infos if c.dev_metric is not None),
+                       key=lambda c: (c.dev_metric, -c.step))
     elif mode == "last":
         infos = sorted(infos, key=lambda c: -c.step)
     else:
@@ -77,12 +77,12 @@ def average_checkpoints(exp_dir: str, num: int, mode: str = "best") -> dict:
     modules = {name: average_states([p["modules"][name] for p in payloads], names)
                for name in payloads[0]["modules"]}
     logger.info("averaged %d checkpoints (%s): %s", len(chosen), mode,
-                ", ".join(f"step {c.step} dev {c.dev_loss}" for c in chosen))
+                ", ".join(f"step {c.step} dev {c.dev_metric}" for c in chosen))
     return {"format": payloads[0].get("format"), "task": payloads[0].get("task"),
             "modules": modules, "config": payloads[0].get("config"),
             # e.g. the speaker inventory: an init from the average keeps the trained head
             "task_state": payloads[0].get("task_state", {}),
-            "averaged_from": [{"step": c.step, "dev_loss": c.dev_loss} for c in chosen]}
+            "averaged_from": [{"step": c.step, "dev_metric": c.dev_metric} for c in chosen]}
 
 
 def flatten_dict(d, prefix: str = "") -> dict:

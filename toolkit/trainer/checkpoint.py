@@ -32,8 +32,17 @@ class CheckpointInfo:
     path: str          # the .pt file
     step: int
     epoch: int
-    dev_loss: Optional[float]
+    dev_metric: Optional[float]   # the task's selection metric at this step (lower is better)
     meta: dict
+
+
+def dev_metric_of(meta: dict) -> Optional[float]:
+    """The dev metric a checkpoint's metadata records; exp dirs written before the field
+    was named `dev_metric` hold it as `dev_loss` (and the metric's name in `dev_metric`)."""
+    value = meta.get("dev_metric")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return meta.get("dev_loss")
 
 
 def rng_state(cuda: bool = False) -> dict:
@@ -99,7 +108,7 @@ def list_checkpoints(exp_dir: str) -> List[CheckpointInfo]:
             logger.warning("ignoring unreadable checkpoint metadata %s: %s", meta_path, err)
             continue
         found.append(CheckpointInfo(meta_path[:-5] + ".pt", step,
-                                    int(meta.get("epoch", 0)), meta.get("dev_loss"), meta))
+                                    int(meta.get("epoch", 0)), dev_metric_of(meta), meta))
     return sorted(found, key=lambda c: c.step)
 
 
@@ -171,8 +180,8 @@ def prune(exp_dir: str, keep_last: int, keep_best: int) -> List[str]:
     broken = [c for c in infos if c not in valid]
     # The newest valid checkpoint always stays: it is what a rerun resumes from.
     keep = {c.step for c in valid[-max(1, keep_last):]}
-    scored = [c for c in valid if c.dev_loss is not None]
-    keep |= {c.step for c in sorted(scored, key=lambda c: (c.dev_loss, -c.step))[:keep_best]}
+    scored = [c for c in valid if c.dev_metric is not None]
+    keep |= {c.step for c in sorted(scored, key=lambda c: (c.dev_metric, -c.step))[:keep_best]}
     newest = valid[-1].step if valid else -1
     removed = []
     for c in valid:

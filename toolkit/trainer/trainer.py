@@ -349,7 +349,7 @@ class Trainer:
             if not self.info.is_main:
                 return
             meta = {"epoch": self.epoch, "global_batch_pos": self.global_pos,
-                    "dev_loss": dev_metric, "dev_metric": self.task.selection_metric,
+                    "dev_metric": dev_metric, "dev_metric_name": self.task.selection_metric,
                     "time": time.strftime("%Y-%m-%d %H:%M:%S")}
             if self.writer:     # a run killed once the checkpoint exists lost no scalar of it
                 self.writer.flush()

@@ -16,7 +16,7 @@ import numpy as np
 
 from toolkit.data.audio import resample
 from toolkit.data.features import compute_fbank, fbank_options
-from toolkit.tts.espeak import Espeak
+from toolkit.voicebank.espeak import Espeak
 
 RATE = 16000
 

@@ -295,7 +295,7 @@ def main(argv=None) -> int:
     args = get_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s oww_compare %(message)s")
     from toolkit.data.features import OWW_INSTALL, oww_model_dir
-    from toolkit.tts.engines import engine_class
+    from toolkit.voicebank.engines import engine_class
     model_dir = args.oww_model_dir or oww_model_dir()
     if not model_dir or not os.path.isdir(model_dir):
         print(f"openWakeWord is not installed: bash tools/install_oww.sh ({OWW_INSTALL})",

@@ -1,5 +1,5 @@
 """Resemblyzer beside a speaker recipe, on the same trial lists, scored by the same
-`toolkit.bin.score_sv`.
+`toolkit.bin.score_speaker`.
 
 Resemblyzer 0.1.4 (Apache-2.0) is a GE2E speaker encoder (3-layer LSTM, 40 mel bins,
 256-d) trained on real speech, its weights inside the wheel. Every utterance of each test
@@ -7,7 +7,7 @@ set is embedded as its authors embed one: `VoiceEncoder("cpu").embed_utterance(
 preprocess_wav(audio, sample_rate))` (volume normalisation, long silences cut with
 webrtcvad, then the mean of the partial embeddings). The embeddings are written as Kaldi
 vectors (kaldiio, what stage 6 of utils/sv_stages.sh writes) and each trial list is
-scored with score_sv:
+scored with score_speaker:
 
   * `resemblyzer`: plain cosine, no cohort (as Resemblyzer is meant to be used);
   * `resemblyzer_cohort` (with --cohort-dir): the recipe's own scoring, the mean of a
@@ -26,7 +26,7 @@ by side.
       --exp egs/tts_speakers/v1/exp/ecapa --out-dir egs/tts_speakers/v1/exp/resemblyzer
 
 Writes <out-dir>/embeddings/<set>/embeddings.scp (reused when its wav.scp is older),
-<out-dir>/score/<system>/<name>/ (score_sv's outputs), results.json and results.md (also
+<out-dir>/score/<system>/<name>/ (score_speaker's outputs), results.json and results.md (also
 printed): for every trial list, EER and minDCF of each system.
 """
 import argparse
@@ -217,8 +217,8 @@ def embed_set(data_dir: str, out_dir: str, nj: int, utts_per_spk: int = 0) -> st
 
 def score(trials: str, embeddings: str, out_dir: str, name: str, cohort: Optional[str],
           as_norm_top: int) -> Dict[str, dict]:
-    """score_sv on one trial list; its result.json's systems."""
-    from toolkit.bin import score_sv
+    """score_speaker on one trial list; its result.json's systems."""
+    from toolkit.bin import score_speaker
     args = ["--trials", trials, "--embeddings", embeddings, "--out-dir", out_dir,
             "--name", name]
     if cohort:
@@ -226,9 +226,9 @@ def score(trials: str, embeddings: str, out_dir: str, name: str, cohort: Optiona
     import contextlib
     import io
     with contextlib.redirect_stdout(io.StringIO()):
-        status = score_sv.main(args)
+        status = score_speaker.main(args)
     if status != 0:
-        raise DataError(f"score_sv failed on {trials} (exit {status})")
+        raise DataError(f"score_speaker failed on {trials} (exit {status})")
     with open(os.path.join(out_dir, "result.json"), encoding="utf-8") as f:
         return json.load(f)["systems"]
 

@@ -29,9 +29,9 @@ os.environ["TOOLKIT_TTS_CACHE"] = "off"      # measure synthesis, not the cache
 
 import numpy as np  # noqa: E402
 
-from toolkit.tts import training_voices  # noqa: E402
-from toolkit.tts.engines import ENGINES, engine_class  # noqa: E402
-from toolkit.tts.pool import run_forked  # noqa: E402
+from toolkit.voicebank import training_voices  # noqa: E402
+from toolkit.voicebank.engines import ENGINES, engine_class  # noqa: E402
+from toolkit.voicebank.pool import run_forked  # noqa: E402
 from toolkit.tasks.codec.corpus import sentence  # noqa: E402
 
 ENGINE_ORDER = ["espeak", "flite", "festival", "rhvoice", "pico", "mbrola", "kokoro"]
@@ -79,7 +79,7 @@ def engine_rtf(name, sentences, work):
 
 def kokoro_variant(graph, threads, spin, sentences, work):
     def run(_):
-        from toolkit.tts import kokoro as K
+        from toolkit.voicebank import kokoro as K
         engine = K.KokoroEngine(work, graph=graph, threads=threads)
         t = time.perf_counter()
         engine._load()
@@ -103,7 +103,7 @@ def kokoro_forked(graph, sentences, work, nj=2):
     """Corpus-style rendering: nj children, one thread each, sentences split between them;
     audio seconds per wall second, model loading included (each child loads it)."""
     def run(chunk):
-        from toolkit.tts import kokoro as K
+        from toolkit.voicebank import kokoro as K
         engine = K.KokoroEngine(work, graph=graph, threads=1)
         voices = training_voices(K.kokoro_voices())[:4]
         c = _cpu_s()
@@ -119,7 +119,7 @@ def kokoro_batch_check(work):
     """Does the graph run on a batch of 2 utterances? The answer, in words."""
     def run(_):
         import onnxruntime as ort
-        from toolkit.tts import kokoro as K
+        from toolkit.voicebank import kokoro as K
         path = os.path.join(K.assets.kokoro_dir(), K.assets.GRAPHS["int8"][0])
         sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         shapes = {i.name: i.shape for i in sess.get_inputs()}
@@ -159,7 +159,7 @@ def main():
             if name != "kokoro":
                 variants.append((name, lambda n=name: engine_rtf(n, sentences, work)))
                 continue
-            from toolkit.tts import kokoro_assets
+            from toolkit.voicebank import kokoro_assets
             graphs = [g for g in kokoro_assets.GRAPHS
                       if kokoro_assets.is_current(graphs=(g,))]
             for graph in graphs:

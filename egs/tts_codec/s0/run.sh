@@ -97,7 +97,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   esac
   _noisy_arg=()
   [ "$noisy" = true ] || _noisy_arg=(--no-noisy)
-  python -m toolkit.bin.synth_speech_data --out-dir "$data" --seed "$seed" \
+  python -m toolkit.bin.synth_codec_data --out-dir "$data" --seed "$seed" \
     --num-train "$num_train" --num-dev "$num_dev" --num-test "$num_test" \
     --random-voices "$random_voices" --max-voices "$max_voices" --engines "$engines" \
     --other-share "$other_share" --blends "$blends" --nj "$nj" "${_noisy_arg[@]}"
@@ -106,7 +106,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     # (espeak-ng) are those of data/test; an engine that reserves voices speaks with those.
     _pool=(--max-voices "$max_voices")
     case ",$test_engines," in *,espeak,*) _pool+=(--random-voices "$random_voices") ;; esac
-    python -m toolkit.bin.synth_speech_data --test-only --out-dir "$data/reserved" \
+    python -m toolkit.bin.synth_codec_data --test-only --out-dir "$data/reserved" \
       --seed "$seed" --num-test "$num_test_reserved" --engines "$test_engines" \
       "${_pool[@]}" --nj "$nj" --no-noisy
   fi

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Speaker verification without any download of data: the speakers are TTS voices of the
-# voice bank (toolkit/tts): espeak-ng accents x variants and procedural espeak-ng voices,
+# voice bank (toolkit/voicebank): espeak-ng accents x variants and procedural espeak-ng voices,
 # Kokoro's 21 unreserved neural voices and hundreds of blends of them, and any other
 # engine named; train/dev/test speakers disjoint. EER and minDCF, with and without
 # AS-Norm, on the recipe's own test (voices never heard in training) and on an outside
-# test set: the seven Kokoro voices reserved for evaluation (toolkit.tts.RESERVED_VOICES),
+# test set: the seven Kokoro voices reserved for evaluation (toolkit.voicebank.RESERVED_VOICES),
 # the held-out espeak-ng voices, and festival/flite voices when named (outside_engines).
 # Timings: RESULTS.md.
 #

@@ -123,7 +123,7 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   : > "$exp/score/summary.txt"
   for t in "$data"/outside/test/trials "$data"/outside/test/trials_*; do
     list=$(basename "$t")
-    python -m toolkit.bin.score_sv --trials "$t" \
+    python -m toolkit.bin.score_speaker --trials "$t" \
       --embeddings "$exp/embeddings/outside/embeddings.scp" \
       --cohort "$exp/embeddings/cohort/speaker_embeddings.scp" --as-norm-top "$as_norm_top" \
       --out-dir "$exp/score/$list" --name "$name outside_$list" > /dev/null

@@ -5,19 +5,19 @@ pink, brown or babble noise (same keys, same speech samples: noisy = clean + noi
 int16 rounding). WAVs under ``wavs/<dir>/``, the voice inventory ``voices.tsv``.
 This module is the corpus design (a sentence grammar, the voice pool, per-split plans,
 clean and noisy versions); engines, voices, the forked rendering, the stamp and the output
-dir are toolkit.tts.corpus.
+dir are toolkit.voicebank.corpus.
 
 Texts are sentences from a small grammar (statements, questions, requests, numbers and
 names), one to three per utterance, so that the prosody is that of read sentences rather
 than of word lists. Voices: espeak-ng's fixed voices (8 English accents x 28 variants),
 optionally procedural espeak-ng voices (random vocal tracts and sources,
-toolkit.tts.espeak.random_voices), the voices of the other engines named, and blends of
+toolkit.voicebank.espeak.random_voices), the voices of the other engines named, and blends of
 the voices of an engine that mixes them (Kokoro: ``blends`` per engine). The engines
 besides espeak-ng speak ``other_share`` of the utterances, shared alike. Train, dev and
 test never share a voice; the split is stratified by accent (espeak-ng) or engine, so
 that every split hears every accent; the voices blends are made of all train, and the
 blends are shared out like other voices. Reserved voices (festival's, seven of Kokoro's:
-toolkit.tts.RESERVED_VOICES) speak only in a test-only corpus (``test_only``), whose test
+toolkit.voicebank.RESERVED_VOICES) speak only in a test-only corpus (``test_only``), whose test
 split is the held-out test voices of the full corpus of the same seed plus the reserved
 ones (an engine that reserves voices is heard through those alone).
 """
@@ -31,24 +31,24 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from toolkit.data import kaldi
-from toolkit.tts import SynthError, Voice
-from toolkit.tts.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
+from toolkit.voicebank import SynthError, Voice
+from toolkit.voicebank.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
                                 corpus_stamp, data_dir_summary, engine_blends, engine_shares,
                                 espeak_voices_here, open_engines, split_by_stratum,
                                 split_with_blends)
-from toolkit.tts.espeak import (ACCENTS, INSTALL_HINT, MAX_RANDOM_VOICES, espeak_voices,
+from toolkit.voicebank.espeak import (ACCENTS, INSTALL_HINT, MAX_RANDOM_VOICES, espeak_voices,
                                 private_espeak_data, random_voices)
-from toolkit.tts.render import Renderer
-from toolkit.tts.signal import active_power, babble_noise, colored_noise, mix_at_snr
+from toolkit.voicebank.render import Renderer
+from toolkit.voicebank.signal import active_power, babble_noise, colored_noise, mix_at_snr
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3            # bump when the outputs change, so that old stamps are stale
-                              # (2: the stamp and voices.tsv of toolkit.tts.corpus;
+                              # (2: the stamp and voices.tsv of toolkit.voicebank.corpus;
                               # 3: blends and the other engines' share in the stamp)
 NOISY_SUFFIX = "_noisy"
 GROUP_SIZE = 32               # utterances per forked renderer; fixed => nj-independent
-STAMP_NAME = ".synth_speech_data.json"
+STAMP_NAME = ".synth_codec_data.json"
 LEGACY_VOICES_FILE = "voices.txt"   # written before voices.tsv; removed with the rest
 VOICE_SHARE = {"test": 0.1, "dev": 0.1}    # per accent or engine; the rest is train
 

@@ -5,7 +5,7 @@ utt2kind, kw_times), the WAVs under ``wavs/<split>/``, ``dict/keywords.txt`` (li
 class i), ``dict/tts_engines`` and the voice inventory ``voices.tsv``.
 
 This module is the corpus design (keywords, carriers, negatives, confusables, their mix);
-engines, voices, the forked rendering, the stamp and the output dir are toolkit.tts.corpus.
+engines, voices, the forked rendering, the stamp and the output dir are toolkit.voicebank.corpus.
 Engines: those named in ``engines`` speak (espeak-ng alone by default); the engines besides
 espeak-ng speak OTHER_ENGINES_SHARE of the utterances, shared alike. espeak-ng is needed
 whatever speaks: its phonemes keep keyword sound-alikes out of the negatives.
@@ -15,7 +15,7 @@ accent (espeak-ng) or engine; reserved voices (festival's) speak only in a ``tes
 corpus.
 
 Keyword timings (kw_times, positives only) come from the engine's word onsets (espeak-ng;
-flite, from its phone segments, when they add up: toolkit.tts.flite). From an engine that
+flite, from its phone segments, when they add up: toolkit.voicebank.flite). From an engine that
 times no words (festival, or flite when they do not add up), a positive that is the
 keyword alone spans its whole speech and one in a carrier phrase gets no kw_times line.
 
@@ -34,21 +34,21 @@ import numpy as np
 
 from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
-from toolkit.tts import SynthError, Voice, word_char_starts
-from toolkit.tts.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
+from toolkit.voicebank import SynthError, Voice, word_char_starts
+from toolkit.voicebank.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
                                 corpus_stamp, data_dir_summary, engine_blends, engine_shares,
                                 open_engines, split_by_stratum, split_with_blends)
-from toolkit.tts.espeak import ACCENTS, INSTALL_HINT, Espeak, espeak_voices
-from toolkit.tts.pool import run_forked
-from toolkit.tts.render import Clip, Renderer
-from toolkit.tts.signal import active_power, babble_noise, colored_noise, mix_at_snr, to_int16
+from toolkit.voicebank.espeak import ACCENTS, INSTALL_HINT, Espeak, espeak_voices
+from toolkit.voicebank.pool import run_forked
+from toolkit.voicebank.render import Clip, Renderer
+from toolkit.voicebank.signal import active_power, babble_noise, colored_noise, mix_at_snr, to_int16
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 4           # bump when the outputs change, so old stamps are stale
                              # (2: kw_times, the keyword's span in each positive;
                              # 3: dict/tts_engines, kw_times of flite positives;
-                             # 4: the stamp and voices.tsv of toolkit.tts.corpus)
+                             # 4: the stamp and voices.tsv of toolkit.voicebank.corpus)
 GROUP_SIZE = 64              # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_kws_data.json"
 NOISE_TEXT = "<noise>"
@@ -603,7 +603,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
     `train_conf_share` and `train_hard_share` shape the training negatives only (see
-    TRAIN_CONF_SHARE). `engines`: the TTS engines that speak (toolkit.tts.engines names;
+    TRAIN_CONF_SHARE). `engines`: the TTS engines that speak (toolkit.voicebank.engines names;
     `other_share` of the utterances go to those besides espeak-ng). `blends`: that many
     blended voices of each engine that mixes voices (Kokoro) join the voices; the voices
     they are made of then all train, the blends are shared out like other voices.

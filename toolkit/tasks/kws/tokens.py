@@ -96,7 +96,7 @@ _PHONE_MARKS = str.maketrans("", "", "',%=")
 @LEXICON_BUILDERS.register("phone")
 def espeak_lexicon(words: Iterable[str], voice: str = "en-us") -> Lexicon:
     """Pronunciations from espeak-ng (the TTS the synthetic recipe speaks with)."""
-    from toolkit.tts.espeak import Espeak
+    from toolkit.voicebank.espeak import Espeak
     engine = Espeak()
     lexicon: Lexicon = {}
     for w in words:

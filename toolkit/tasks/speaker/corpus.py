@@ -4,9 +4,9 @@ Writes Kaldi data dirs ``{train,dev,test}`` (wav.scp, text, utt2spk, spk2utt, ut
 spk2voice), the WAVs under ``wavs/<split>/``, ``test/trials`` (Kaldi form: every pair of
 test utterances, `enroll test target|nontarget`) and the voice inventory ``voices.tsv``.
 This module is the corpus design (speakers, their prosody, utterances, trials); engines,
-voices, the forked rendering, the stamp and the output dir are toolkit.tts.corpus.
+voices, the forked rendering, the stamp and the output dir are toolkit.voicebank.corpus.
 
-Speakers. espeak-ng's fixed voices (toolkit.tts.espeak: accents x variants) come in
+Speakers. espeak-ng's fixed voices (toolkit.voicebank.espeak: accents x variants) come in
 families: the accents of one variant share its voice design (formants, pitch, voice
 source), so a family is never split across train, dev and test (split_by_family). When the
 fixed voices do not cover the espeak-ng sizes asked for, procedural espeak-ng voices
@@ -17,9 +17,9 @@ an engine's held-out voices (ENGINE_SPLIT) follow from the seed and that engine'
 voice list alone, so that they are the same whatever else a corpus names. ``blends``
 adds that many blended voices of each named engine that mixes voices (Kokoro), each a
 speaker: the voices they are made of then all train, the blends themselves are shared
-out by BLEND_SPLIT (toolkit.tts.corpus.split_with_blends).
+out by BLEND_SPLIT (toolkit.voicebank.corpus.split_with_blends).
 
-Reserved voices (festival's, seven of Kokoro's: toolkit.tts.is_reserved) speak only in a
+Reserved voices (festival's, seven of Kokoro's: toolkit.voicebank.is_reserved) speak only in a
 test-only corpus (``test_only``): its test split is the held-out test speakers of the
 full corpus of the same seed and engines, plus every reserved voice; an engine with
 reserved voices is heard there through those alone (Engines.outside_test).
@@ -48,19 +48,19 @@ import numpy as np
 
 from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
-from toolkit.tts import SynthError, Voice
-from toolkit.tts.corpus import (SPLITS, CorpusDir, Engines, Group, corpus_stamp,
+from toolkit.voicebank import SynthError, Voice
+from toolkit.voicebank.corpus import (SPLITS, CorpusDir, Engines, Group, corpus_stamp,
                                 data_dir_summary, engine_blends, espeak_voices_here,
                                 open_engines, split_by_family, split_with_blends)
-from toolkit.tts.espeak import (ACCENTS, MAX_RANDOM_VOICES, espeak_voices,
+from toolkit.voicebank.espeak import (ACCENTS, MAX_RANDOM_VOICES, espeak_voices,
                                 private_espeak_data, random_voices)
-from toolkit.tts.render import NOISE_TYPES, Renderer, place_in_noise
-from toolkit.tts.text import random_words
+from toolkit.voicebank.render import NOISE_TYPES, Renderer, place_in_noise
+from toolkit.voicebank.text import random_words
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3           # bump when the outputs change, so old stamps are stale
-                             # (2: the stamp and voices.tsv of toolkit.tts.corpus;
+                             # (2: the stamp and voices.tsv of toolkit.voicebank.corpus;
                              # 3: engines besides espeak-ng on top of its sizes, split
                              # per engine; blends; espeak-ng babble; trials per engine)
 GROUP_SIZE = 32              # utterances per forked renderer; fixed => nj-independent
@@ -164,7 +164,7 @@ def _name_stream(name: str) -> int:
 
 def assign_voices(voices: Sequence[Voice], sizes: Sizes, seed: int
                   ) -> Tuple[Dict[str, List[Voice]], Dict[str, int]]:
-    """espeak-ng's voices of each split by family (toolkit.tts.corpus.split_by_family),
+    """espeak-ng's voices of each split by family (toolkit.voicebank.corpus.split_by_family),
     and how many speakers each split still lacks."""
     return split_by_family(voices, {s: sizes.speakers(s) for s in SPLITS}, seed)
 

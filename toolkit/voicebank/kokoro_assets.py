@@ -46,7 +46,7 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 import numpy as np
 
 from toolkit.errors import UserError
-from toolkit.tts import toolkit_cache_dir
+from toolkit.voicebank import toolkit_cache_dir
 
 logger = logging.getLogger(__name__)
 

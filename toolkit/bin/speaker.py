@@ -2,8 +2,8 @@
 extractor (model.onnx / model.zip / model.safetensors), a checkpoint, or a pretrained
 encoder shipped with the toolkit (toolkit/pretrained/).
 
-  python -m toolkit.bin.sv --model exp/resnet/export/model.onnx a.wav b.wav
-  python -m toolkit.bin.sv --pretrained ecapa-voicebank-v1 a.wav b.wav
+  python -m toolkit.bin.speaker --model exp/resnet/export/model.onnx a.wav b.wav
+  python -m toolkit.bin.speaker --pretrained ecapa-voicebank-v1 a.wav b.wav
 
 Prints the score, and `same`/`different` against --threshold (default: the one scoring
 stored in the model's metadata, if any)."""

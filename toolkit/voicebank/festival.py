@@ -13,7 +13,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from toolkit.tts import SynthError
+from toolkit.voicebank import SynthError
 
 INSTALL_HINT = "apt-get install festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"
 # voice -> the Debian package that holds it; kal_diphone is festival's default voice.

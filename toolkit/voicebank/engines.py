@@ -9,17 +9,17 @@ branching on them:
 The class methods (available, unavailable_reason, voices) load nothing into the calling
 process (flite and festival are asked in a subprocess), so a parent may call them. An
 instance speaks and may hold engine state (espeak-ng does): make it in the process that
-renders, e.g. a toolkit.tts.pool child. Given text, voice, rate, pitch, range and seed,
+renders, e.g. a toolkit.voicebank.pool child. Given text, voice, rate, pitch, range and seed,
 each engine's output is the same every time (espeak-ng: in a fresh process).
 
 Registered: espeak (libespeak-ng, 8 English accents x 28 variants, word onsets), flite
 (Debian `flite`, 4 voices, word onsets from its phone segments when they add up),
 festival (Debian `text2wave`, 3 voices, no word onsets; reserved for evaluation), and
-from their own modules: kokoro (toolkit.tts.kokoro: Kokoro-82M, 28 English voices and
-their blends) and rhvoice, pico, mbrola (toolkit.tts.debian), each opt-in through
+from their own modules: kokoro (toolkit.voicebank.kokoro: Kokoro-82M, 28 English voices and
+their blends) and rhvoice, pico, mbrola (toolkit.voicebank.debian), each opt-in through
 `bash tools/install_voices.sh NAME`.
 
-An engine with `cache_clips` set keeps its clips in the clip cache (toolkit.tts.cache):
+An engine with `cache_clips` set keeps its clips in the clip cache (toolkit.voicebank.cache):
 `synth` looks the clip up under a key of the engine, its `fingerprint()` (package
 versions), the voice's identity, the text and `effective_args` (the arguments that
 change its samples), and calls the engine's `_synth` only on a miss.
@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Type
 import numpy as np
 
 from toolkit.registry import Registry
-from toolkit.tts import Speech, SynthError, Voice, espeak, festival, flite
+from toolkit.voicebank import Speech, SynthError, Voice, espeak, festival, flite
 
 ENGINES: Registry = Registry("TTS engine")
 
@@ -39,7 +39,7 @@ class Engine:
     """Base of the registered engines; `work_dir` holds the engine's temporary files."""
     name = ""
     install_hint = ""
-    cache_clips = False      # keep clips in toolkit.tts.cache (slow engines)
+    cache_clips = False      # keep clips in toolkit.voicebank.cache (slow engines)
 
     def __init__(self, work_dir: str):
         self.work_dir = work_dir
@@ -88,7 +88,7 @@ class Engine:
         engine keeps clips and the cache is on."""
         if voice.engine != self.name:
             raise SynthError(f"voice {voice.spk} belongs to {voice.engine}, not {self.name}")
-        from toolkit.tts.cache import clip_cache, clip_key
+        from toolkit.voicebank.cache import clip_cache, clip_key
         cache = clip_cache() if self.cache_clips else None
         if cache is None:
             return self._synth(text, voice, rate, pitch, prange, seed, time_words)
@@ -215,9 +215,9 @@ class FestivalEngine(Engine):
 
 
 # Registered by their own modules, imported on first use (they import this one).
-ENGINES.register_lazy("kokoro", "toolkit.tts.kokoro")
+ENGINES.register_lazy("kokoro", "toolkit.voicebank.kokoro")
 for _name in ("rhvoice", "pico", "mbrola"):
-    ENGINES.register_lazy(_name, "toolkit.tts.debian")
+    ENGINES.register_lazy(_name, "toolkit.voicebank.debian")
 
 
 def engine_class(name: str) -> Type[Engine]:

@@ -2,7 +2,7 @@
 front end that speaks at the corpus rate (engines made on first use, in the process that
 renders), and the placement of that speech at a level, between silences, in noise.
 
-Both belong in a forked renderer child (toolkit.tts.pool): espeak-ng keeps state.
+Both belong in a forked renderer child (toolkit.voicebank.pool): espeak-ng keeps state.
 Every corpus generator speaks through `Renderer.clip`, the one place engines are called."""
 import math
 from typing import Dict, NamedTuple, Optional, Sequence, Tuple
@@ -10,9 +10,9 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from toolkit.data.audio import resample
-from toolkit.tts import SynthError, Voice, WordOnsets
-from toolkit.tts.engines import ENGINES, Engine
-from toolkit.tts.signal import active_power, babble_noise, colored_noise, mix_at_snr, \
+from toolkit.voicebank import SynthError, Voice, WordOnsets
+from toolkit.voicebank.engines import ENGINES, Engine
+from toolkit.voicebank.signal import active_power, babble_noise, colored_noise, mix_at_snr, \
     speech_bounds, to_int16
 
 NOISE_TYPES = ("white", "pink", "brown", "babble")

@@ -7,7 +7,7 @@ Trial lists: VoxCeleb (`1 id1/utt.wav id2/utt.wav`) or Kaldi (`enroll test targe
 keys are looked up in the embeddings as given, then without the `.wav` extension, then
 with `/` as `-` (Kaldi-style utterance ids such as id10270-x6uYqmx31kE-00001).
 
-  python -m toolkit.bin.score_sv --trials data/trials/vox1_O.txt \\
+  python -m toolkit.bin.score_speaker --trials data/trials/vox1_O.txt \\
       --embeddings exp/resnet/embeddings/test/embeddings.scp \\
       --cohort exp/resnet/embeddings/train/speaker_embeddings.scp --as-norm-top 300 \\
       --out-dir exp/resnet/score
@@ -23,7 +23,7 @@ import numpy as np
 from toolkit.errors import DataError, MissingInputError, cli
 from toolkit.logging_utils import setup_logging
 
-logger = logging.getLogger("score_sv")
+logger = logging.getLogger("score_speaker")
 
 
 def get_args(argv=None):

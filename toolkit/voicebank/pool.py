@@ -17,7 +17,7 @@ import traceback
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from toolkit.errors import UserError
-from toolkit.tts import SynthError
+from toolkit.voicebank import SynthError
 
 
 def run_forked(fn: Callable, tasks: Sequence, nj: int, tmp_dir: str,

@@ -25,7 +25,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from toolkit.tts import Speech, Voice, toolkit_cache_dir
+from toolkit.voicebank import Speech, Voice, toolkit_cache_dir
 
 logger = logging.getLogger(__name__)
 

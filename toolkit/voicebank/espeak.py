@@ -4,7 +4,7 @@ procedural espeak-ng voices (random variant files in a private copy of the data 
 libespeak-ng keeps internal waveform state from one utterance to the next and nothing
 resets it, and it seeds its own noise generator (breath/echo voices) from the clock: for
 reproducible audio, load it only in a process that renders a fixed sequence of texts (see
-toolkit.tts.pool) and reseed it before every utterance (Espeak.seed).
+toolkit.voicebank.pool) and reseed it before every utterance (Espeak.seed).
 """
 import ctypes
 import hashlib
@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.tts import SynthError, Voice
+from toolkit.voicebank import SynthError, Voice
 
 logger = logging.getLogger(__name__)
 

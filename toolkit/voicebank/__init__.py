@@ -30,7 +30,7 @@ Mix = Tuple[Tuple[str, float], ...]
 @dataclass(frozen=True)
 class Voice:
     spk: str          # speaker id, e.g. en-us_f3 (recipes use it as utterance-key prefix)
-    engine: str       # name in toolkit.tts.engines.ENGINES: espeak | flite | kokoro | ...
+    engine: str       # name in toolkit.voicebank.engines.ENGINES: espeak | flite | kokoro | ...
     name: str         # the engine's own voice name, e.g. en-us+f3 (a blend: its mix spelled out)
     variant: Optional[str] = None   # espeak variant file text of a procedural voice
     mix: Mix = ()     # a blend of the engine's voices (Kokoro style vectors); () otherwise

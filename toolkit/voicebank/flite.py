@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from toolkit.tts import SynthError, WordOnsets, word_char_starts
+from toolkit.voicebank import SynthError, WordOnsets, word_char_starts
 
 INSTALL_HINT = "apt-get install flite"
 FLITE_VOICES = ("kal16", "awb", "rms", "slt")
@@ -71,7 +71,7 @@ def _phone_counts(text: str, voice: str) -> Optional[List[int]]:
 
 def flite_word_onsets(text: str, voice: str, segments: List[Tuple[str, float]],
                       sample_rate: int) -> Optional[WordOnsets]:
-    """Word onsets (toolkit.tts.WordOnsets) from flite's phone segments: each word starts
+    """Word onsets (toolkit.voicebank.WordOnsets) from flite's phone segments: each word starts
     where its first phone starts. None when there are no segments or the words' phone
     counts do not match the utterance's phones (a rule that changed a word in context)."""
     if not segments:

@@ -6,11 +6,11 @@
 A voice is a table of style vectors (510 x 1 x 256, one row per phoneme count), so a
 weighted sum of voices is a new voice: a blend, `Voice.mix` = ((name, weight), ...),
 made by `blend_voice` or drawn by `kokoro_blends(n, seed)` (2-3 voices, Dirichlet
-weights, never a reserved voice: toolkit.tts.RESERVED_VOICES). A blend speaks with the
+weights, never a reserved voice: toolkit.voicebank.RESERVED_VOICES). A blend speaks with the
 accent (en-us / en-gb phonemes) of its heaviest component.
 
 Rate: Kokoro's own speed (rate / 175). Pitch (0-100, 50: the voice's own): a resampling
-shift by toolkit.tts.pitch_ratio, +-2 semitones over the recipes' 25-75. The model is
+shift by toolkit.voicebank.pitch_ratio, +-2 semitones over the recipes' 25-75. The model is
 asked for speech `ratio` times slower and the result is resampled `ratio` times shorter,
 so the duration is the rate's while pitch and formants both move by the ratio - a
 shorter or longer vocal tract, i.e. another speaker rather than the same one singing.
@@ -19,7 +19,7 @@ there are one clip in the cache.
 
 Output: float32 on the 16-bit grid (k / 32768), so that the clip cache keeps it exactly
 in half the space; word onsets from the durations the derived graph reports
-(toolkit.tts.kokoro_assets), when espeak-ng's phoneme words line up with the text's
+(toolkit.voicebank.kokoro_assets), when espeak-ng's phoneme words line up with the text's
 words (it joins some, e.g. "in the"), else None.
 
 Speed: one ONNX Runtime session per process, one intra-op thread by default (corpus
@@ -40,10 +40,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.tts import (RESERVED_VOICES, Speech, SynthError, Voice, pitch_ratio,
+from toolkit.voicebank import (RESERVED_VOICES, Speech, SynthError, Voice, pitch_ratio,
                          word_char_starts)
-from toolkit.tts import kokoro_assets as assets
-from toolkit.tts.engines import ENGINES, Engine
+from toolkit.voicebank import kokoro_assets as assets
+from toolkit.voicebank.engines import ENGINES, Engine
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def kokoro_voice(name: str) -> Voice:
 
 def kokoro_voices() -> List[Voice]:
     """All 28 English voices, the reserved ones included (filter with
-    toolkit.tts.training_voices)."""
+    toolkit.voicebank.training_voices)."""
     return [kokoro_voice(n) for n in assets.ENGLISH_VOICES]
 
 
@@ -92,7 +92,7 @@ def blend_voice(mix: Sequence[Tuple[str, float]]) -> Voice:
     for n in names:
         if (ENGINE, n) in RESERVED_VOICES:
             raise SynthError(f"blend {'+'.join(names)}: {n} is reserved for evaluation "
-                             "(toolkit.tts.RESERVED_VOICES) and never goes into a blend")
+                             "(toolkit.voicebank.RESERVED_VOICES) and never goes into a blend")
         kokoro_voice(n)
     if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
         raise SynthError(f"blend {'+'.join(names)}: weights must be positive, got "
@@ -119,7 +119,7 @@ def kokoro_blends(n: int, seed: int, pool: Optional[Sequence[str]] = None,
     reserved = [v for v in pool if (ENGINE, v) in RESERVED_VOICES]
     if reserved:
         raise SynthError(f"blend pool: {', '.join(reserved)} reserved for evaluation "
-                         "(toolkit.tts.RESERVED_VOICES) and never go into a blend")
+                         "(toolkit.voicebank.RESERVED_VOICES) and never go into a blend")
     for v in pool:
         kokoro_voice(v)
     lo, hi = components

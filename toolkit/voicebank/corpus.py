@@ -5,7 +5,7 @@ directories behave alike in every family.
 Engines. Only the engines a corpus names speak (`open_engines`: one wording of every
 engine error for every generator); what else happens to be installed is never looked at,
 so it cannot change a corpus. An engine named but missing is an error before any work.
-espeak-ng's voices follow from toolkit.tts.espeak; the other engines list theirs.
+espeak-ng's voices follow from toolkit.voicebank.espeak; the other engines list theirs.
 
 Reserved voices. A voice kept for evaluation (`reserved_for_evaluation`) never speaks in
 train or dev: only in a test-only corpus, whose test split is the test voices the full
@@ -22,7 +22,7 @@ Rendering. libespeak-ng keeps waveform state from one utterance to the next and 
 resets it, so a corpus is planned in the parent (every random choice but the noise
 samples) as fixed `Group`s whose composition does not depend on the number of jobs, and
 `CorpusDir.render` renders each group in a freshly forked child that loads the engines
-itself (toolkit.tts.pool): the files are byte-identical for any `nj`. The parent never
+itself (toolkit.voicebank.pool): the files are byte-identical for any `nj`. The parent never
 loads espeak-ng.
 
 Output directory (`CorpusDir`). The stamp (the arguments, engines, voices and engine
@@ -55,11 +55,11 @@ import numpy as np
 from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
 from toolkit.progress import Progress
-from toolkit.tts import RESERVED_ENGINES, SynthError, Voice, is_reserved
-from toolkit.tts.engines import ENGINES, Engine, engine_class
-from toolkit.tts.espeak import ACCENTS, Espeak, espeak_fingerprint, loaded_in_this_process
-from toolkit.tts.pool import run_forked, single_thread_blas
-from toolkit.tts.render import Renderer
+from toolkit.voicebank import RESERVED_ENGINES, SynthError, Voice, is_reserved
+from toolkit.voicebank.engines import ENGINES, Engine, engine_class
+from toolkit.voicebank.espeak import ACCENTS, Espeak, espeak_fingerprint, loaded_in_this_process
+from toolkit.voicebank.pool import run_forked, single_thread_blas
+from toolkit.voicebank.render import Renderer
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def add_voice_bank_arguments(parser, *, engines_note: str, blends_note: str,
 
 def reserved_for_evaluation(voice: Voice) -> bool:
     """True for a voice kept for evaluation: it never speaks in train or dev (nor in any
-    blend), only in test-only corpora. Decided by toolkit.tts.is_reserved (festival, seven
+    blend), only in test-only corpora. Decided by toolkit.voicebank.is_reserved (festival, seven
     Kokoro voices, and any blend with one of those in it)."""
     return is_reserved(voice)
 

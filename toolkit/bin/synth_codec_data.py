@@ -9,10 +9,10 @@ The output is byte-identical for the same arguments whatever --nj, and rerunning
 finished run with the same arguments does nothing.
 
 Examples:
-  python -m toolkit.bin.synth_speech_data --out-dir data --num-train 2000 --nj 2
-  python -m toolkit.bin.synth_speech_data --out-dir data --engines espeak,kokoro \
+  python -m toolkit.bin.synth_codec_data --out-dir data --num-train 2000 --nj 2
+  python -m toolkit.bin.synth_codec_data --out-dir data --engines espeak,kokoro \
       --blends 100 --other-share 0.5            # Kokoro's voices and blends speak half
-  python -m toolkit.bin.synth_speech_data --out-dir data_kokoro --test-only \
+  python -m toolkit.bin.synth_codec_data --out-dir data_kokoro --test-only \
       --engines kokoro --num-test 60 --no-noisy  # the 7 reserved Kokoro voices alone
 needs espeak-ng: pip install -e .[tts]; Kokoro: bash tools/install_voices.sh kokoro
 """
@@ -22,7 +22,7 @@ import sys
 
 from toolkit.errors import cli
 from toolkit.tasks.codec.corpus import SENTENCES, Sizes, generate_speech
-from toolkit.tts.corpus import add_voice_bank_arguments
+from toolkit.voicebank.corpus import add_voice_bank_arguments
 
 _DEFAULTS = Sizes()
 
@@ -38,7 +38,7 @@ def _pair(kind):
 
 
 def get_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m toolkit.bin.synth_speech_data",
+    p = argparse.ArgumentParser(prog="python -m toolkit.bin.synth_codec_data",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", required=True, metavar="DIR", help="output directory")
@@ -74,7 +74,7 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s synth_speech_data %(levelname)s %(message)s")
+                        format="%(asctime)s synth_codec_data %(levelname)s %(message)s")
     sizes = Sizes(train=args.train, dev=args.dev, test=args.test)
     # A SynthError is a UserError: @cli prints it as one `error:` line, exit status 2.
     summary = generate_speech(args.out_dir, seed=args.seed, sizes=sizes, nj=args.nj,

@@ -11,7 +11,7 @@ per clip, so the same text, voice and arguments give the same samples every time
   (The espeakng-loader wheel the toolkit speaks espeak-ng with has no MBROLA voices.)
 
 None reports word onsets. Install: `bash tools/install_voices.sh rhvoice pico mbrola`.
-Clips go through the clip cache (toolkit.tts.cache), keyed by the packages' versions.
+Clips go through the clip cache (toolkit.voicebank.cache), keyed by the packages' versions.
 """
 import os
 import shutil
@@ -20,8 +20,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from toolkit.tts import Speech, SynthError, Voice, pitch_ratio
-from toolkit.tts.engines import ENGINES, Engine, package_versions
+from toolkit.voicebank import Speech, SynthError, Voice, pitch_ratio
+from toolkit.voicebank.engines import ENGINES, Engine, package_versions
 
 RHVOICE_VOICES = ("alan", "bdl", "clb", "evgeniy-eng", "lyubov", "slt")
 RHVOICE_DATA = "/usr/share/RHVoice/voices"
