@@ -1,10 +1,22 @@
-"""Suite-wide pytest setup: the slowest test files are collected first, so that pytest-xdist
+"""Suite-wide pytest setup: the groups (tests/unit, tests/integration, tests/recipes) become
+markers of the same names, so `pytest -m "not recipe"` is the everyday loop; the slowest test files are collected first, so that pytest-xdist
 (--dist loadfile, tools/test.sh) hands them out before the short ones and the workers
 finish together instead of one running a long recipe test alone at the end; and the TTS
 clip cache (toolkit.voicebank.cache) is a directory of this run, not the user's."""
 import os
 import shutil
+import sys
 import tempfile
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+GROUPS = {"unit": "unit", "integration": "integration", "recipes": "recipe"}
+# The shared helpers (train_utils, speaker_data, ...) live in tests/ and a test may import
+# another group's test module for its checks: every group's directory is importable.
+for _dir in [TESTS] + [os.path.join(TESTS, g) for g in GROUPS]:
+    if _dir not in sys.path:
+        sys.path.insert(0, _dir)
 
 # Seconds per file in the suite on 2 cores (`bash tools/test.sh --durations=60`, summed
 # per file), longest first; files not listed keep their order after these.
@@ -22,6 +34,12 @@ SLOWEST_FIRST = [
 
 
 def pytest_collection_modifyitems(session, config, items):
+    for item in items:
+        group = os.path.basename(os.path.dirname(str(item.path)))
+        if group not in GROUPS:
+            raise pytest.UsageError(f"{item.path}: a test file belongs in one of tests/"
+                                    f"{{{','.join(GROUPS)}}}")
+        item.add_marker(GROUPS[group])
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 

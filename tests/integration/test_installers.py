@@ -24,7 +24,7 @@ import pytest
 
 from toolkit.voicebank import kokoro_assets as A
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _sha(data: bytes) -> str:

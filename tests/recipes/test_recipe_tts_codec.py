@@ -16,7 +16,7 @@ import pytest
 
 from installed import require_engine
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "tts_codec", "s0")
 
 # The shipped CPU config, shrunk: 4 steps (the adversarial phase starts at step 3 of 4),

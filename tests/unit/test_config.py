@@ -11,7 +11,7 @@ from toolkit.tasks.kws.losses import MaxPoolingLoss
 from toolkit.tasks.kws.models import MODELS
 from toolkit.tasks.kws.models.ds_tcn import DSTCN
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(REPO, "egs", "wake_word", "s0", "conf", "ds_tcn.yaml")
 
 

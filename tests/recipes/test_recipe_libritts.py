@@ -15,7 +15,7 @@ import pytest
 from libritts_data import (EMPTY_UTT, LAYOUT, ORIGINAL_ONLY_UTT, ArchiveServer,
                            build_libritts, libritts_archives)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "libritts", "codec")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 # conf/codec_24k.yaml shrunk: 4 steps (the adversarial phase in the last), a checkpoint per

@@ -16,7 +16,7 @@ from toolkit.data.features import compute_fbank, fbank_metadata, fbank_options
 from toolkit.tasks.kws.export import build_metadata, export_onnx, export_torchscript
 from toolkit.tasks.kws.models import MODELS, build_model
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RATE = 16000
 CLASSES = ["yes", "no", "up"]
 NUM_UTTS = 12

@@ -11,7 +11,7 @@ import pytest
 
 from speaker_data import SpeakerCorpus
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "tools", "benchmarks")
 sys.path.insert(0, BENCH)
 from trainer_memory import parse_finished  # noqa: E402

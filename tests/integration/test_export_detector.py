@@ -24,7 +24,7 @@ from toolkit.tasks.kws.detector import Detector, load_backend
 from toolkit.tasks.kws.export import StreamingScorer, check_parity, read_metadata
 from toolkit.tasks.kws.models import build_model
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(REPO, "egs", "wake_word", "s0", "conf", "ds_tcn.yaml")
 RATE = 16000
 KEYWORDS = ["hey_box", "ok_box"]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-BIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "toolkit", "bin")
+BIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "toolkit", "bin")
 BINARIES = sorted(name[:-3] for name in os.listdir(BIN_DIR)
                   if name.endswith(".py") and name != "__init__.py")
 

@@ -23,7 +23,7 @@ from toolkit.voicebank.espeak import VARIANTS, espeak_voices
 from toolkit.voicebank.kokoro import kokoro_voices
 from installed import require_engine
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "tts_speakers", "v1")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 SIZES = ["--num-train-speakers", "8", "--train-utts", "4", "--num-dev-speakers", "3",

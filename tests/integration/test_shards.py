@@ -27,7 +27,7 @@ from toolkit.data.shards import (ShardBatchDataset, ShardIndex, decode_wav, iter
                                  make_shard_loader, make_shards, open_shard, plan_shard_batches)
 from pipeline_utils import kws_builder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RATE = 16000
 PER_SHARD = 4
 SEED = 7

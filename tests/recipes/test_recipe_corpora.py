@@ -19,7 +19,7 @@ import soundfile as sf
 from corpora import (COMMANDS, SPEECH_COMMANDS_WORDS, build_hey_snips, build_mobvoi_hotwords,
                      build_speech_commands, speech_commands_archive)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Short, but long enough for each miniature corpus to be learned (the floors below): a
 # higher learning rate than the full-size configs, and Adam for BC-ResNet (SGD at 0.1 does
 # not move it in a few dozen steps).

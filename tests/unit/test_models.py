@@ -12,7 +12,7 @@ from toolkit.tasks.kws.export import StreamingScorer, build_metadata, export_onn
 from toolkit.tasks.kws.losses import CrossEntropyLoss, MaxPoolingLoss
 from toolkit.tasks.kws.models import MODELS, build_model, count_parameters
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONF = os.path.join(REPO, "egs", "wake_word", "s0", "conf")
 DIM = 40
 CAUSAL = ["ds_tcn", "tcn", "mdtc", "gru"]

@@ -9,7 +9,7 @@ import soundfile as sf
 
 from kws_data import make_wave
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GUIDE = open(os.path.join(ROOT, "docs", "new_corpus.md"), encoding="utf-8").read()
 
 

@@ -13,7 +13,7 @@ from toolkit.tasks.kws import scoring
 from toolkit.bin import score_kws
 from toolkit.tasks.kws.decision import Detection, DecisionState, detect, smooth_scores
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def col(values, T=None):

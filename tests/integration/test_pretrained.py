@@ -21,7 +21,7 @@ from toolkit import pretrained
 from toolkit.errors import ConfigError, DataError, MissingInputError
 from toolkit.pretrained.package import AUTO_FIELDS, MAX_BYTES, package
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEAKER_ENCODER = "ecapa-voicebank-v1"
 
 

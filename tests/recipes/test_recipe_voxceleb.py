@@ -18,7 +18,7 @@ import soundfile as sf
 
 from speaker_data import RATE, speaker_params, voice_wave
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "voxceleb", "v2")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PKG = os.path.join(ROOT, "toolkit")
 GENERIC = ["config", "registry.py", "cli.py", "fileio.py", "errors.py", "progress.py",
            "logging_utils.py", "memory.py", "task.py", "export.py", "data", "trainer", "nn", "tts"]

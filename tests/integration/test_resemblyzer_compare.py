@@ -12,7 +12,7 @@ import pytest
 from toolkit.tasks.speaker import corpus as sc
 from installed import require_module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "benchmarks", "resemblyzer_compare.py")
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 

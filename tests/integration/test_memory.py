@@ -16,7 +16,7 @@ from toolkit.data.loader import build_loader
 from toolkit.memory import (allocator_environment, mimalloc_library, release_free_memory,
                             rss_bytes)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OURS = "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4194304"
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UTILS = os.path.join(ROOT, "utils")
 VENV_BIN = os.path.join(ROOT, "tools", "venv", "bin")
 BASE_PATH = f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin"

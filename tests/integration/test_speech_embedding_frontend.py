@@ -22,7 +22,7 @@ from toolkit.data import features as F
 from toolkit.tasks.kws.data import keyword_end_frame
 from installed import INSTALL_HINT, require_engine
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "wake_word", "s0")
 RATE = 16000
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "wake_word", "s0")
 
 # Long enough to learn something (two ranks of 8, 56 steps: the dev loss first rises while

@@ -11,7 +11,7 @@ import toolkit.tasks  # noqa: F401
 from toolkit.task import TASKS, load_config, resolve_config
 from toolkit.config import load_yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "egs", "*", "*", "conf", "*.yaml"))
                  # parts that other configs name in `defaults:`, not training configs alone
                  if os.path.basename(p) not in ("base.yaml", "lm.yaml"))

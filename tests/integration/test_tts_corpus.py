@@ -20,7 +20,7 @@ from toolkit.voicebank.espeak import espeak_voices
 from installed import require_engine, require_root_and_unshare
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FESTIVAL = tuple(Voice(f"festival_{v}", "festival", v)
                  for v in ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts"))
 

@@ -15,7 +15,7 @@ from toolkit.config import ConfigError, load_yaml, set_values, to_dict
 from toolkit.data.pipeline import FeaturePipeline
 from toolkit.task import TASKS, Task, resolve_config, validate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONF = {"wake_word": os.path.join(ROOT, "egs", "wake_word", "s0", "conf", "ds_tcn.yaml"),
         "wake_word_ctc": os.path.join(ROOT, "egs", "wake_word", "s0", "conf", "ds_tcn_ctc.yaml"),
         "speaker": os.path.join(ROOT, "egs", "tts_speakers", "v1", "conf", "resnet.yaml"),

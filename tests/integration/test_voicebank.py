@@ -20,7 +20,7 @@ from toolkit.voicebank import kokoro_assets as A
 from toolkit.voicebank.engines import EspeakEngine, engine_class
 from installed import require_engine
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _sha(data: bytes) -> str:

@@ -494,7 +494,7 @@ def _run_synth(out, path_env, *extra, **env_extra):
            "--num-dev-pos", "2", "--num-dev-neg", "2", "--num-test-pos", "2",
            "--num-test-neg", "2", "--nj", "2", *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_engines_espeak_ignores_an_installed_flite(fake_flite_dir, tmp_path):

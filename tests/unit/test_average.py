@@ -15,7 +15,7 @@ from toolkit.tasks.kws.export import model_from_checkpoint
 from toolkit.tasks.kws.models import MODELS, build_model
 from toolkit.trainer.checkpoint import list_checkpoints, load_payload, save_checkpoint
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 torch.set_num_threads(1)
 
 # step -> dev loss; the best two (5, 9) are neither the first nor the last two.
