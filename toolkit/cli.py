@@ -54,3 +54,96 @@ def task_inputs(args: argparse.Namespace) -> Dict[str, str]:
     dests = getattr(args, "task_input_dests", {})
     return {name: getattr(args, dest) for name, dest in dests.items()
             if getattr(args, dest) is not None}
+
+
+def parse_with_options_file(parser: argparse.ArgumentParser,
+                            argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parses `argv` with `--config FILE` added: a YAML mapping of the parser's own options
+    (keys are the long option names, `num-train-pos` or `num_train_pos`) that sets their
+    values; an option given on the command line wins over the file. A corpus generator's
+    many settings live in a recipe's conf/ file this way, and run.sh passes only what a
+    user turns. An unknown key, or a value the option rejects, is an error naming the file
+    and the key."""
+    from toolkit.config import ConfigError, load_yaml
+    parser.add_argument("--config", metavar="YAML",
+                        help="a YAML file of this binary's options (long names as keys); "
+                             "options on the command line override it")
+    probe = argparse.ArgumentParser(add_help=False)
+    probe.add_argument("--config")
+    known, _ = probe.parse_known_args(argv)
+    if known.config:
+        try:
+            raw = load_yaml(known.config)
+        except ConfigError as err:
+            parser.error(str(err))
+        if not isinstance(raw, dict):
+            parser.error(f"{known.config}: expected a mapping of option names to values")
+        by_name = {}
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--"):
+                    by_name[flag[2:].replace("-", "_")] = action
+        values = []
+        for key, value in raw.items():
+            action = by_name.get(str(key).replace("-", "_"))
+            if action is None or action.dest in ("help", "config"):
+                parser.error(f"{known.config}: unknown option '{key}' (this binary's options: "
+                             f"{', '.join(sorted(k for k in by_name if k not in ('help', 'config')))})")
+            flag = next(f for f in action.option_strings if f.startswith("--"))
+            if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+                if not isinstance(value, bool):
+                    parser.error(f"{known.config}: option '{key}' takes true or false, got {value!r}")
+                if value == isinstance(action, argparse._StoreTrueAction):
+                    values.append(flag)
+                continue
+            items = value if isinstance(value, list) and isinstance(
+                action, argparse._AppendAction) else [value]
+            for item in items:
+                values += [flag, "" if item is None else str(item)]
+        file_args = _parse_or_name(parser, values, known.config)
+        for dest, value in _given(parser, argv).items():
+            setattr(file_args, dest, value)      # the command line wins
+        file_args.config = known.config
+        if missing := [a for a in parser._actions if a.required
+                       and getattr(file_args, a.dest) is None]:
+            parser.error(f"the following arguments are required: "
+                         f"{', '.join('/'.join(a.option_strings) for a in missing)}")
+        return file_args
+    return parser.parse_args(argv)
+
+
+def _parse_or_name(parser: argparse.ArgumentParser, values: List[str],
+                   path: str) -> argparse.Namespace:
+    # Required options may come from the command line only: parse the file's options with
+    # the requirement lifted, then restore it.
+    required = [a for a in parser._actions if a.required]
+    for action in required:
+        action.required = False
+    error = parser.error
+    parser.error = lambda message: error(f"{path}: {message}")
+    try:
+        return parser.parse_args(values)
+    finally:
+        parser.error = error
+        for action in required:
+            action.required = True
+
+
+_UNSET = object()
+
+
+def _given(parser: argparse.ArgumentParser, argv) -> dict:
+    """The options `argv` itself sets (dest -> value), told apart from defaults."""
+    saved = [(a, a.default, a.required) for a in parser._actions]
+    for action in parser._actions:
+        if action.dest != "help":      # an append action's list starts from None
+            action.required = False
+            action.default = None if isinstance(action, argparse._AppendAction) else _UNSET
+    try:
+        args = parser.parse_args(argv)
+    finally:
+        for action, default, required in saved:
+            action.default, action.required = default, required
+    appended = {a.dest for a in parser._actions if isinstance(a, argparse._AppendAction)}
+    return {k: v for k, v in vars(args).items()
+            if v is not _UNSET and not (k in appended and v is None)}
