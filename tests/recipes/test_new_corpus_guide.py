@@ -1,5 +1,7 @@
-"""docs/new_corpus.md, performed literally: copy the self-contained recipe, write
-local/prepare_data.py from the guide, point stage 0 at it, run all stages."""
+"""docs/new_corpus.md, performed literally: copy the Hey Snips recipe, write
+local/prepare_data.py from the guide, replace its corpus stages by the guide's stage 0,
+run all stages."""
+import json
 import os
 import re
 import subprocess
@@ -50,25 +52,31 @@ def test_guide_walk(tmp_path):
     # 1. Copy the recipe (cp -r keeps the utils link as a link).
     (tree / "egs" / "my_corpus").mkdir()
     recipe = tree / "egs" / "my_corpus" / "s0"
-    subprocess.run(["cp", "-r", os.path.join(ROOT, "egs", "wake_word", "s0"), str(recipe)],
+    subprocess.run(["cp", "-r", os.path.join(ROOT, "egs", "hey_snips", "s0"), str(recipe)],
                    check=True)
-    subprocess.run(["rm", "-rf", str(recipe / "data"), str(recipe / "exp")], check=True)
+    subprocess.run(["rm", "-rf", str(recipe / "data"), str(recipe / "exp"),
+                    str(recipe / "RESULTS.md")], check=True)
     # 2. local/prepare_data.py, verbatim from the guide.
-    (recipe / "local").mkdir(exist_ok=True)
     (recipe / "local" / "prepare_data.py").write_text(guide_block("## 2. Write"))
-    # 3. Point stage 0 at it.
+    # 3. The options, and the guide's stage 0 in place of the corpus stages.
     run_sh = (recipe / "run.sh").read_text()
-    run_sh = re.sub(r'^keyword=.*$', f'keyword="hey robot"\ncorpus_dir={corpus}', run_sh,
-                    count=1, flags=re.M)
-    run_sh = re.sub(r"# --- stage 0.*?# --- end of stage 0 ---\n", guide_block("## 3. Point"),
-                    run_sh, flags=re.S)
+    run_sh, n = re.subn(r'^corpus_dir=.*$', f'corpus_dir={corpus}\nkeyword="hey robot"', run_sh,
+                        count=1, flags=re.M)
+    assert n == 1
+    run_sh, n = re.subn(r"^download_dir=.*\n", "", run_sh, count=1, flags=re.M)
+    assert n == 1
+    run_sh, n = re.subn(r"# --- corpus: stages -1 and 0.*?# --- end of the corpus stages ---\n",
+                        guide_block("## 3. Replace"), run_sh, flags=re.S)
+    assert n == 1
     (recipe / "run.sh").write_text(run_sh)
-    # 4. Run all stages (small training for the test).
+    # 5. Run all stages (small training for the test).
     result = subprocess.run(["bash", "run.sh", "--train-overrides",
                              "training.max_epoch=4 dataset.batch_size=8 optim.lr=0.005 "
                              "optim.scheduler.warmup_steps=2", "--average-num", "2"],
                             cwd=recipe, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert re.findall(r"^stage (-?\d+):", result.stdout, flags=re.M) == [
+        "0", "1", "2", "3", "4", "5", "6", "6"]     # stage 6 also says: no utt2spk
     data = recipe / "data"
     assert (data / "dict" / "keywords.txt").read_text() == "hey robot\n"
     assert len((data / "train" / "wav.scp").read_text().splitlines()) == 60
@@ -77,6 +85,9 @@ def test_guide_walk(tmp_path):
     assert (recipe / "exp" / "ds_tcn" / "export" / "model.onnx").exists()
     summary = (recipe / "exp" / "ds_tcn" / "score" / "summary.txt").read_text()
     assert summary.startswith("hey_robot: FRR") and summary.strip() in result.stdout
+    # No utt2spk in this corpus: the FRR intervals resample utterances.
+    det = json.loads((recipe / "exp" / "ds_tcn" / "score" / "det.json").read_text())
+    assert det["bootstrap"]["unit"] == "utterance"
     # Something was learned: the dev loss ends well below its first value (an untrained
     # detector keeps it).
     log = (recipe / "exp" / "ds_tcn" / "log" / "train.rank0.log").read_text()

@@ -12,16 +12,30 @@ RECIPE = os.path.join(ROOT, "egs", "wake_word", "s0")
 
 # Long enough to learn something (two ranks of 8, 56 steps: the dev loss first rises while
 # the detector learns the filler prior, then falls well below its first value).
-TINY = ["--num-train-pos", "40", "--num-train-neg", "60", "--num-dev-pos", "10",
-        "--num-dev-neg", "14", "--num-test-pos", "12", "--num-test-neg", "24",
-        "--num-procs", "2", "--average-num", "2",
+TINY_CORPUS = {"num_train_pos": 40, "num_train_neg": 60, "num_dev_pos": 10, "num_dev_neg": 14,
+               "num_test_pos": 12, "num_test_neg": 24}
+TINY = ["--num-procs", "2", "--average-num", "2",
         "--train-overrides", "training.max_epoch=8 dataset.batch_size=8 training.log_interval=4 "
         "optim.scheduler.warmup_steps=2"]
 
 
+def tiny_corpus_config(path, sizes=TINY_CORPUS):
+    """The recipe's conf/corpus.yaml with small sizes: the same mix, a small corpus."""
+    with open(os.path.join(RECIPE, "conf", "corpus.yaml"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        key = line.split(":")[0]
+        if key in sizes:
+            lines[i] = f"{key}: {sizes[key]}"
+    assert all(f"{k}: {v}" in lines for k, v in sizes.items())
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
 def run_recipe(tmp, *args, timeout=600):
     cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--keyword", "hey snips",
-           "--data", str(tmp / "data"), "--exp", str(tmp / "exp"), *TINY, *args]
+           "--data", str(tmp / "data"), "--exp", str(tmp / "exp"),
+           "--corpus-config", tiny_corpus_config(tmp / "corpus.yaml"), *TINY, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -126,6 +140,19 @@ def test_ctc_config_trains_exports_and_scores(recipe_run):
     from toolkit.export import read_metadata
     assert read_metadata(str(exp / "export" / "model.onnx"))["keywords"] == ["hey snips"]
     assert (exp / "score" / "summary.txt").read_text().startswith("hey_snips: FRR")
+
+
+def test_stage0_reads_the_corpus_settings_file(recipe_run):
+    """Stage 0 took its sizes from --corpus-config and the rest of the mix from it too
+    (the recorded settings of the generator are those of the file)."""
+    tmp, _ = recipe_run
+    data = tmp / "data"
+    for split in ("train", "dev", "test"):
+        kinds = (data / split / "utt2kind").read_text().split()[1::2]
+        assert len(kinds) == TINY_CORPUS[f"num_{split}_pos"] + TINY_CORPUS[f"num_{split}_neg"]
+    stamp = json.loads((data / ".synth_kws_data.json").read_text())
+    assert (stamp["train_conf_share"], stamp["train_hard_share"]) == (0.5, 0.5), stamp
+    assert stamp["sizes"]["train_pos"] == TINY_CORPUS["num_train_pos"], stamp
 
 
 def test_bad_option_is_refused(tmp_path):

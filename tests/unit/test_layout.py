@@ -4,6 +4,7 @@ no task package; the data stages import no torch; the trainer and the data pipel
 no model family; no import cycles between modules; every binary is thin and documented;
 the generated config reference is current."""
 import ast
+import glob
 import os
 import re
 import subprocess
@@ -379,3 +380,33 @@ def test_data_stages_check_the_dataset_section(tmp_path):
     with pytest.raises(ConfigError, match=r"bad.yaml: task.type: expected one of codec, kws, "
                                           r"speaker, got 'nosuch'"):
         load_dataset_config(str(bad))
+
+
+KEYWORD_RECIPES = ("wake_word/s0", "hey_snips/s0", "hi_xiaowen/s0", "speech_commands/s0")
+SOURCED = re.compile(r"^\s*(?:\.|source)\s+(\S+)", re.M)
+
+
+def recipe_params():
+    """Every egs/*/*/run.sh; those outside the keyword family are expected to fail until
+    their stages are inline too (the speaker and codec recipes' own change)."""
+    for path in sorted(glob.glob(os.path.join(ROOT, "egs", "*", "*", "run.sh"))):
+        recipe = os.path.relpath(os.path.dirname(path), os.path.join(ROOT, "egs"))
+        marks = () if recipe in KEYWORD_RECIPES else pytest.mark.xfail(
+            reason="speaker/codec recipes still source utils/*_stages.sh", strict=False)
+        yield pytest.param(recipe, marks=marks, id=recipe)
+
+
+@pytest.mark.parametrize("recipe", list(recipe_params()))
+def test_recipes_hold_their_stages_inline(recipe):
+    """A recipe's run.sh shows its stages' commands: it sources no utils/*_stages.sh that
+    reads the recipe's variables (path.sh and utils/parse_options.sh are sourced, as in
+    Kaldi)."""
+    text = open(os.path.join(ROOT, "egs", recipe, "run.sh"), encoding="utf-8").read()
+    sourced = SOURCED.findall(text)
+    assert not [s for s in sourced if re.search(r"utils/\S*_stages\.sh", s)], sourced
+    assert set(sourced) <= {"./path.sh", "utils/parse_options.sh"}, sourced
+
+
+def test_no_shared_keyword_stages_file():
+    assert all(os.path.isdir(os.path.join(ROOT, "egs", r)) for r in KEYWORD_RECIPES)
+    assert not os.path.exists(os.path.join(ROOT, "utils", "kws_stages.sh"))

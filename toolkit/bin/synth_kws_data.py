@@ -2,11 +2,13 @@
 
 Example:
   python -m toolkit.bin.synth_kws_data --keyword "hey snips" --out-dir data --seed 777 --nj 2
+  python -m toolkit.bin.synth_kws_data --config conf/corpus.yaml --keyword "hey snips" --out-dir data
 """
 import argparse
 import logging
 import sys
 
+from toolkit.cli import parse_with_options_file
 from toolkit.errors import cli
 from toolkit.tasks.kws.corpus import (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, Sizes,
                                       generate_corpus)
@@ -29,6 +31,7 @@ def get_args(argv=None):
             "engine, engine voice, version). Train, dev and test use disjoint voices. The\n"
             "output is byte-identical for the same arguments whatever --nj and whatever else\n"
             "is installed, and rerunning a finished run with the same arguments does nothing.\n\n"
+            "Options may also come from a YAML file (--config; the command line wins).\n\n"
             "example: %(prog)s --keyword 'hey snips' --out-dir data --seed 777 --nj 2\n"
             "needs espeak-ng: pip install -e .[tts]"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,7 +64,7 @@ def get_args(argv=None):
         p, engines_note="those besides espeak share --other-share of the utterances",
         blends_note="the blends are split across train/dev/test like other voices",
         test_only_note=" (and dict/), sized by --num-test-pos/--num-test-neg")
-    return p.parse_args(argv)
+    return parse_with_options_file(p, argv)
 
 
 @cli

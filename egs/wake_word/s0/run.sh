@@ -7,14 +7,18 @@
 #   bash run.sh --gpus 0,1                            # two GPUs (or edit gpus= below)
 #   bash run.sh --frontend speech_embedding           # openWakeWord's front end (README.md, "Front ends")
 #
-# Stages (each rerunnable; outputs under data/ and $exp):
-#   0 synthesize data/{train,dev,test} Kaldi dirs + data/dict/keywords.txt
-#   1 data lists data/*/data.list (+ fbank features data/*/fbank/ when precompute_feats)
-#   2 global CMVN data/train/global_cmvn.{json,ark}
-#   3 training through torchrun into $exp
-#   4 checkpoint averaging -> $exp/avg_${average_num}.pt
+# Stages (each rerunnable; outputs under $data and $exp):
+#   0 synthesize $data/{train,dev,test} Kaldi dirs + $data/dict/keywords.txt (sizes and
+#     mix: conf/corpus.yaml), and the outside test sets $data/outside_<engine>/test
+#   1 data lists $data/*/data.list, the lexicon and CTC units $data/dict/{lexicon,units}.txt,
+#     features $data/*/fbank/ (or speech_embedding/) when precompute_feats
+#   2 global CMVN $data/train/global_cmvn.{json,ark} (global_cmvn_speech_embedding.* for
+#     that front end)
+#   3 training through torchrun into $exp (resumes when rerun)
+#   4 average the best $average_num checkpoints by dev loss -> $exp/avg_$average_num.pt
 #   5 export TorchScript/ONNX/safetensors -> $exp/export/ (parity-checked)
-#   6 score the test set with the ONNX model -> $exp/score/ (DET table, plot, summary)
+#   6 score the test set with the ONNX model -> $exp/score/ (DET table, plot, summary),
+#     each outside test set -> $exp/score_outside_<engine>/
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./path.sh
@@ -29,32 +33,16 @@ stage=0
 stop_stage=6
 
 keyword="hey snips"
-seed=777
-num_train_pos=2000
-num_train_neg=6000
-num_dev_pos=300
-num_dev_neg=900
-# 3.6 h of test negatives: 1 FA/h allows three false alarms, not one, so the operating
-# point is not decided by a single utterance.
-num_test_pos=1200
-num_test_neg=5400
-# Training negatives only: confusable share, and the share of those that are near-homophones
-# of the whole keyword ("hey snoops"): the negatives a detector most easily fires on, which
-# an in-turn walk over every confusable category would leave with a few copies each.
-train_conf_share=0.5
-train_hard_share=0.5
-# TTS engines that speak (comma list); stage 0 installs those that need it
-# (tools/install_voices.sh). Those besides espeak-ng speak other_share of the utterances;
-# blends: that many mixed voices of each engine whose voices mix (Kokoro).
+seed=777           # the corpus: its voices, texts and noise (one seed, one corpus)
+corpus_config=conf/corpus.yaml  # the corpus's sizes and mix (synth_kws_data options)
+# TTS engines that speak (comma list; conf/corpus.yaml gives the share of those besides
+# espeak-ng); stage 0 installs those that need it (tools/install_voices.sh).
 engines=espeak
-other_share=0.2
-blends=0
 # Outside test sets (comma list of engines): voices no training list or blend holds
 # (Kokoro's seven reserved voices, festival's), written by stage 0 to $data/outside_<engine>
-# and scored by stage 6 beside the recipe's own test. festival needs apt (root).
+# (sizes: conf/outside_corpus.yaml) and scored by stage 6 beside the recipe's own test.
+# festival needs apt (root).
 outside_engines=""
-num_outside_pos=300
-num_outside_neg=1350
 nj=2
 
 # Front end: fbank (kaldi-native-fbank) or speech_embedding (openWakeWord 0.5.1's frozen
@@ -65,6 +53,7 @@ config=""              # default: conf/ds_tcn.yaml (fbank), conf/oww_ds_tcn.yaml
 data=data
 exp=""                 # default: exp/ds_tcn (fbank), exp/oww_ds_tcn (speech_embedding)
 precompute_feats=true  # compute features once (no waveform augmentation then)
+train_speed_copies=""  # with precompute_feats, e.g. 0.9,1.1: speed-perturbed training copies
 train_overrides=""     # extra config overrides, e.g. "training.max_epoch=2 dataset.batch_size=64"
 average_num=5
 target_fa_per_hour=1.0
@@ -74,44 +63,122 @@ help_message="Usage: $0 [--keyword \"hey snips\"] [--stage N] [--stop-stage M] [
 . utils/parse_options.sh
 
 dict=$data/dict/keywords.txt
-task_type=detection
+# The front end names the features' dir and CMVN file, so that both share one corpus.
 case "$frontend" in
   fbank)
     config=${config:-conf/ds_tcn.yaml}; exp=${exp:-exp/ds_tcn}
-    feat_dir=fbank; cmvn_name=global_cmvn ;;
+    feat_dir=fbank; cmvn=global_cmvn ;;
   speech_embedding)
     config=${config:-conf/oww_ds_tcn.yaml}; exp=${exp:-exp/oww_ds_tcn}
-    feat_dir=speech_embedding; cmvn_name=global_cmvn_speech_embedding
+    feat_dir=speech_embedding; cmvn=global_cmvn_speech_embedding
     bash "$TOOLKIT_ROOT/tools/install_oww.sh" ;;
   *) echo "$0: --frontend must be fbank or speech_embedding, got '$frontend'" >&2; exit 1 ;;
 esac
-_config_type=$(python -c 'import sys, toolkit.tasks; from toolkit.task import load_config
+config_type=$(python -c 'import sys, toolkit.tasks; from toolkit.task import load_config
 print(load_config(sys.argv[1]).dataset.feature.type)' "$config")
-if [ "$_config_type" != "$frontend" ]; then
-  echo "$0: $config computes dataset.feature.type $_config_type, not --frontend $frontend" >&2
+if [ "$config_type" != "$frontend" ]; then
+  echo "$0: $config computes dataset.feature.type $config_type, not --frontend $frontend" >&2
   exit 1
 fi
+# What training reads: precomputed features, or the audio (waveform augmentation).
+list=data.list
+[ "$precompute_feats" = true ] && list=$feat_dir/data.list
+outside_sets=""
+for e in ${outside_engines//,/ }; do outside_sets="$outside_sets $data/outside_$e/test"; done
 
-# --- stage 0: data preparation (a copy of this recipe for a new corpus replaces this block) ---
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing data for \"$keyword\" into $data"
-  _needs_install=$(echo "$engines,$outside_engines" | tr ',' '\n' | grep -xE 'kokoro|rhvoice|pico|mbrola|festival|flite' | sort -u | tr '\n' ' ' || true)
-  [ -z "$_needs_install" ] || bash "$TOOLKIT_ROOT/tools/install_voices.sh" $_needs_install
-  python -m toolkit.bin.synth_kws_data --keyword "$keyword" --out-dir "$data" --seed "$seed" \
-    --num-train-pos $num_train_pos --num-train-neg $num_train_neg \
-    --num-dev-pos $num_dev_pos --num-dev-neg $num_dev_neg \
-    --num-test-pos $num_test_pos --num-test-neg $num_test_neg \
-    --train-conf-share $train_conf_share --train-hard-share $train_hard_share \
-    --engines "$engines" --other-share "$other_share" --blends "$blends" --nj $nj
-  for _e in ${outside_engines//,/ }; do
-    python -m toolkit.bin.synth_kws_data --keyword "$keyword" --out-dir "$data/outside_$_e" \
-      --seed "$seed" --test-only --engines "$_e" --num-test-pos $num_outside_pos \
-      --num-test-neg $num_outside_neg --nj $nj
+  needs_install=$(echo "$engines,$outside_engines" | tr ',' '\n' \
+    | grep -xE 'kokoro|rhvoice|pico|mbrola|festival|flite' | sort -u | tr '\n' ' ' || true)
+  # shellcheck disable=SC2086
+  [ -z "$needs_install" ] || bash "$TOOLKIT_ROOT/tools/install_voices.sh" $needs_install
+  python -m toolkit.bin.synth_kws_data --config "$corpus_config" --keyword "$keyword" \
+    --out-dir "$data" --seed "$seed" --engines "$engines" --nj "$nj"
+  for e in ${outside_engines//,/ }; do
+    python -m toolkit.bin.synth_kws_data --config conf/outside_corpus.yaml --test-only \
+      --keyword "$keyword" --out-dir "$data/outside_$e" --seed "$seed" --engines "$e" --nj "$nj"
   done
 fi
-outside_sets=""
-for _e in ${outside_engines//,/ }; do outside_sets="$outside_sets $data/outside_$_e/test"; done
-# --- end of stage 0 ---
 
-# Stages 1-6 are shared by every keyword recipe.
-. utils/kws_stages.sh
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  echo "stage 1: data lists (keyword labels), lexicon and $feat_dir features"
+  [ -f "$dict" ] || { echo "$0: inventory $dict not found: run stage 0 first" >&2; exit 1; }
+  ctc_args=()
+  if [ -n "$ctc_unit" ]; then
+    python -m toolkit.bin.make_lexicon --unit "$ctc_unit" "$data/train" "$data/dev" "$data/test" \
+      --lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt"
+    ctc_args=(--lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt")
+  fi
+  # One process per binary for every set: its start-up (torch import) costs more than a
+  # small set's work.
+  list_pairs=() feat_pairs=()
+  for x in "$data/train" "$data/dev" "$data/test" $outside_sets; do
+    list_pairs+=("$x" "$x/data.list")
+    feat_pairs+=("$x/data.list" "$x/$feat_dir")
+  done
+  python -m toolkit.bin.make_datalist "${list_pairs[@]}" --inventory "$dict" \
+    --label-mode keyword --nj "$nj" "${ctc_args[@]}"
+  if [ "$precompute_feats" = true ]; then
+    if [ -n "$train_speed_copies" ]; then   # speed copies are for the training set only
+      python -m toolkit.bin.compute_feats "$data/train/data.list" "$data/train/$feat_dir" \
+        --config "$config" --nj "$nj" --speed-copies "$train_speed_copies"
+      feat_pairs=("${feat_pairs[@]:2}")
+    fi
+    python -m toolkit.bin.compute_feats "${feat_pairs[@]}" --config "$config" --nj "$nj"
+  fi
+fi
+
+if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
+  echo "stage 2: global CMVN"
+  python -m toolkit.bin.compute_cmvn "$data/train/$list" "$data/train/$cmvn.json" \
+    --kaldi-out "$data/train/$cmvn.ark" --config "$config" --nj "$nj"
+fi
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  echo "stage 3: training in $exp"
+  # $train_overrides is split into separate key=value words on purpose.
+  # shellcheck disable=SC2086
+  utils/torchrun.sh ${master_port:+--master-port $master_port} \
+    "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
+    -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
+    --train-data "$data/train/$list" --dev-data "$data/dev/$list" \
+    --inventory "$dict" --cmvn "$data/train/$cmvn.json" \
+    ${ctc_unit:+--units "$data/dict/units.txt"} $train_overrides
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  echo "stage 4: averaging the best $average_num checkpoints by dev loss"
+  python -m toolkit.bin.average_model --exp-dir "$exp" --output "$exp/avg_$average_num.pt" \
+    --num "$average_num" --mode best
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  echo "stage 5: export"
+  python -m toolkit.bin.export_model --checkpoint "$exp/avg_$average_num.pt" --exp-dir "$exp" \
+    --out-dir "$exp/export" --test-data "$data/test/$list"
+fi
+
+if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  echo "stage 6: scoring the test set with the ONNX model"
+  # FRR intervals resample whole voices (errors cluster by voice), or utterances where
+  # the test set names no speakers.
+  bootstrap_unit=speaker
+  if [ ! -s "$data/test/utt2spk" ]; then
+    echo "stage 6: $data/test has no utt2spk: FRR intervals resample utterances"
+    bootstrap_unit=utterance
+  fi
+  utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+    "$exp/export/model.onnx" "$data/test/$list" "$dict" "$exp/score"
+  # The threshold for target_fa_per_hour goes into the exported models.
+  python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score"
+  echo "summary ($exp/score/summary.txt):"
+  cat "$exp/score/summary.txt"
+  for e in ${outside_engines//,/ }; do
+    utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+      "$exp/export/model.onnx" "$data/outside_$e/test/$list" "$dict" "$exp/score_outside_$e"
+    echo "outside test $data/outside_$e/test ($exp/score_outside_$e/summary.txt):"
+    cat "$exp/score_outside_$e/summary.txt"
+  done
+  echo "false alarms, per-speaker misses and missed utterances at that threshold:" \
+    "$exp/score/errors_*.txt"
+fi

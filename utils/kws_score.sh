@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Scores one test set of a keyword detector (stage 6 of the keyword recipes):
+#   utils/kws_score.sh [options] MODEL DATA_LIST INVENTORY OUT_DIR
+# MODEL is the exported model.onnx; posteriors of DATA_LIST go to OUT_DIR/test_probs.ark,
+# then score_kws runs the streaming decision rule at every threshold: DET curves, FRR at
+# --fa-targets with bootstrap intervals, and the threshold for --target-fa-per-hour, in
+# OUT_DIR (det_<keyword>.txt, det.json, det.png, summary.txt, errors_<keyword>.txt).
+# Options:
+#   --target-fa-per-hour F   false alarms per hour of the chosen threshold (1.0)
+#   --fa-targets LIST        operating points of the summary (0.5,1,2,5)
+#   --bootstrap-unit U       what the FRR intervals resample: speaker (whole voices) or
+#                            utterance (speaker)
+set -euo pipefail
+target_fa_per_hour=1.0
+fa_targets=0.5,1,2,5
+bootstrap_unit=speaker
+. "$(dirname "$0")/parse_options.sh"
+if [ $# -ne 4 ]; then
+  echo "usage: $0 [--target-fa-per-hour F] [--fa-targets LIST] [--bootstrap-unit U] MODEL DATA_LIST INVENTORY OUT_DIR" >&2
+  exit 1
+fi
+model=$1 data_list=$2 inventory=$3 out_dir=$4
+
+python -m toolkit.bin.compute_posteriors --model "$model" --data-list "$data_list" \
+  --output "$out_dir/test_probs.ark"
+# The decision rule counts in the model's frames (10 ms fbank, 80 ms speech embeddings).
+frame_shift_ms=$(python -c 'import sys; from toolkit.export import read_metadata
+print(read_metadata(sys.argv[1])["feature"]["frame_shift_ms"])' "$model")
+python -m toolkit.bin.score_kws --data-list "$data_list" --posteriors "$out_dir/test_probs.ark" \
+  --inventory "$inventory" --out-dir "$out_dir" --frame-shift-ms "$frame_shift_ms" \
+  --target-fa-per-hour "$target_fa_per_hour" --fa-targets "$fa_targets" \
+  --bootstrap-unit "$bootstrap_unit"
