@@ -155,6 +155,27 @@ def test_stage0_reads_the_corpus_settings_file(recipe_run):
     assert stamp["sizes"]["train_pos"] == TINY_CORPUS["num_train_pos"], stamp
 
 
+def test_the_corpus_files_hold_the_recipe_defaults():
+    """Stage 0's two generator calls read conf/corpus.yaml and conf/outside_corpus.yaml:
+    the same arguments as the command lines run.sh spelled out before those files."""
+    from toolkit.bin import synth_kws_data
+
+    def get_args(argv):
+        return {k: v for k, v in vars(synth_kws_data.get_args(argv)).items() if k != "config"}
+    conf = os.path.join(RECIPE, "conf")
+    common = ["--keyword", "hey snips", "--out-dir", "d", "--seed", "777", "--nj", "2"]
+    spelled = ["--num-train-pos", "2000", "--num-train-neg", "6000", "--num-dev-pos", "300",
+               "--num-dev-neg", "900", "--num-test-pos", "1200", "--num-test-neg", "5400",
+               "--train-conf-share", "0.5", "--train-hard-share", "0.5",
+               "--engines", "espeak", "--other-share", "0.2", "--blends", "0"]
+    assert get_args(["--config", os.path.join(conf, "corpus.yaml"), *common,
+                     "--engines", "espeak"]) == get_args(common + spelled)
+    outside = ["--test-only", "--engines", "kokoro"]
+    assert get_args(["--config", os.path.join(conf, "outside_corpus.yaml"), *outside,
+                     *common]) == get_args(common + outside + ["--num-test-pos", "300",
+                                                               "--num-test-neg", "1350"])
+
+
 def test_bad_option_is_refused(tmp_path):
     result = subprocess.run(["bash", os.path.join(RECIPE, "run.sh"), "--no-such-option", "1"],
                             capture_output=True, text=True, timeout=120)
