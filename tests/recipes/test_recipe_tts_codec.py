@@ -28,10 +28,11 @@ TINY_OVERRIDES = " ".join([
     "dataset.num_workers=1", "discriminator.mpd.channels_scale=0.03"])
 # The voice bank as the recipe uses it: espeak-ng and Kokoro voices and blends in training,
 # Kokoro's reserved voices as the outside test set (tools/test.sh installs Kokoro).
-ENGINES = ["--engines", "espeak,kokoro", "--blends", "2", "--other-share", "0.5",
-           "--test-engines", "kokoro"]
-TINY = ["--num-train", "6", "--num-dev", "2", "--num-test", "2", "--num-test-reserved", "2",
-        "--random-voices", "2", "--max-voices", "6", "--nj", "1", "--eval-max-utts", "1",
+ENGINES = ["--engines", "espeak,kokoro", "--blends", "2", "--test-engines", "kokoro"]
+# Over conf/corpus.yaml: the training corpus's sizes, and Kokoro speaking half of it.
+CORPUS_OPTS = "--num-train 6 --num-dev 2 --num-test 2 --other-share 0.5"
+TINY = ["--corpus-opts", CORPUS_OPTS, "--num-test-reserved", "2", "--random-voices", "2",
+        "--max-voices", "6", "--nj", "1", "--eval-max-utts", "1",
         "--train-overrides", TINY_OVERRIDES, *ENGINES]
 
 
@@ -122,7 +123,7 @@ def test_evaluation_table_has_codec_rates_and_baselines(recipe_run, test_set):
     assert rates[:11] == ["2.4", "1.6", "0.8", "2.4", "0.8", "1.6", "2.4", "3.2", "2.4", "1.6",
                           "0.7"]
     assert 6.0 <= float(rates[11]) <= 6.6 and 8.0 <= float(rates[12]) <= 8.8   # measured
-    assert all(r in result.stdout for r in rows)       # stage 5 prints the table
+    assert all(r in result.stdout for r in rows)       # stage 6 prints the table
     summary = json.loads((report / "results.json").read_text())
     assert summary["utterances"] == 1
     assert summary["metrics"] == ["mel_distance", "stft_distance", "si_sdr", "stoi", "pesq_wb",
@@ -136,7 +137,7 @@ def test_evaluation_table_has_codec_rates_and_baselines(recipe_run, test_set):
 def test_rerun_skips_finished_stages(recipe_run):
     tmp, _ = recipe_run
     before = sorted(p.name for p in (tmp / "exp").glob("ckpt-*.pt"))
-    again = run_recipe(tmp, "--stop-stage", "2", timeout=300)
+    again = run_recipe(tmp, "--stop-stage", "3", timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "nothing to do" in again.stderr                # the data were complete
     assert "resumed from" in again.stderr                 # and so was the training

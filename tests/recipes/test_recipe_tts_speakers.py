@@ -28,6 +28,9 @@ RECIPE = os.path.join(ROOT, "egs", "tts_speakers", "v1")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 SIZES = ["--num-train-speakers", "8", "--train-utts", "4", "--num-dev-speakers", "3",
          "--dev-utts", "3", "--num-test-speakers", "4", "--test-utts", "3"]
+# The recipe's corpus settings (conf/corpus.yaml: the seed) at the sizes above.
+CORPUS = "defaults: [{recipe}/conf/corpus.yaml]\n" + "".join(
+    f"{k[2:]}: {v}\n" for k, v in zip(SIZES[::2], SIZES[1::2]))
 # The default config (ECAPA-TDNN) at a tiny width.
 TINY = ("model.channels=16 model.mfa_channels=32 model.se_bottleneck=8 "
         "model.attention_bottleneck=8 model.embed_dim=16 task.chunk_frames=50 "
@@ -40,8 +43,11 @@ def run_recipe(tmp, *args, timeout=600):
     # espeak-ng alone: the recipe's default Kokoro voices and festival/flite outside are for
     # the real runs; a tiny ECAPA-TDNN from scratch (the default fine-tunes the shipped
     # encoder, whose width a tiny run cannot afford; tests/test_pretrained.py fine-tunes it).
+    corpus = tmp / "corpus.yaml"
+    corpus.write_text(CORPUS.format(recipe=RECIPE))
     cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--data", str(tmp / "data"),
-           "--exp", str(tmp / "exp"), *SIZES, "--engines", "espeak", "--blends", "0",
+           "--exp", str(tmp / "exp"), "--corpus-config", str(corpus), "--engines", "espeak",
+           "--blends", "0",
            "--outside-engines", "", "--config", "conf/ecapa.yaml",
            "--outside-utts", "2", "--num-procs", "1", "--average-num", "2",
            "--as-norm-top", "4", "--cohort-utts-per-spk", "2", "--train-overrides", TINY,
@@ -65,8 +71,9 @@ def recipe_run(tmp_path_factory):
 def test_all_stages_produce_their_outputs(recipe_run):
     tmp, result = recipe_run
     data = tmp / "data"
+    # Stage 2 (global CMVN) is no step of a speaker recipe.
     assert sorted(set(re.findall(r"^stage (\d+):", result.stdout, flags=re.M)), key=int) == \
-        [str(s) for s in range(8)]
+        [str(s) for s in (0, 1, 3, 4, 5, 6, 7)]
     speakers = {}
     for split, (n_spk, n_utt) in {"train": (8, 4), "dev": (3, 3), "test": (4, 3)}.items():
         check = subprocess.run([sys.executable, "-m", "toolkit.bin.validate_data_dir",

@@ -14,12 +14,15 @@ Examples:
       --blends 100 --other-share 0.5            # Kokoro's voices and blends speak half
   python -m toolkit.bin.synth_codec_data --out-dir data_kokoro --test-only \
       --engines kokoro --num-test 60 --no-noisy  # the 7 reserved Kokoro voices alone
+  python -m toolkit.bin.synth_codec_data --config egs/tts_codec/s0/conf/corpus.yaml \
+      --out-dir data --seed 1234                # sizes and shares from a file (--help: keys)
 needs espeak-ng: pip install -e .[tts]; Kokoro: bash tools/install_voices.sh kokoro
 """
 import argparse
 import logging
 import sys
 
+from toolkit.cli import parse_with_options_file
 from toolkit.errors import cli
 from toolkit.tasks.codec.corpus import SENTENCES, Sizes, generate_speech
 from toolkit.voicebank.corpus import add_voice_bank_arguments
@@ -67,7 +70,7 @@ def get_args(argv=None):
                    help="output sample rate (default %(default)s)")
     p.add_argument("--nj", type=int, default=2,
                    help="parallel render processes; does not change the output (default 2)")
-    return p.parse_args(argv)
+    return parse_with_options_file(p, argv)
 
 
 @cli

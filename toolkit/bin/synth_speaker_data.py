@@ -2,12 +2,15 @@
 
 Example:
   python -m toolkit.bin.synth_speaker_data --out-dir data --seed 777 --nj 2
+  python -m toolkit.bin.synth_speaker_data --config egs/tts_speakers/v1/conf/corpus.yaml \
+      --out-dir data --engines espeak
 """
 import argparse
 import logging
 import sys
 from typing import Dict
 
+from toolkit.cli import parse_with_options_file
 from toolkit.errors import cli
 from toolkit.tasks.speaker.corpus import (BLEND_SPLIT, SNR_DB, WORDS_PER_UTT,
                                           EngineSizing, Sizes, generate_corpus)
@@ -41,6 +44,8 @@ def get_args(argv=None):
             "  %(prog)s --out-dir data --engines espeak,kokoro --blends 200 \\\n"
             "      --engine-train-utts kokoro=8 --engine-words kokoro=5-10\n"
             "  %(prog)s --out-dir data/outside --test-only --engines espeak,kokoro,festival\n"
+            "  %(prog)s --config egs/tts_speakers/v1/conf/corpus.yaml --out-dir data \\\n"
+            "      --engines espeak          # sizes and seed from the file\n"
             "needs espeak-ng: pip install -e .[tts]"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", required=True, metavar="DIR", help="output directory (e.g. data)")
@@ -73,7 +78,7 @@ def get_args(argv=None):
     p.add_argument("--engine-words", default="", metavar="ENGINE=LOW-HIGH[,...]",
                    help="words per utterance of that engine's speakers in every split instead "
                         f"of {WORDS_PER_UTT[0]}-{WORDS_PER_UTT[1]}, e.g. kokoro=5-10")
-    return p.parse_args(argv)
+    return parse_with_options_file(p, argv)
 
 
 def _engine_values(text: str, option: str) -> Dict[str, str]:

@@ -7,19 +7,21 @@
 #   bash run.sh                                            # 24 kHz, CPU-sized (conf/codec_24k.yaml)
 #   bash run.sh --config conf/codec_16k.yaml               # the 16 kHz variant
 #   bash run.sh --gpus 0,1,2,3 --config conf/codec_24k_gpu.yaml   # published scale
-#   bash run.sh --stage 2 --stop-stage 2                   # only training (resumes if killed)
+#   bash run.sh --stage 3 --stop-stage 3                   # only training (resumes if killed)
 #
-# Stages (each rerunnable; outputs under $corpus_dir, $data and $exp):
+# Stages (each rerunnable; outputs under $corpus_dir, $data and $exp; README.md: what each
+# writes):
 #  -1 download of each subset's archive into $download_dir (continued where an interrupted
 #     download stopped), sha256-checked (local/checksums.txt), extracted into $corpus_dir;
 #     skipped for a subset already extracted there
 #   0 Kaldi dirs $data/{<subset>,train,dev,test} (local/prepare_libritts.py; train = the
 #     training subsets combined, dev = $dev_utts utterances of dev-clean)
 #   1 data lists $data/*/data.list
-#   2 training through torchrun into $exp
-#   3 average of the last $average_num checkpoints -> $exp/avg_${average_num}.pt
-#   4 export (encoder/decoder ONNX + TorchScript, safetensors; parity-checked) -> $exp/export
-#   5 evaluation on test-clean against the baselines -> $exp/eval (table printed)
+#   2 (unused: no global CMVN, the codec reads waveforms)
+#   3 training through torchrun into $exp
+#   4 average of the last $average_num checkpoints -> $exp/avg_${average_num}.pt
+#   5 export (encoder/decoder ONNX + TorchScript, safetensors; parity-checked) -> $exp/export
+#   6 evaluation on test-clean against the baselines -> $exp/eval/test (table printed)
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./path.sh
@@ -31,7 +33,7 @@ node_rank=0
 rdzv_endpoint=127.0.0.1:29400
 master_port=""     # one node: fixed torchrun port (default: a free one)
 stage=-1
-stop_stage=5
+stop_stage=6
 
 base_url=https://www.openslr.org/resources/60
 download_dir=downloads           # where the archives are (or are downloaded to)
@@ -87,6 +89,48 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   done
 fi
 
-# Stages 1-5 are utils/codec_stages.sh, shared with the other codec recipes.
-test_sets="test=test"
-. utils/codec_stages.sh
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  echo "stage 1: data lists"
+  # The codec reads no label, but make_datalist labels every entry: each dir is labelled
+  # by its own speakers (spk2utt), which keeps every utterance in the list.
+  for x in train dev test; do
+    cut -d' ' -f1 "$data/$x/spk2utt" > "$data/$x/speakers.txt"
+    python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" \
+      --inventory "$data/$x/speakers.txt" --label-mode speaker --nj "$nj"
+  done
+fi
+
+# Stage 2 is unused: no global CMVN, the codec reads waveforms.
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  echo "stage 3: training in $exp"
+  # $train_overrides is split into separate key=value words on purpose.
+  # shellcheck disable=SC2086
+  utils/torchrun.sh ${master_port:+--master-port $master_port} \
+    "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
+    -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
+    --train-data "$data/train/data.list" --dev-data "$data/dev/data.list" $train_overrides
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  echo "stage 4: averaging the last $average_num checkpoints"
+  python -m toolkit.bin.average_model --exp-dir "$exp" --output "$exp/avg_${average_num}.pt" \
+    --num "$average_num" --mode last
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  echo "stage 5: export"
+  python -m toolkit.bin.export_model --checkpoint "$exp/avg_${average_num}.pt" --exp-dir "$exp" \
+    --out-dir "$exp/export" --test-data "$data/test/data.list"
+fi
+
+if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  echo "stage 6: evaluating $exp/export on $data/test (test-clean)"
+  eval_args=()
+  for q in $eval_n_q; do eval_args+=(--n-q "$q"); done
+  for b in $baselines; do eval_args+=(--baseline "$b"); done
+  python -m toolkit.bin.evaluate_codec --model "$exp/export" \
+    --test-data "$data/test/data.list" --out-dir "$exp/eval/test" \
+    --max-utts "$eval_max_utts" --threads "$nj" --jobs "$nj" "${eval_args[@]}"
+  echo "table: $exp/eval/test/results.md, spectrograms: $exp/eval/test/spectrograms.png"
+fi

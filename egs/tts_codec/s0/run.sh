@@ -5,18 +5,19 @@
 # espeak-ng voices) against Codec2, Opus and naive codecs.
 #
 #   bash run.sh                                       # all stages, CPU-sized config
-#   bash run.sh --stage 2 --stop-stage 2              # only training (resumes if killed)
+#   bash run.sh --stage 3 --stop-stage 3              # only training (resumes if killed)
 #   bash run.sh --gpus 0 --config conf/codec_gpu.yaml --exp exp/codec_gpu   # published scale
 #
-# Stages (each rerunnable; outputs under data/ and $exp):
-#   0 synthesize data/{train,dev,test} Kaldi dirs (+ *_noisy with noisy=true), data/voices.tsv,
-#     and the outside test set data/reserved/test (the voices reserved for evaluation);
-#     installs Kokoro first when engines= or test_engines= names it
+# Stages (each rerunnable; outputs under data/ and $exp; README.md: what each writes):
+#   0 synthesize data/{train,dev,test} Kaldi dirs (+ *_noisy with noisy=true), data/voices.tsv
+#     (sizes: conf/corpus.yaml), and the outside test set data/reserved/test (the voices
+#     reserved for evaluation); installs Kokoro first when engines= or test_engines= names it
 #   1 data lists data/*/data.list, data/reserved/test/data.list
-#   2 training through torchrun into $exp
-#   3 averaging of the last $average_num checkpoints -> $exp/avg_${average_num}.pt
-#   4 export encoder/decoder ONNX + TorchScript + safetensors -> $exp/export/ (parity-checked)
-#   5 evaluation on each of eval_sets against the baselines -> $exp/eval/<set>/ (tables printed)
+#   2 (unused: no global CMVN, the codec reads waveforms)
+#   3 training through torchrun into $exp
+#   4 averaging of the last $average_num checkpoints -> $exp/avg_${average_num}.pt
+#   5 export encoder/decoder ONNX + TorchScript + safetensors -> $exp/export/ (parity-checked)
+#   6 evaluation on each of eval_sets against the baselines -> $exp/eval/<set>/ (tables printed)
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./path.sh
@@ -28,16 +29,17 @@ node_rank=0
 rdzv_endpoint=127.0.0.1:29400
 master_port=""     # one node: fixed torchrun port (default: a free one)
 stage=0
-stop_stage=5
+stop_stage=6
 
+# Stage 0's training corpus: sizes and shares in $corpus_config (conf/corpus.yaml). The
+# voice pool (seed, random_voices, max_voices) is passed to both corpora: the outside test
+# set's held-out espeak-ng voices are those of data/test.
+corpus_config=conf/corpus.yaml
+corpus_opts=""     # generator options over $corpus_config, e.g. "--num-train 20000"
 seed=1234
-num_train=1200     # about 2 h of speech (5 s per utterance on average)
-num_dev=40
-num_test=60
 random_voices=60   # procedural espeak-ng voices added to its 224 fixed ones before the split
 max_voices=0       # > 0: at most this many voices in all (0: every voice)
 engines=espeak     # TTS engines that speak (comma list); one named but missing stops stage 0
-other_share=0.2    # share of the utterances spoken by the engines besides espeak-ng
 blends=0           # blended voices of each engine that mixes voices (kokoro), besides its own
 test_engines=""    # engines of the outside test set data/reserved/test: their voices reserved
                    # for evaluation (kokoro: its 7; festival: all) and the held-out voices of the
@@ -70,23 +72,25 @@ eval_sets=""   # reserved: data/reserved/test (needs test_engines=); test: data/
 help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--config conf/codec_gpu.yaml] ..."
 . utils/parse_options.sh
 
-# The test sets of stages 1, 4 and 5 by name (set after option parsing).
+# The evaluation sets by name (stage 5 checks its export on the first): test is
+# data/$test_set, reserved the outside test set data/reserved/test.
 [ -n "$eval_sets" ] || eval_sets=${test_engines:+reserved }test
-declare -A test_dirs
-test_dirs[test]=$test_set
-[ -z "$test_engines" ] || test_dirs[reserved]=reserved/test
-test_sets=""
-for _set in $eval_sets; do
-  if [ -z "${test_dirs[$_set]:-}" ]; then
-    if [ "$_set" = reserved ]; then
-      echo "$0: eval_sets names reserved but test_engines is empty (no outside test set)" >&2
-    else
-      echo "$0: unknown eval set '$_set' in eval_sets (known: ${!test_dirs[*]})" >&2
-    fi
-    exit 1
-  fi
-  test_sets+=" $_set=${test_dirs[$_set]}"
+eval_names=()
+eval_dirs=()
+for name in $eval_sets; do
+  case $name in
+    test) eval_dirs+=("$data/$test_set") ;;
+    reserved)
+      if [ -z "$test_engines" ]; then
+        echo "$0: eval_sets names reserved but test_engines is empty (no outside test set)" >&2
+        exit 1
+      fi
+      eval_dirs+=("$data/reserved/test") ;;
+    *) echo "$0: unknown eval set '$name' in eval_sets (known: test reserved)" >&2; exit 1 ;;
+  esac
+  eval_names+=("$name")
 done
+[ "${#eval_dirs[@]}" -gt 0 ] || { echo "$0: eval_sets is empty" >&2; exit 1; }
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing speech into $data"
@@ -95,22 +99,72 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   case ",$engines,$test_engines," in
     *,kokoro,*) bash "$TOOLKIT_ROOT/tools/install_voices.sh" kokoro ;;
   esac
-  _noisy_arg=()
-  [ "$noisy" = true ] || _noisy_arg=(--no-noisy)
-  python -m toolkit.bin.synth_codec_data --out-dir "$data" --seed "$seed" \
-    --num-train "$num_train" --num-dev "$num_dev" --num-test "$num_test" \
-    --random-voices "$random_voices" --max-voices "$max_voices" --engines "$engines" \
-    --other-share "$other_share" --blends "$blends" --nj "$nj" "${_noisy_arg[@]}"
+  noisy_arg=()
+  [ "$noisy" = true ] || noisy_arg=(--no-noisy)
+  # $corpus_opts is split into separate options on purpose.
+  # shellcheck disable=SC2086
+  python -m toolkit.bin.synth_codec_data --config "$corpus_config" $corpus_opts \
+    --out-dir "$data" --seed "$seed" --random-voices "$random_voices" \
+    --max-voices "$max_voices" --engines "$engines" --blends "$blends" --nj "$nj" \
+    "${noisy_arg[@]}"
   if [ -n "$test_engines" ]; then
     # The same seed (and voice pool): the held-out voices of an engine that reserves none
     # (espeak-ng) are those of data/test; an engine that reserves voices speaks with those.
-    _pool=(--max-voices "$max_voices")
-    case ",$test_engines," in *,espeak,*) _pool+=(--random-voices "$random_voices") ;; esac
+    pool=(--max-voices "$max_voices")
+    case ",$test_engines," in *,espeak,*) pool+=(--random-voices "$random_voices") ;; esac
     python -m toolkit.bin.synth_codec_data --test-only --out-dir "$data/reserved" \
       --seed "$seed" --num-test "$num_test_reserved" --engines "$test_engines" \
-      "${_pool[@]}" --nj "$nj" --no-noisy
+      "${pool[@]}" --nj "$nj" --no-noisy
   fi
 fi
 
-# Stages 1-5 are utils/codec_stages.sh, shared with the other codec recipes.
-. utils/codec_stages.sh
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  echo "stage 1: data lists"
+  # The codec reads no label, but make_datalist labels every entry: each dir is labelled
+  # by its own speakers (spk2utt), which keeps every utterance in the list.
+  for x in "$data/$train_set" "$data/$dev_set" "${eval_dirs[@]}"; do
+    cut -d' ' -f1 "$x/spk2utt" > "$x/speakers.txt"
+    python -m toolkit.bin.make_datalist "$x" "$x/data.list" \
+      --inventory "$x/speakers.txt" --label-mode speaker --nj "$nj"
+  done
+fi
+
+# Stage 2 is unused: no global CMVN, the codec reads waveforms.
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  echo "stage 3: training in $exp"
+  # $train_overrides is split into separate key=value words on purpose.
+  # shellcheck disable=SC2086
+  utils/torchrun.sh ${master_port:+--master-port $master_port} \
+    "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
+    -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
+    --train-data "$data/$train_set/data.list" --dev-data "$data/$dev_set/data.list" \
+    $train_overrides
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  echo "stage 4: averaging the last $average_num checkpoints"
+  python -m toolkit.bin.average_model --exp-dir "$exp" --output "$exp/avg_${average_num}.pt" \
+    --num "$average_num" --mode last
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  echo "stage 5: export"
+  python -m toolkit.bin.export_model --checkpoint "$exp/avg_${average_num}.pt" --exp-dir "$exp" \
+    --out-dir "$exp/export" --test-data "${eval_dirs[0]}/data.list"
+fi
+
+if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  eval_args=()
+  for q in $eval_n_q; do eval_args+=(--n-q "$q"); done
+  for b in $baselines; do eval_args+=(--baseline "$b"); done
+  [ -z "$eval_metrics" ] || eval_args+=(--metrics "$eval_metrics")
+  for i in "${!eval_names[@]}"; do
+    name=${eval_names[$i]}
+    echo "stage 6: evaluating $exp/export on ${eval_dirs[$i]} ($name)"
+    python -m toolkit.bin.evaluate_codec --model "$exp/export" \
+      --test-data "${eval_dirs[$i]}/data.list" --out-dir "$exp/eval/$name" \
+      --max-utts "$eval_max_utts" --threads "$nj" --jobs "$nj" "${eval_args[@]}"
+    echo "table: $exp/eval/$name/results.md, spectrograms: $exp/eval/$name/spectrograms.png"
+  done
+fi

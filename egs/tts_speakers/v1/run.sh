@@ -12,25 +12,27 @@
 #   bash run.sh --config conf/ecapa.yaml --blends 150 # a small ECAPA-TDNN from scratch on 150 blends
 #   bash run.sh --outside-engines ""                  # no festival/flite (their apt needs root)
 #   bash run.sh --engines espeak                      # espeak-ng alone (no Kokoro install)
-#   bash run.sh --config conf/resnet.yaml --stage 2   # small ResNet on the same data (exp/resnet)
-#   bash run.sh --stage 2 --stop-stage 2              # only training (resumes if killed)
+#   bash run.sh --config conf/resnet.yaml --stage 3   # small ResNet on the same data (exp/resnet)
+#   bash run.sh --stage 3 --stop-stage 3              # only training (resumes if killed)
 #   bash run.sh --lm-config conf/lm.yaml              # + large-margin fine-tuning (exp/<name>_lm)
+#   bash run.sh --corpus-opts "--num-train-speakers 100"  # fewer speakers (conf/corpus.yaml)
 #   bash run.sh --gpus 0                              # on a GPU
 #
-# Stages (each rerunnable; outputs under $data and $exp):
+# Stages (each rerunnable; outputs under $data and $exp; README.md: what each writes):
 #   0 install the named engines (tools/install_voices.sh), synthesize $data/{train,dev,test}
 #     Kaldi dirs (+ $data/test/trials*) and the outside test set $data/outside/test
 #     (synth_speaker_data --test-only; trials, trials_<engine>), each validated
-#   1 data lists, speaker inventory, fbank features (precompute_feats)
-#   2 training through torchrun into $exp
-#   3 average the last $average_num checkpoints
-#   4 large-margin fine-tuning into ${exp}_lm (only with --lm-config)
-#   5 export (ONNX, TorchScript, safetensors; parity-checked)
-#   6 embeddings of both test sets and of the cohort (training speaker means)
-#   7 scoring of every trial list with and without AS-Norm -> $exp/score/summary.txt, the
-#     same for the shipped pretrained encoder (exp/$pretrained), then Resemblyzer on the
-#     same lists (exp/resemblyzer/results.md: every system side by side)
-# Stages 1-7 are utils/sv_stages.sh, shared with the other speaker recipes.
+#   1 speaker inventory, data lists, fbank features (precompute_feats)
+#   2 (unused: no global CMVN, the speaker models normalise each utterance)
+#   3 training through torchrun into $exp
+#   4 average the last $average_num checkpoints; with --lm-config, large-margin fine-tuning
+#     from that average into ${exp}_lm, averaged likewise
+#   5 export of each model (ONNX, TorchScript, safetensors; parity-checked)
+#   6 scoring: embeddings of both test sets and of the cohort (training speaker means),
+#     every trial list scored with and without AS-Norm -> <exp>/score/summary.txt
+#   7 the peers on the same lists: the shipped pretrained encoder (exp/$pretrained,
+#     exported, embedded and scored alike) and Resemblyzer (exp/resemblyzer/results.md:
+#     every system side by side)
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./path.sh
@@ -44,16 +46,10 @@ master_port=""     # one node: fixed torchrun port (default: a free one)
 stage=0
 stop_stage=7
 
-seed=777
-# espeak-ng speakers per split and utterances per speaker. 224 fixed espeak-ng voices
-# (8 accents x 28 variants) less the dev and test families leave 160 for training;
-# procedural voices make up the rest (at most 300 of them).
-num_train_speakers=300
-train_utts=8
-num_dev_speakers=24
-dev_utts=6
-num_test_speakers=40
-test_utts=10
+# Stage 0's corpus: the seed and the sizes of espeak-ng's speakers are in $corpus_config,
+# read by the corpus and the outside test set alike; options here are what a run turns.
+corpus_config=conf/corpus.yaml
+corpus_opts=""     # generator options over $corpus_config, e.g. "--num-train-speakers 100"
 # TTS engines that speak (comma list), their voices on top of espeak-ng's speakers:
 # Kokoro's unreserved voices train, with $blends blends of them as speakers (5 % of the
 # blends held out for dev, 5 % for test). "espeak,kokoro,flite,rhvoice" adds those
@@ -61,7 +57,8 @@ test_utts=10
 engines=espeak,kokoro
 blends=0           # the shipped encoder has heard 800; fine-tuning needs none
 # A Kokoro clip costs about a CPU-second where espeak-ng takes a millisecond: its
-# speakers get fewer training utterances, of fewer words (ENGINE=VALUE comma lists).
+# speakers get fewer training utterances, of fewer words (ENGINE=VALUE comma lists; only
+# the items of the engines $engines names are passed on).
 engine_train_utts=kokoro=4
 engine_words=kokoro=3-6
 # The outside test set ($data/outside/test): the test speakers the corpus above holds
@@ -89,55 +86,186 @@ as_norm_top=100        # of the training speakers (300 by default)
 # Resemblyzer, a GE2E encoder trained on real speech (tools/install_resemblyzer.sh).
 pretrained=ecapa-voicebank-v1
 resemblyzer=true
-cohort_utts_per_spk=4  # cohort = training speakers' means over 4 utterances each
+cohort_utts_per_spk=4  # cohort = training speakers' means over 4 utterances each (0: all)
 
 help_message="Usage: $0 [--config conf/resnet.yaml] [--stage N] [--stop-stage M] [--gpus 0] ..."
 . utils/parse_options.sh
 
 exp=${exp:-exp/$(basename "$config" .yaml)}
-
-outside_all=$(printf '%s\n' ${engines//,/ } ${outside_engines//,/ } | awk '!seen[$0]++' | paste -sd,)
-_named() {   # ENGINE=VALUE,... -> the items of the engines $engines names
-  local item out=()
-  for item in ${1//,/ }; do
-    case ",$engines," in *",${item%%=*},"*) out+=("$item") ;; esac
-  done
-  (IFS=,; echo "${out[*]}")
-}
+lm_exp=${exp}_lm
+pretrained_exp=$(dirname "$exp")/$pretrained
+dict=$data/dict/speakers.txt
+# What training reads: the fbank lists of stage 1, or the audio lists.
+train_list=$data/train/data.list
+dev_list=$data/dev/data.list
+if [ "$precompute_feats" = true ]; then
+  train_list=$data/train/fbank/data.list
+  dev_list=$data/dev/fbank/data.list
+elif [ -n "$train_speed_copies" ]; then
+  echo "$0: train_speed_copies needs precompute_feats=true (the copies are computed once)" >&2
+  exit 1
+fi
+# The AS-Norm cohort: each training speaker's first $cohort_utts_per_spk utterances.
+cohort_list=$data/train/data.list
+[ "$cohort_utts_per_spk" -gt 0 ] && cohort_list=$data/train/cohort_${cohort_utts_per_spk}.list
+# The models stages 5 and 6 export and score.
+systems=("$exp")
+[ -n "$lm_config" ] && systems+=("$lm_exp")
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
-  _install=$(printf '%s\n' ${outside_all//,/ } | grep -vx espeak | paste -sd' ' || true)
-  if [ -n "$_install" ]; then
-    echo "stage 0: installing the TTS engines $_install (tools/install_voices.sh)"
+  outside_all=$(printf '%s\n' ${engines//,/ } ${outside_engines//,/ } | awk '!seen[$0]++' |
+                paste -sd,)
+  install=$(printf '%s\n' ${outside_all//,/ } | grep -vx espeak | paste -sd' ' || true)
+  if [ -n "$install" ]; then
+    echo "stage 0: installing the TTS engines $install (tools/install_voices.sh)"
     # shellcheck disable=SC2086
-    bash "$TOOLKIT_ROOT/tools/install_voices.sh" $_install
+    bash "$TOOLKIT_ROOT/tools/install_voices.sh" $install
   fi
+  named() {   # ENGINE=VALUE,... -> the items of the engines $engines names
+    local item out=()
+    for item in ${1//,/ }; do
+      case ",$engines," in *",${item%%=*},"*) out+=("$item") ;; esac
+    done
+    (IFS=,; echo "${out[*]}")
+  }
   echo "stage 0: synthesizing TTS speakers into $data"
-  _synth=(python -m toolkit.bin.synth_speaker_data --seed "$seed" --nj "$nj"
-          --num-train-speakers "$num_train_speakers" --train-utts "$train_utts"
-          --num-dev-speakers "$num_dev_speakers" --dev-utts "$dev_utts"
-          --num-test-speakers "$num_test_speakers")
-  "${_synth[@]}" --out-dir "$data" --test-utts "$test_utts" --engines "$engines" \
-    --blends "$blends" --engine-train-utts "$(_named "$engine_train_utts")" \
-    --engine-words "$(_named "$engine_words")"
+  # $corpus_opts is split into separate options on purpose.
+  # shellcheck disable=SC2086
+  python -m toolkit.bin.synth_speaker_data --config "$corpus_config" $corpus_opts \
+    --out-dir "$data" --engines "$engines" --blends "$blends" \
+    --engine-train-utts "$(named "$engine_train_utts")" \
+    --engine-words "$(named "$engine_words")" --nj "$nj"
   # Blends and training sizes change nothing there: Kokoro speaks through its reserved
   # voices alone, every other engine through its held-out voices.
   echo "stage 0: synthesizing the outside test set into $data/outside ($outside_all)"
-  "${_synth[@]}" --out-dir "$data/outside" --test-only --test-utts "$outside_utts" \
-    --engines "$outside_all"
+  # shellcheck disable=SC2086
+  python -m toolkit.bin.synth_speaker_data --config "$corpus_config" $corpus_opts \
+    --out-dir "$data/outside" --test-only --test-utts "$outside_utts" \
+    --engines "$outside_all" --nj "$nj"
   for x in train dev test outside/test; do
     utils/validate_data_dir.sh --no-audio "$data/$x"
   done
 fi
 
-train_set=train
-dev_set=dev
-test_sets="test outside/test"
-# Every trial list of both test sets: all pairs, and the pairs within each engine.
-trials=""
-for x in $test_sets; do
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  echo "stage 1: speaker inventory, data lists, fbank of train and dev"
+  python -m toolkit.bin.make_inventory "$dict" --utt2spk "$data/train/utt2spk"
+  python -m toolkit.bin.make_datalist "$data/train" "$data/train/data.list" \
+    --inventory "$dict" --label-mode speaker --nj "$nj"
+  for x in dev test outside/test; do
+    # Speakers outside training: labelled against their own list, which nothing trains on.
+    python -m toolkit.bin.make_inventory "$data/$x/speakers.txt" --utt2spk "$data/$x/utt2spk"
+    python -m toolkit.bin.make_datalist "$data/$x" "$data/$x/data.list" \
+      --inventory "$data/$x/speakers.txt" --label-mode speaker --nj "$nj"
+  done
+  if [ "$precompute_feats" = true ]; then
+    speed_args=()
+    [ -n "$train_speed_copies" ] && speed_args=(--speed-copies "$train_speed_copies")
+    python -m toolkit.bin.compute_feats "$data/train/data.list" "$data/train/fbank" \
+      --config "$config" --nj "$nj" "${speed_args[@]}"
+    python -m toolkit.bin.compute_feats "$data/dev/data.list" "$data/dev/fbank" \
+      --config "$config" --nj "$nj"
+    if [ -n "$train_speed_copies" ]; then
+      # Each speed copy is a new speaker: the inventory is rewritten with them.
+      python -m toolkit.bin.make_inventory "$dict" --data-list "$train_list" --relabel
+    fi
+  fi
+fi
+
+# Stage 2 is unused: no global CMVN, the speaker models normalise each utterance.
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  echo "stage 3: training in $exp"
+  # $train_overrides is split into separate key=value words on purpose.
+  # shellcheck disable=SC2086
+  utils/torchrun.sh ${master_port:+--master-port $master_port} \
+    "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
+    -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
+    --train-data "$train_list" --dev-data "$dev_list" --inventory "$dict" $train_overrides
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  echo "stage 4: averaging the last $average_num checkpoints"
+  python -m toolkit.bin.average_model --exp-dir "$exp" --output "$exp/avg_${average_num}.pt" \
+    --num "$average_num" --mode last
+  if [ -n "$lm_config" ]; then
+    echo "stage 4: large-margin fine-tuning in $lm_exp from $exp/avg_${average_num}.pt"
+    mkdir -p "$lm_exp"
+    # The base run's resolved config (its overrides included) with the overlay on top: the
+    # architecture matches the averaged weights whatever the base config was.
+    printf '%s\n' "# run.sh stage 4: the base training's config, then the overlay" \
+      "defaults: [\"$(cd "$exp" && pwd)/config.yaml\", \"$(cd "$(dirname "$lm_config")" && pwd)/$(basename "$lm_config")\"]" \
+      > "$lm_exp/lm_source.yaml"
+    # shellcheck disable=SC2086
+    utils/torchrun.sh ${master_port:+--master-port $master_port} \
+      "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
+      -m toolkit.bin.train --config "$lm_exp/lm_source.yaml" --exp-dir "$lm_exp" \
+      --train-data "$train_list" --dev-data "$dev_list" --inventory "$dict" \
+      "training.init_checkpoint=$exp/avg_${average_num}.pt" $lm_train_overrides
+    python -m toolkit.bin.average_model --exp-dir "$lm_exp" \
+      --output "$lm_exp/avg_${average_num}.pt" --num "$average_num" --mode last
+  fi
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  for sys in "${systems[@]}"; do
+    echo "stage 5: export of $sys/avg_${average_num}.pt"
+    python -m toolkit.bin.export_model --checkpoint "$sys/avg_${average_num}.pt" \
+      --exp-dir "$sys" --out-dir "$sys/export" --test-data "$data/test/data.list" \
+      --num-check 20
+  done
+fi
+
+# The sets stages 6 and 7 embed, and every trial list of both test sets (all pairs, and
+# the pairs within each engine) as SET=FILE: utils/sv_score.sh names those of the outside
+# set outside_<file>.
+embed_sets=("test=$data/test/data.list" "outside/test=$data/outside/test/data.list"
+            "cohort=$cohort_list")
+trials=()
+for x in test outside/test; do
   for t in "$data/$x"/trials "$data/$x"/trials_*; do
-    [ -f "$t" ] && trials="$trials $x:$t"
+    [ -f "$t" ] && trials+=("$x=$t")
   done
 done
-. utils/sv_stages.sh
+
+if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  if [ "$cohort_utts_per_spk" -gt 0 ]; then
+    utils/sv_cohort_list.sh "$cohort_utts_per_spk" "$data/train/data.list" "$cohort_list"
+  fi
+  for sys in "${systems[@]}"; do
+    echo "stage 6: embeddings of test, outside/test and the cohort with $sys/export/model.onnx"
+    utils/sv_embed.sh --nj "$nj" "$sys/export/model.onnx" "$sys/embeddings" "${embed_sets[@]}"
+  done
+  for sys in "${systems[@]}"; do
+    echo "stage 6: scoring with $sys"
+    utils/sv_score.sh --as-norm-top "$as_norm_top" "$sys" "${trials[@]}"
+  done
+  for sys in "${systems[@]}"; do
+    echo "summary ($sys/score/summary.txt):"
+    cat "$sys/score/summary.txt"
+  done
+fi
+
+if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
+  if [ -n "$pretrained" ]; then
+    echo "stage 7: the shipped encoder $pretrained, exported, embedded and scored in $pretrained_exp"
+    python -m toolkit.bin.export_model --pretrained "$pretrained" \
+      --out-dir "$pretrained_exp/export" --test-data "$data/test/data.list" --num-check 20
+    utils/sv_embed.sh --nj "$nj" "$pretrained_exp/export/model.onnx" \
+      "$pretrained_exp/embeddings" "${embed_sets[@]}"
+    utils/sv_score.sh --as-norm-top "$as_norm_top" "$pretrained_exp" "${trials[@]}"
+    echo "summary ($pretrained_exp/score/summary.txt):"
+    cat "$pretrained_exp/score/summary.txt"
+  fi
+  if [ "$resemblyzer" = true ]; then
+    echo "stage 7: Resemblyzer on the same trial lists -> $(dirname "$exp")/resemblyzer"
+    bash "$TOOLKIT_ROOT/tools/install_resemblyzer.sh"
+    exp_args=()
+    for sys in "${systems[@]}" ${pretrained:+"$pretrained_exp"}; do
+      exp_args+=(--exp "$sys")
+    done
+    python "$TOOLKIT_ROOT/tools/benchmarks/resemblyzer_compare.py" --data "$data" \
+      --test-sets "test outside/test" "${exp_args[@]}" \
+      --out-dir "$(dirname "$exp")/resemblyzer" --nj "$nj"
+  fi
+fi

@@ -14,13 +14,14 @@
 #   0 synthesize the training corpus ($data/{train,dev,test}) and the outside test set
 #     ($data/outside/test with its trial lists), validate them
 #   1 speaker inventory, data lists, fbank features of train (with speed copies) and dev
-#   2 (nothing: the keyword recipes' global CMVN; speaker models normalise per utterance)
+#   2 (unused: no global CMVN, the speaker models normalise each utterance)
 #   3 training through torchrun into $exp
 #   4 average the last $average_num checkpoints
 #   5 export (ONNX, TorchScript, safetensors; parity-checked)
-#   6 embeddings of the outside test set and of the AS-Norm cohort, scoring of every list;
-#     Resemblyzer on the same lists (tools/install_resemblyzer.sh installs it)
-#   7 the shipped model: toolkit/pretrained/$name (weights, config.json, model card)
+#   6 scoring: embeddings of the outside test set and of the AS-Norm cohort, every list
+#     scored with and without AS-Norm
+#   7 the peer on the same lists: Resemblyzer (tools/install_resemblyzer.sh installs it)
+#   8 the shipped model: toolkit/pretrained/$name (weights, config.json, model card)
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./path.sh
@@ -31,7 +32,7 @@ num_nodes=1
 node_rank=0
 rdzv_endpoint=127.0.0.1:29400
 stage=0
-stop_stage=7
+stop_stage=8
 
 seed=777             # the self-contained recipe's seed: the same espeak-ng voices held out
 blends=800           # Kokoro blends, each a speaker (5 % dev, 5 % test)
@@ -88,6 +89,8 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
     --config "$config" --nj "$nj"
 fi
 
+# Stage 2 is unused: no global CMVN, the speaker models normalise each utterance.
+
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   echo "stage 3: training in $exp"
   utils/torchrun.sh "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
@@ -130,7 +133,10 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     cat "$exp/score/$list/summary.txt" >> "$exp/score/summary.txt"
   done
   cat "$exp/score/summary.txt"
-  # The peer on the same lists, scored the same way: Resemblyzer (GE2E, real speech).
+fi
+
+if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
+  echo "stage 7: Resemblyzer (GE2E, real speech) on the same lists, scored the same way"
   bash "$TOOLKIT_ROOT/tools/install_resemblyzer.sh"
   python "$TOOLKIT_ROOT/tools/benchmarks/resemblyzer_compare.py" --data "$data" \
     --test-sets outside/test --cohort-dir "$data/train" \
@@ -138,8 +144,8 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     --exp "$exp" --out-dir "$exp/resemblyzer" --nj "$nj"
 fi
 
-if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
-  echo "stage 7: packaging $name into toolkit/pretrained/$name"
+if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
+  echo "stage 8: packaging $name into toolkit/pretrained/$name"
   python -m toolkit.bin.package_pretrained --export-dir "$exp/export" --name "$name" \
     --card conf/card.md --summary "$exp/score/summary.txt" \
     --set-file "comparison=$exp/resemblyzer/results.md" \
