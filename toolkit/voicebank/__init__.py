@@ -5,9 +5,11 @@ Modules: `engines` (the registry: name -> engine with available/voices/synth), `
 (libespeak-ng through ctypes, procedural voices), `flite` and `festival` (Debian binaries),
 `kokoro` (Kokoro-82M neural voices and their blends, `kokoro_assets` installs them),
 `debian` (the opt-in Debian engines rhvoice, pico, mbrola), `cache` (synthesized clips
-kept across runs), `signal` (noise, levels, SNR mixing), `pool` (deterministic rendering
-in forked children). This package knows nothing about any task; the shared vocabulary is
-defined here, with the voices reserved for evaluation.
+kept across runs), `signal` (noise, levels, SNR mixing), `render` (speech of any engine
+placed at a level in noise), `pool` (deterministic rendering in forked children), `corpus`
+(what every corpus generator shares: engines, voice splits, the output directory). This
+package knows nothing about any task; the shared vocabulary is defined here, with the
+voices reserved for evaluation and the seeded generators (seeded_rng) plans draw from.
 """
 import os
 import re
@@ -84,6 +86,12 @@ def is_reserved(voice: Voice) -> bool:
 def training_voices(voices) -> List[Voice]:
     """`voices` without the reserved ones (see is_reserved)."""
     return [v for v in voices if not is_reserved(v)]
+
+
+def seeded_rng(seed: int, *stream: int) -> np.random.Generator:
+    """The generator of one stream of `seed` (entropy [seed, *stream]): each part of a plan
+    draws from a stream of its own, so that drawing more in one never shifts another."""
+    return np.random.default_rng([int(seed), *stream])
 
 
 def toolkit_cache_dir() -> str:

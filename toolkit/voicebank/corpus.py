@@ -46,6 +46,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, \
     Tuple
@@ -55,7 +56,7 @@ import numpy as np
 from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
 from toolkit.progress import Progress
-from toolkit.voicebank import RESERVED_ENGINES, SynthError, Voice, is_reserved
+from toolkit.voicebank import RESERVED_ENGINES, SynthError, Voice, is_reserved, seeded_rng
 from toolkit.voicebank.engines import ENGINES, Engine, engine_class
 from toolkit.voicebank.espeak import ACCENTS, Espeak, espeak_fingerprint, loaded_in_this_process
 from toolkit.voicebank.pool import run_forked, single_thread_blas
@@ -217,11 +218,14 @@ def split_with_blends(voices: Sequence[Voice], blends: Sequence[Voice], seed: in
                       ) -> Dict[str, List[Voice]]:
     """`split(voices)`, except that the voices blends are made of all train (a held-out
     voice inside a training blend would not be unheard), and the blends, voices of their
-    own, are shared out by the `held_out` fractions."""
+    own, are shared out by the `held_out` fractions (split_by_stratum); then every list is
+    sorted by speaker. Without blends, `split(voices)` as it comes."""
+    if not blends:
+        return split(voices)
     blended = {(b.engine, name) for b in blends for name in b.components}
     bases = [v for v in voices if not v.mix and (v.engine, v.name) in blended]
     out = split([v for v in voices if v not in bases])
-    mixed = split_by_stratum(blends, seed, held_out) if blends else {s: [] for s in SPLITS}
+    mixed = split_by_stratum(blends, seed, held_out)
     out["train"] = list(out["train"]) + bases
     return {s: sorted(list(out[s]) + mixed[s], key=lambda v: v.spk) for s in SPLITS}
 
@@ -297,6 +301,11 @@ def espeak_voices_here(voices: Sequence[Voice], tmp_dir: str,
 # Voice splits
 # --------------------------------------------------------------------------------------
 
+def name_stream(name: str) -> int:
+    """A stream number of a name (seeded_rng), the same in every run and process."""
+    return zlib.crc32(name.encode("utf-8"))
+
+
 def voice_stratum(voice: Voice) -> str:
     """espeak-ng: the accent (procedural voices a stratum of their own); else the engine."""
     if voice.engine != "espeak":
@@ -313,17 +322,24 @@ def _interleave(strata: Mapping[str, List[Voice]]) -> List[Voice]:
 
 
 def split_by_stratum(voices: Sequence[Voice], seed: int, held_out: Mapping[str, float],
-                     interleave: bool = False) -> Dict[str, List[Voice]]:
-    """Disjoint voice lists per split. Each stratum (voice_stratum) gives test and dev their
-    `held_out` fractions, at least one voice each when it has two (test) or three (dev)
-    voices; train the rest. Each list is sorted by speaker, or with `interleave` taken
-    round robin across the strata."""
-    rng = np.random.default_rng([int(seed), 0])
+                     interleave: bool = False,
+                     stratum: Callable[[Voice], str] = voice_stratum,
+                     own_streams: Optional[int] = None) -> Dict[str, List[Voice]]:
+    """Disjoint voice lists per split: the one hold-out rule of every corpus. Each stratum
+    (`stratum`, by default voice_stratum) gives test and dev their `held_out` fractions, at
+    least one voice each when it has two (test) or three (dev) voices; train the rest. The
+    strata draw their orders in turn from one stream of `seed`, or with `own_streams` each
+    from a stream of its own name (seed, own_streams, crc32 of the name), so that a
+    stratum's held-out voices do not depend on the other strata there. Each list is sorted
+    by speaker, or with `interleave` taken round robin across the strata."""
+    rng = seeded_rng(seed, 0)
     strata: Dict[str, List[Voice]] = {}
     for v in sorted(voices, key=lambda v: v.spk):
-        strata.setdefault(voice_stratum(v), []).append(v)
+        strata.setdefault(stratum(v), []).append(v)
     per_split: Dict[str, Dict[str, List[Voice]]] = {s: {} for s in SPLITS}
     for key in sorted(strata):
+        if own_streams is not None:
+            rng = seeded_rng(seed, own_streams, name_stream(key))
         order = [strata[key][i] for i in rng.permutation(len(strata[key]))]
         n = len(order)
         n_test = max(1, round(held_out["test"] * n)) if n >= 2 else 0
@@ -352,7 +368,7 @@ def split_by_family(voices: Sequence[Voice], counts: Mapping[str, int], seed: in
     still lacks. Test and dev take whole families (`test_first` voices, e.g. reserved ones
     in a test-only corpus, before any); training one voice of every remaining family in
     turn, for the most voice designs."""
-    rng = np.random.default_rng([int(seed), 0])
+    rng = seeded_rng(seed, 0)
     families: Dict[str, List[Voice]] = {}
     for v in sorted(voices, key=lambda v: v.spk):
         families.setdefault(voice_family(v), []).append(v)
@@ -565,7 +581,7 @@ class CorpusDir:
 
         def child(group: Group):
             single_thread_blas()
-            rng = np.random.default_rng(list(group.seed))
+            rng = seeded_rng(*group.seed)
             with tempfile.TemporaryDirectory(prefix="synth_") as tmp:
                 return body(group, Renderer(sample_rate, tmp, espeak_data), rng)
 

@@ -23,7 +23,6 @@ espeak-ng seeds its own noise generator (breath/echo voices) from the clock, so 
 utterance reseeds it (espeak_ng_SetRandSeed) and libc rand() from the group's generator.
 """
 import logging
-import math
 import os
 import re
 import time
@@ -34,14 +33,14 @@ import numpy as np
 
 from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
-from toolkit.voicebank import SynthError, Voice, word_char_starts
+from toolkit.voicebank import SynthError, Voice, seeded_rng, word_char_starts
 from toolkit.voicebank.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
-                                corpus_stamp, data_dir_summary, engine_blends, engine_shares,
-                                open_engines, split_by_stratum, split_with_blends)
+                                      corpus_stamp, data_dir_summary, engine_blends, engine_shares,
+                                      open_engines, split_by_stratum, split_with_blends)
 from toolkit.voicebank.espeak import ACCENTS, INSTALL_HINT, Espeak, espeak_voices
 from toolkit.voicebank.pool import run_forked
-from toolkit.voicebank.render import Clip, Renderer
-from toolkit.voicebank.signal import active_power, babble_noise, colored_noise, mix_at_snr, to_int16
+from toolkit.voicebank.render import Clip, Renderer, noise_clip, place_in_noise
+from toolkit.voicebank.signal import NOISE_TYPES, samples
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +61,6 @@ PITCH_RANGE = (20, 80)
 LEVEL_DBFS = (-32.0, -14.0)  # active-speech RMS level, i.e. the volume gain
 SILENCE_S = (0.1, 1.0)       # leading and trailing, filled with the same noise
 NOISE_ONLY_S = (1.0, 4.0)
-NOISE_TYPES = ("white", "pink", "brown", "babble")
 BABBLE_POOL = 6              # babble sentences synthesized per group
 NEG_MIX = {"noise": 0.1, "conf": 0.3}     # rest of the negatives: random word sequences
 # Train split only: the share of confusables among negatives, and the share of those that
@@ -243,10 +241,6 @@ class UttSpec:
     kw_words: Optional[Tuple[int, int]] = None   # positives: word range [a, b) of the keyword
 
 
-def _rng(seed: int, *stream: int) -> np.random.Generator:
-    return np.random.default_rng([int(seed), *stream])
-
-
 def split_voices(voices: Sequence[Voice], seed: int) -> Dict[str, List[Voice]]:
     """Disjoint voice sets per split, stratified by accent (espeak) or engine (the others)
     so that every split hears every accent, but never a voice of another split."""
@@ -399,7 +393,7 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
     """All utterances of one split, in fixed groups of GROUP_SIZE. `conf_share` of the
     negatives are confusables, `hard_share` of those near-homophones of a whole keyword."""
     si = SPLITS.index(split)
-    rng = _rng(seed, 1, si)
+    rng = seeded_rng(seed, 1, si)
     n_noise = int(round(NEG_MIX["noise"] * n_neg))
     n_conf = int(round(conf_share * n_neg))
     n_conf = min(n_conf, n_neg - n_noise)
@@ -494,20 +488,12 @@ def speak(tts: Renderer, spec: UttSpec, seed: int
 
 def render_utterance(spec: UttSpec, speech: Optional[np.ndarray], rng: np.random.Generator,
                      babble_pool: Sequence[np.ndarray], sr: int) -> np.ndarray:
-    """Speech at its level, padded with silence, in noise at the spec's SNR -> int16."""
-    def noise(n):
-        return babble_noise(n, babble_pool, rng) if spec.noise == "babble" \
-            else colored_noise(n, spec.noise, rng, sr)
-
-    level = 10 ** (spec.level_db / 20)
+    """Speech at its level, padded with silence, in noise at the spec's SNR -> int16; a
+    noise-only utterance (`speech` None) is its noise alone at its level."""
     if speech is None:
-        return to_int16(noise(max(1, int(round(spec.noise_s * sr)))) * level)
-    lead, trail = int(round(spec.lead_s * sr)), int(round(spec.trail_s * sr))
-    speech = speech / (math.sqrt(active_power(speech)) + 1e-12) * level
-    clean = np.zeros(lead + len(speech) + trail, np.float32)
-    clean[lead:lead + len(speech)] = speech
-    mixed, _ = mix_at_snr(clean, noise(len(clean)), spec.snr_db)
-    return to_int16(mixed)
+        return noise_clip(rng, sr, spec.level_db, spec.noise, spec.noise_s, babble_pool)
+    return place_in_noise(speech, rng, sr, spec.level_db, spec.noise, spec.snr_db, spec.lead_s,
+                          spec.trail_s, babble_pool)
 
 
 def _render_group(group: Group, tts: Renderer, rng: np.random.Generator, wav_dir: str
@@ -525,7 +511,7 @@ def _render_group(group: Group, tts: Renderer, rng: np.random.Generator, wav_dir
         audio = render_utterance(spec, speech, rng, pool, sr)
         sf.write(os.path.join(wav_dir, spec.utt + ".wav"), audio, sr, subtype="PCM_16")
         if span is not None:
-            lead = int(round(spec.lead_s * sr)) / sr      # as render_utterance pads
+            lead = samples(spec.lead_s, sr) / sr      # as place_in_noise pads
             span = (lead + span[0], lead + span[1])
         out.append((spec.utt, len(audio), span))
     return out
