@@ -2,7 +2,7 @@
 operating point at a false-alarm target, bootstrap intervals of its FRR.
 
 Every grid threshold is scored by replaying the deployment rule of
-``toolkit.decision`` (smoothing, firing, refractory) on each utterance, with
+``toolkit.tasks.kws.decision`` (smoothing, firing, refractory) on each utterance, with
 one threshold shared by all keywords:
 
 * FRR_k(θ): fraction of utterances labelled k on which the rule fires no
