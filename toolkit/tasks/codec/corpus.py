@@ -4,8 +4,8 @@ but no labels): Kaldi data dirs ``{train,dev,test}`` of noise-free speech and, w
 pink, brown or babble noise (same keys, same speech samples: noisy = clean + noise, to
 int16 rounding). WAVs under ``wavs/<dir>/``, the voice inventory ``voices.tsv``.
 This module is the corpus design (a sentence grammar, the voice pool, per-split plans,
-clean and noisy versions); engines, voices, the forked rendering, the stamp and the output
-dir are toolkit.voicebank.corpus.
+clean and noisy versions); engines and voices are toolkit.voicebank.corpus, the forked
+rendering, the stamp and the output dir toolkit.voicebank.corpus_dir.
 
 Texts are sentences from a small grammar (statements, questions, requests, numbers and
 names), one to three per utterance, so that the prosody is that of read sentences rather
@@ -31,10 +31,10 @@ import numpy as np
 
 from toolkit.data import kaldi
 from toolkit.voicebank import SynthError, Voice, seeded_rng
-from toolkit.voicebank.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
-                                      corpus_stamp, data_dir_summary, engine_blends, engine_shares,
-                                      espeak_voices_here, open_engines, split_by_stratum,
-                                      split_with_blends)
+from toolkit.voicebank.corpus import (OTHER_ENGINES_SHARE, SPLITS, Engines, corpus_stamp,
+                                      engine_blends, engine_shares, espeak_voices_here,
+                                      open_engines, split_by_stratum, split_with_blends)
+from toolkit.voicebank.corpus_dir import CorpusDir, Group, data_dir_summary
 from toolkit.voicebank.espeak import (ACCENTS, INSTALL_HINT, MAX_RANDOM_VOICES, espeak_voices,
                                       private_espeak_data, random_voices)
 from toolkit.voicebank.render import Renderer

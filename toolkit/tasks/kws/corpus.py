@@ -6,8 +6,8 @@ class i), ``dict/tts_engines`` and the voice inventory ``voices.tsv``.
 
 This module is the corpus design (utterance kinds and their mix, voices and prosody, the
 plan, kw_times, the output); the texts (keywords, carriers, negatives, confusables) are
-toolkit.tasks.kws.corpus_text; engines, voices, the forked rendering, the stamp and the
-output dir are toolkit.voicebank.corpus.
+toolkit.tasks.kws.corpus_text; engines and voices are toolkit.voicebank.corpus, the forked
+rendering, the stamp and the output dir toolkit.voicebank.corpus_dir.
 Engines: those named in ``engines`` speak (espeak-ng alone by default); the engines besides
 espeak-ng speak OTHER_ENGINES_SHARE of the utterances, shared alike. espeak-ng is needed
 whatever speaks: its phonemes keep keyword sound-alikes out of the negatives.
@@ -39,9 +39,10 @@ from toolkit.tasks.kws.corpus_text import (TextFilter, clean_phonemes, confusabl
                                            lexicon_words, negative_text, normalize_keyword,
                                            positive_text)
 from toolkit.voicebank import SynthError, Voice, seeded_rng, word_char_starts
-from toolkit.voicebank.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
-                                      corpus_stamp, data_dir_summary, engine_blends, engine_shares,
-                                      open_engines, split_by_stratum, split_with_blends)
+from toolkit.voicebank.corpus import (OTHER_ENGINES_SHARE, SPLITS, Engines, corpus_stamp,
+                                      engine_blends, engine_shares, open_engines, split_by_stratum,
+                                      split_with_blends)
+from toolkit.voicebank.corpus_dir import CorpusDir, Group, data_dir_summary
 from toolkit.voicebank.espeak import ACCENTS, INSTALL_HINT, Espeak, espeak_voices
 from toolkit.voicebank.pool import run_forked
 from toolkit.voicebank.render import Clip, Renderer, noise_clip, place_in_noise

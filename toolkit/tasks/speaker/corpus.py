@@ -3,8 +3,9 @@
 Writes Kaldi data dirs ``{train,dev,test}`` (wav.scp, text, utt2spk, spk2utt, utt2dur,
 spk2voice), the WAVs under ``wavs/<split>/``, ``test/trials`` (Kaldi form: every pair of
 test utterances, `enroll test target|nontarget`) and the voice inventory ``voices.tsv``.
-This module is the corpus design (speakers, their prosody, utterances, trials); engines,
-voices, the forked rendering, the stamp and the output dir are toolkit.voicebank.corpus.
+This module is the corpus design (speakers, their prosody, utterances, trials); engines
+and voices are toolkit.voicebank.corpus, the forked rendering, the stamp and the output
+dir toolkit.voicebank.corpus_dir.
 
 Speakers. espeak-ng's fixed voices (toolkit.voicebank.espeak: accents x variants) come in
 families: the accents of one variant share its voice design (formants, pitch, voice
@@ -48,10 +49,10 @@ import numpy as np
 from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
 from toolkit.voicebank import SynthError, Voice, seeded_rng
-from toolkit.voicebank.corpus import (SPLITS, CorpusDir, Engines, Group, corpus_stamp,
-                                      data_dir_summary, engine_blends, espeak_voices_here,
-                                      name_stream, open_engines, split_by_family,
-                                      split_by_stratum, split_with_blends)
+from toolkit.voicebank.corpus import (SPLITS, Engines, corpus_stamp, engine_blends,
+                                      espeak_voices_here, name_stream, open_engines,
+                                      split_by_family, split_by_stratum, split_with_blends)
+from toolkit.voicebank.corpus_dir import CorpusDir, Group, data_dir_summary
 from toolkit.voicebank.espeak import (ACCENTS, MAX_RANDOM_VOICES, espeak_voices,
                                       private_espeak_data, random_voices)
 from toolkit.voicebank.render import Renderer, place_in_noise
