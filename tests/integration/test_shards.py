@@ -23,8 +23,10 @@ from toolkit.config import (DatasetConfig, FeatureConfig, NoiseConfig, Ramp, Rev
 from toolkit.data.datalist import BAD_REASONS, BadCounter, DataList
 from toolkit.data.pipeline import FeaturePipeline
 from toolkit.data.plan import rank_batches
-from toolkit.data.shards import (ShardBatchDataset, ShardIndex, decode_wav, iterate_shard,
-                                 make_shard_loader, make_shards, open_shard, plan_shard_batches)
+from toolkit.data.shard_tar import decode_wav, iterate_shard, make_shards
+from toolkit.data.shards import (ShardBatchDataset, ShardIndex, make_shard_loader,
+                                 plan_shard_batches)
+from toolkit.data.transport import open_shard
 from pipeline_utils import kws_builder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -345,7 +347,7 @@ def test_resume_matches_full_pass_without_processing_skipped_batches(corpus, tmp
     resumed_plan = rank_batches(plan_shard_batches(resumed_index, corpus.cfg, SEED, 2, True), 0, 1)
     assert [b.tolist() for b in resumed_plan] == [b.tolist() for b in plan]
     spy = corpus.pipeline(CountingPipeline)
-    with caplog.at_level(logging.WARNING, logger="toolkit.data.shards"):
+    with caplog.at_level(logging.WARNING, logger="toolkit.data"):
         resumed = run(resumed_index, resumed_plan, kws_builder(spy), epoch=2, start=k)
     assert not caplog.records
     assert_same_batches(resumed, full[k:])
@@ -403,7 +405,7 @@ def test_corrupt_shard_skipped_logged_once_and_counted(corpus, tmp_path, caplog)
     with open(copies[2], "wb") as f:
         f.write(np.random.default_rng(0).bytes(3000))
     bad = BadCounter()
-    with caplog.at_level(logging.WARNING, logger="toolkit.data.shards"):
+    with caplog.at_level(logging.WARNING, logger="toolkit.data"):
         with open_shard(copies[2]) as f:
             assert list(iterate_shard(f, copies[2], bad)) == []
     assert [r for r in caplog.records if copies[2] in r.getMessage()] and len(caplog.records) == 1
@@ -412,7 +414,7 @@ def test_corrupt_shard_skipped_logged_once_and_counted(corpus, tmp_path, caplog)
     caplog.clear()
     index = ShardIndex.load(os.path.join(str(tmp_path / "copy"), "shards.list"))
     plan = plan_shard_batches(index, corpus.cfg, SEED, 0, True)
-    with caplog.at_level(logging.WARNING, logger="toolkit.data.shards"):
+    with caplog.at_level(logging.WARNING, logger="toolkit.data"):
         batches = run(index, plan, corpus.builder(), 0)
     assert len(caplog.records) == 1 and copies[2] in caplog.records[0].getMessage()
     lost = set(index.shard_keys(2))
@@ -446,7 +448,7 @@ def test_truncated_shard_yields_complete_entries_before_damage(corpus, tmp_path,
         f.write(data)
     keys = corpus.index.shard_keys(0)
     bad = BadCounter()
-    with caplog.at_level(logging.WARNING, logger="toolkit.data.shards"):
+    with caplog.at_level(logging.WARNING, logger="toolkit.data"):
         with open_shard(copies[0]) as f:
             got = [(k, meta["key"]) for k, _, meta in iterate_shard(f, copies[0], bad)]
     assert got == [(k, k) for k in keys[:complete]]
@@ -466,7 +468,7 @@ def test_truncated_shard_yields_complete_entries_before_damage(corpus, tmp_path,
 
 def test_intact_shard_reports_nothing(corpus, caplog):
     bad = BadCounter()
-    with caplog.at_level(logging.WARNING, logger="toolkit.data.shards"):
+    with caplog.at_level(logging.WARNING, logger="toolkit.data"):
         with open_shard(corpus.paths[-1]) as f:
             assert [k for k, _, _ in iterate_shard(f, corpus.paths[-1], bad)] == \
                 corpus.index.shard_keys(corpus.index.num_shards - 1)
@@ -563,13 +565,13 @@ def test_bearer_token_is_not_sent_to_another_host_on_redirect(corpus):
 
 
 def test_keeps_credentials_like_requests():
-    from toolkit.data.shards import _keeps_credentials
-    assert _keeps_credentials("https://a.org/x", "https://a.org/y")
-    assert _keeps_credentials("http://a.org/x", "https://a.org/y")        # upgrade, default ports
-    assert _keeps_credentials("http://a.org:8080/x", "http://A.org:8080/y")
-    assert not _keeps_credentials("https://a.org/x", "https://cdn.a.org/x")
-    assert not _keeps_credentials("http://a.org:8080/x", "http://a.org:9090/x")
-    assert not _keeps_credentials("https://a.org/x", "http://a.org/x")       # downgrade
+    from toolkit.data.transport import keeps_credentials
+    assert keeps_credentials("https://a.org/x", "https://a.org/y")
+    assert keeps_credentials("http://a.org/x", "https://a.org/y")        # upgrade, default ports
+    assert keeps_credentials("http://a.org:8080/x", "http://A.org:8080/y")
+    assert not keeps_credentials("https://a.org/x", "https://cdn.a.org/x")
+    assert not keeps_credentials("http://a.org:8080/x", "http://a.org:9090/x")
+    assert not keeps_credentials("https://a.org/x", "http://a.org/x")       # downgrade
 
 
 def _remote_shard_corpus(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from toolkit.data.audio import resample
-from toolkit.tasks.kws import corpus as S
+from toolkit.tasks.kws import corpus as S, corpus_text as T
 from toolkit.voicebank import Voice, espeak as E, flite as F, signal as sig
 from toolkit.voicebank.corpus import open_engines
 from toolkit.voicebank.engines import ENGINES, engine_class
@@ -145,9 +145,9 @@ def test_texts(corpus):
         for k, t in text.items():
             words = t.split()
             if kind[k] == "pos":
-                assert S.contains_phrase(words, kw), t
+                assert T.contains_phrase(words, kw), t
             else:
-                assert not S.contains_phrase(words, kw), t
+                assert not T.contains_phrase(words, kw), t
             if kind[k] == "noise":
                 assert t == S.NOISE_TEXT
             else:
@@ -158,28 +158,28 @@ def test_texts(corpus):
 
 
 def test_confusable_generator():
-    sims = S.similar_words("snips")
+    sims = T.similar_words("snips")
     assert {"snaps", "ships", "snip", "tips"} <= set(sims)
-    assert {"hay", "hi", "say"} <= set(S.similar_words("hey"))
-    assert "computrs" not in S.similar_words("computer")
-    cats = S.confusable_categories("hey snips")
+    assert {"hay", "hi", "say"} <= set(T.similar_words("hey"))
+    assert "computrs" not in T.similar_words("computer")
+    cats = T.confusable_categories("hey snips")
     assert cats["alone"] == ["hey", "snips"] and cats["reorder"] == ["snips hey"]
     # a generic word not in the table still gets rule-based neighbours
-    assert {"marble", "marbles"} & set(S.similar_words("marbles")) == {"marble"}
+    assert {"marble", "marbles"} & set(T.similar_words("marbles")) == {"marble"}
     keywords = ["hey snips", "ok computer", "alexa"]
-    filt = S.TextFilter(keywords, {})          # words only: no espeak needed
-    cats = {k: S.confusable_categories(k) for k in keywords}
+    filt = T.TextFilter(keywords, {})          # words only: no espeak needed
+    cats = {k: T.confusable_categories(k) for k in keywords}
     rng = np.random.default_rng(0)
     for i in range(300):
-        words = S._confusable_text(i, rng, keywords, cats, filt).split()
-        assert not any(S.contains_phrase(words, k.split()) for k in keywords)
+        words = T.confusable_text(i, rng, keywords, cats, filt).split()
+        assert not any(T.contains_phrase(words, k.split()) for k in keywords)
     for i in range(50):
-        words = S._negative_text(rng, filt).split()
+        words = T.negative_text(rng, filt).split()
         assert 2 <= len(words) <= 8
 
 
 def test_sound_filter_rejects_homophones():
-    filt = S.TextFilter(["hey snips"], {"en": {"hey": "heI", "hay": "heI", "snips": "snIps",
+    filt = T.TextFilter(["hey snips"], {"en": {"hey": "heI", "hay": "heI", "snips": "snIps",
                                                 "snaps": "snaps"}})
     assert not filt.is_negative("hay snips")       # sounds like the keyword
     assert filt.is_negative("hay snaps") and filt.is_negative("snips hey")
@@ -187,8 +187,8 @@ def test_sound_filter_rejects_homophones():
 
 def test_plan_is_deterministic_and_in_range():
     voices = S.split_voices(E.espeak_voices(), 5)["train"]
-    filt = S.TextFilter([KW], {})
-    cats = {KW: S.confusable_categories(KW)}
+    filt = T.TextFilter([KW], {})
+    cats = {KW: T.confusable_categories(KW)}
 
     def plan(seed):
         return S.plan_split("train", 50, 150, [KW], voices, filt, cats, seed, (5.0, 30.0))
@@ -207,8 +207,8 @@ def test_plan_is_deterministic_and_in_range():
 
 def test_train_mix_shifts_confusables_to_whole_keyword_homophones():
     voices = S.split_voices(E.espeak_voices(), 5)
-    filt = S.TextFilter([KW, "alexa"], {})
-    cats = {k: S.confusable_categories(k) for k in (KW, "alexa")}
+    filt = T.TextFilter([KW, "alexa"], {})
+    cats = {k: T.confusable_categories(k) for k in (KW, "alexa")}
 
     def texts(split, **mix):
         groups = S.plan_split(split, 100, 1000, [KW, "alexa"], voices[split], filt, cats, 7,
@@ -228,7 +228,7 @@ def test_train_mix_shifts_confusables_to_whole_keyword_homophones():
     # both keywords get them: a substitute of the phrase, a similar word of the one-word keyword
     assert {t for k, t in mixed if k == "conf"} & set(cats["alexa"]["similar"])
     assert {t for k, t in mixed if k == "conf"} & set(cats[KW]["substitute"])
-    assert not any(S.contains_phrase(t.split(), kw.split()) for _, t in mixed if _ == "conf"
+    assert not any(T.contains_phrase(t.split(), kw.split()) for _, t in mixed if _ == "conf"
                    for kw in (KW, "alexa"))
     # a plan without the options is the plan before them (dev/test never get them)
     assert texts("train", conf_share=S.NEG_MIX["conf"], hard_share=0.0) == base
@@ -354,12 +354,12 @@ def test_multiple_keywords(tmp_path):
     assert open(os.path.join(out, "dict", "keywords.txt")).read() == "hey snips\nok computer\n"
     text = _dict(os.path.join(out, "train", "text"))
     kind = _dict(os.path.join(out, "train", "utt2kind"))
-    hits = {k: sum(S.contains_phrase(t.split(), k.split()) for u, t in text.items()
+    hits = {k: sum(T.contains_phrase(t.split(), k.split()) for u, t in text.items()
                    if kind[u] == "pos") for k in ("hey snips", "ok computer")}
     assert hits == {"hey snips": 4, "ok computer": 4}
     for u, t in text.items():
         if kind[u] != "pos":
-            assert not any(S.contains_phrase(t.split(), k.split())
+            assert not any(T.contains_phrase(t.split(), k.split())
                            for k in ("hey snips", "ok computer"))
 
 

@@ -15,7 +15,7 @@ from toolkit.tasks.codec import corpus as codec
 from toolkit.tasks.kws import corpus as kws
 from toolkit.tasks.speaker import corpus as speaker
 from toolkit.voicebank import SynthError, Voice
-from toolkit.voicebank import corpus as C
+from toolkit.voicebank import corpus as C, corpus_dir as D
 from toolkit.voicebank.espeak import espeak_voices
 from installed import require_engine, require_root_and_unshare
 
@@ -243,7 +243,7 @@ def test_cleaning_removes_only_what_the_generator_writes(family, tmp_path):
     assert (out / "notes.txt").read_text() == "mine\n"
     assert (out / "lang" / "words.txt").read_text() == "a 1\n"
     assert not (out / "train" / "data.list").exists()
-    assert not (out / "voices.txt").exists() and not (out / C.TMP_NAME).exists()
+    assert not (out / "voices.txt").exists() and not (out / D.TMP_NAME).exists()
     kept = {"notes.txt", "lang"}
     written = set(os.listdir(out)) - kept
     corpus_dir = {"kws": kws, "speaker": speaker, "codec": codec}[family].corpus_dir(str(out))
@@ -342,7 +342,7 @@ def test_an_interrupted_run_is_cleaned_by_the_next_whatever_its_kind(test_only, 
     interrupted = not test_only
     codec.corpus_dir(str(out)).claim({"format": codec.FORMAT_VERSION,
                                       "test_only": interrupted})
-    assert json.loads((out / codec.STAMP_NAME).read_text())[C.FINISHED] is False
+    assert json.loads((out / codec.STAMP_NAME).read_text())[D.FINISHED] is False
     for name in ("test",) if interrupted else ("train", "test"):
         (out / "wavs" / name).mkdir(parents=True)
         (out / "wavs" / name / "half.wav").write_bytes(b"RIFF")
@@ -356,7 +356,7 @@ def test_an_interrupted_run_is_cleaned_by_the_next_whatever_its_kind(test_only, 
     generate("codec", out, test_only=test_only)
     assert not (out / "wavs" / "test" / "half.wav").exists()
     assert (out / "train").exists() != test_only
-    assert C.FINISHED not in json.loads((out / codec.STAMP_NAME).read_text())
+    assert D.FINISHED not in json.loads((out / codec.STAMP_NAME).read_text())
 
 
 # ------------------------------------------------------------------------ inventory
@@ -365,8 +365,8 @@ def test_an_interrupted_run_is_cleaned_by_the_next_whatever_its_kind(test_only, 
 def test_the_inventory_lists_every_voice_that_speaks(family, tmp_path):
     out = tmp_path / "data"
     generate(family, out)
-    lines = (out / C.INVENTORY_NAME).read_text().splitlines()
-    assert lines[0].split("\t") == list(C.INVENTORY_COLUMNS)
+    lines = (out / D.INVENTORY_NAME).read_text().splitlines()
+    assert lines[0].split("\t") == list(D.INVENTORY_COLUMNS)
     rows = [line.split("\t") for line in lines[1:]]
     stamp = json.loads(next(out.glob(".synth_*.json")).read_text())
     voices = {v.spk: v for v in espeak_voices()}
@@ -384,10 +384,10 @@ def test_the_inventory_lists_every_voice_that_speaks(family, tmp_path):
 def test_blend_weights_in_the_inventory():
     from toolkit.voicebank.kokoro import blend_voice
     blended = blend_voice([("af_bella", 0.6), ("am_adam", 0.4)])
-    assert C._blend_text(blended) == "af_bella:0.6,am_adam:0.4"
-    assert C._blend_text(blend_voice([("bf_alice", 3), ("bm_lewis", 1)])) == \
+    assert D._blend_text(blended) == "af_bella:0.6,am_adam:0.4"
+    assert D._blend_text(blend_voice([("bf_alice", 3), ("bm_lewis", 1)])) == \
         "bf_alice:0.75,bm_lewis:0.25"
-    assert C._blend_text(espeak_voices()[0]) == "-"
+    assert D._blend_text(espeak_voices()[0]) == "-"
     # a blend with a reserved voice in it is reserved like the voice
     assert C.reserved_for_evaluation(Voice("x", "kokoro", "m", mix=(("af_bella", 0.5),
                                                                    ("af_heart", 0.5))))

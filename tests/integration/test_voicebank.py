@@ -14,8 +14,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from toolkit.voicebank import (RESERVED_VOICES, SynthError, Voice, is_reserved, pitch_ratio,
-                         training_voices)
+from toolkit.voicebank import (RESERVED_VOICES, SynthError, Voice, is_reserved, kokoro_graph,
+                               pitch_ratio, training_voices)
 from toolkit.voicebank import kokoro_assets as A
 from toolkit.voicebank.engines import EspeakEngine, engine_class
 from installed import require_engine
@@ -168,7 +168,7 @@ def test_dequantized_graph_computes_the_float_model(tmp_path):
     model = onnx.load(str(tmp_path / "int8.onnx"))
     assert {"MatMulInteger", "ConvInteger", "DynamicQuantizeLSTM"} <= \
         {n.op_type for n in model.graph.node}
-    assert A._dequantize(model.graph) == 3
+    assert kokoro_graph.dequantize(model.graph) == 3
     ops = {n.op_type for n in model.graph.node}
     assert not ops & {"MatMulInteger", "ConvInteger", "DynamicQuantizeLSTM",
                       "DynamicQuantizeLinear", "Cast"}

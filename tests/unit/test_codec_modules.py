@@ -19,9 +19,9 @@ from toolkit.tasks.codec.losses import (MultiResolutionMelLoss, MultiResolutionS
                                         discriminator_loss, feature_matching_loss,
                                         fitting_mel_count, generator_adversarial_loss)
 from toolkit.tasks.codec.metrics import evaluate_pair, mel_distance, si_sdr, stoi
-from toolkit.tasks.codec.model import (CodecConfig, CodecModel, InverseSTFT, StreamingDecoder,
-                                       decode_streaming, encode_streaming, remove_weight_norm)
+from toolkit.tasks.codec.model import CodecConfig, CodecModel, InverseSTFT, remove_weight_norm
 from toolkit.tasks.codec.quantizer import ResidualVectorQuantizer, VectorQuantizer
+from toolkit.tasks.codec.streaming import StreamingDecoder, decode_streaming, encode_streaming
 
 SR = 16000
 

@@ -9,9 +9,11 @@ import kaldiio
 import numpy as np
 import pytest
 
-from toolkit.tasks.kws import scoring
 from toolkit.bin import score_kws
+from toolkit.tasks.kws import scoring
 from toolkit.tasks.kws.decision import Detection, DecisionState, detect, smooth_scores
+from toolkit.tasks.kws.det import (all_firings, bootstrap_frr_intervals, compute_det,
+                                   operating_point, threshold_grid)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -129,7 +131,7 @@ def at(det, thr):
 
 
 def test_det_hand_made_frr_fa_and_refractory():
-    det = scoring.compute_det(*hand_made(), num_keywords=1, thresholds=scoring.threshold_grid(),
+    det = compute_det(*hand_made(), num_keywords=1, thresholds=threshold_grid(),
                               refractory_frames=20)
     assert det.num_positives.tolist() == [4]
     assert det.negative_hours[0] == pytest.approx(1.0)
@@ -141,23 +143,23 @@ def test_det_hand_made_frr_fa_and_refractory():
     for thr, (frr, fa) in expected.items():
         assert at(det, thr) == pytest.approx((frr, fa)), thr
     # Without the refractory period the 0.625 peak counts too.
-    det5 = scoring.compute_det(*hand_made(), num_keywords=1, refractory_frames=5)
+    det5 = compute_det(*hand_made(), num_keywords=1, refractory_frames=5)
     assert at(det5, 0.6) == pytest.approx((0.5, 2))
     # Threshold 0: zero scores count too, every refractory_frames + 1 frames.
     assert det.fa_count[0, 0] == 2 * 5  # two 100-frame negatives, firings at 0,21,42,63,84
 
 
 def test_operating_points_and_target_threshold():
-    det = scoring.compute_det(*hand_made(), num_keywords=1, refractory_frames=20)
+    det = compute_det(*hand_made(), num_keywords=1, refractory_frames=20)
     fa, frr = det.fa_per_hour[:, 0], det.frr[:, 0]
-    got = {t: scoring.operating_point(det.thresholds, fa, frr, t) for t in (0.5, 1, 2, 3)}
+    got = {t: operating_point(det.thresholds, fa, frr, t) for t in (0.5, 1, 2, 3)}
     assert (got[0.5].threshold, got[0.5].frr, got[0.5].fa_per_hour) == pytest.approx((0.751, 0.5, 0))
     assert (got[1].threshold, got[1].frr, got[1].fa_per_hour) == pytest.approx((0.376, 0.5, 1))
     assert (got[2].threshold, got[2].frr, got[2].fa_per_hour) == pytest.approx((0.251, 0.25, 2))
     # 3 FA/h admits every threshold but 0 (zero scores fire there): FRR 0 from 0.001.
     assert (got[3].threshold, got[3].frr, got[3].fa_per_hour) == pytest.approx((0.001, 0.0, 3))
-    assert scoring.operating_point(det.thresholds, fa, frr, 0.0).threshold == pytest.approx(0.751)
-    none = scoring.operating_point(det.thresholds, np.full_like(fa, 5.0), frr, 1.0)
+    assert operating_point(det.thresholds, fa, frr, 0.0).threshold == pytest.approx(0.751)
+    none = operating_point(det.thresholds, np.full_like(fa, 5.0), frr, 1.0)
     assert none.threshold is None and none.frr is None
 
 
@@ -165,7 +167,7 @@ def test_det_multi_keyword_attribution():
     # Labelled 0: keyword 1 peaks 0.6 at frame 10 and keyword 0 0.8 at 15.
     x = np.zeros((100, 2), dtype=np.float32)
     x[10, 1], x[15, 0] = 0.6, 0.8
-    det = scoring.compute_det([x], [0], [3600.0], num_keywords=2, refractory_frames=20)
+    det = compute_det([x], [0], [3600.0], num_keywords=2, refractory_frames=20)
     g5, g7 = 500, 700
     assert det.thresholds[g5] == 0.5 and det.thresholds[g7] == 0.7
     # At 0.5 keyword 1 fires first (a false alarm for it) and its refractory
@@ -184,9 +186,9 @@ def test_det_matches_decision_rule_at_every_threshold():
         probs.append((rng.random((T, K)) ** 4).astype(np.float32))
         labels.append(int(rng.integers(-1, K)))
         durations.append(T / 100)
-    thresholds = scoring.threshold_grid(0.02)
+    thresholds = threshold_grid(0.02)
     for smooth, refractory in [(1, 0), (3, 6), (5, 25)]:
-        det = scoring.compute_det(probs, labels, durations, K, thresholds, smooth, refractory)
+        det = compute_det(probs, labels, durations, K, thresholds, smooth, refractory)
         for g, thr in enumerate(thresholds):
             fa, miss = np.zeros(K, int), np.zeros(K, int)
             for x, label in zip(probs, labels):
@@ -200,7 +202,7 @@ def test_det_matches_decision_rule_at_every_threshold():
             assert det.miss_count[g].tolist() == miss.tolist(), (smooth, refractory, thr)
         # One keyword at a time: firing count never rises with the threshold
         # (greedy earliest-first selection is maximal for a superset).
-        single = scoring.compute_det([p[:, :1] for p in probs], [-1] * len(probs), durations,
+        single = compute_det([p[:, :1] for p in probs], [-1] * len(probs), durations,
                                      1, thresholds, smooth, refractory)
         assert np.all(np.diff(single.fa_count[:, 0]) <= 0)
 
@@ -270,8 +272,8 @@ def test_error_report_lists_false_alarms_misses_and_speakers():
     probs, labels, durations = hand_made()
     utts = [scoring.Utterance(f"utt{i:03d}", d, lab, spk, txt) for i, (d, lab, spk, txt) in
             enumerate(zip(durations, labels, HAND_SPEAKERS, HAND_TEXTS))]
-    thresholds = scoring.threshold_grid()
-    firings = scoring.all_firings(probs, 1, thresholds, refractory_frames=20)
+    thresholds = threshold_grid()
+    firings = all_firings(probs, 1, thresholds, refractory_frames=20)
     rep = scoring.error_report(utts, probs, firings, 0, "hey snips", thresholds,
                                float(thresholds[376]), 1.0, 1.0)
     assert rep.false_alarms == [{"key": "utt005", "speaker": "a", "label": -1,
@@ -284,7 +286,7 @@ def test_error_report_lists_false_alarms_misses_and_speakers():
         {"speaker": "a", "positives": 3, "missed": 1, "frr": pytest.approx(1 / 3),
          "false_alarms": 1}]
     # Counts agree with the DET curve at that threshold.
-    det = scoring.compute_det(probs, labels, durations, 1, thresholds, firings=firings)
+    det = compute_det(probs, labels, durations, 1, thresholds, firings=firings)
     assert len(rep.false_alarms) == det.fa_count[376, 0]
     assert len(rep.misses) == det.miss_count[376, 0]
 
@@ -344,18 +346,18 @@ def bootstrap_set(seed, n_pos=40, n_neg=60):
 
 def frr_of_resample(probs, labels, durations, pick, thresholds, target=20.0):
     """FRR at `target` FA/h of the test set made of utterances `pick` (repeats allowed)."""
-    det = scoring.compute_det([probs[i] for i in pick], [labels[i] for i in pick],
+    det = compute_det([probs[i] for i in pick], [labels[i] for i in pick],
                               [durations[i] for i in pick], 1, thresholds, refractory_frames=30)
-    return scoring.operating_point(thresholds, det.fa_per_hour[:, 0], det.frr[:, 0], target).frr
+    return operating_point(thresholds, det.fa_per_hour[:, 0], det.frr[:, 0], target).frr
 
 
 def test_bootstrap_replicate_is_the_det_of_a_resampled_test_set():
     """One replicate = compute_det + operating_point on the test set drawn with the same
     generator: negatives first, then positives."""
     probs, labels, durations = bootstrap_set(1)
-    thresholds = scoring.threshold_grid(0.01)
+    thresholds = threshold_grid(0.01)
     for seed in (3, 4):
-        (ci,), = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
+        (ci,), = bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
                                                  replicates=1, seed=seed, refractory_frames=30)
         rng = np.random.default_rng(seed)
         neg, pos = list(range(40, 100)), list(range(40))
@@ -366,23 +368,23 @@ def test_bootstrap_replicate_is_the_det_of_a_resampled_test_set():
 
 def test_bootstrap_interval_brackets_the_estimate_and_narrows_with_more_data():
     probs, labels, durations = bootstrap_set(2)
-    thresholds = scoring.threshold_grid(0.01)
-    det = scoring.compute_det(probs, labels, durations, 1, thresholds)
-    point = scoring.operating_point(thresholds, det.fa_per_hour[:, 0], det.frr[:, 0], 20.0).frr
-    (small,), = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
+    thresholds = threshold_grid(0.01)
+    det = compute_det(probs, labels, durations, 1, thresholds)
+    point = operating_point(thresholds, det.fa_per_hour[:, 0], det.frr[:, 0], 20.0).frr
+    (small,), = bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
                                                 replicates=300, seed=0)
     assert small.low < point < small.high
-    again = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
+    again = bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
                                             replicates=300, seed=0)
     assert again[0][0] == small                               # seeded: reproducible
     # Four copies of every utterance: same estimate, about half the spread.
-    (big,), = scoring.bootstrap_frr_intervals(probs * 4, labels * 4, durations * 4, 1, thresholds,
+    (big,), = bootstrap_frr_intervals(probs * 4, labels * 4, durations * 4, 1, thresholds,
                                               [20.0], replicates=300, seed=0)
     assert big.low < point < big.high
     assert big.high - big.low < 0.75 * (small.high - small.low)
     # Separable scores: every replicate has FRR 0 at the target.
     clean = [spikes(120, {60: 0.95})] * 5 + [spikes(120, {20: 0.2})] * 5
-    (sep,), = scoring.bootstrap_frr_intervals(clean, [0] * 5 + [-1] * 5, [2.0] * 5 + [60.0] * 5,
+    (sep,), = bootstrap_frr_intervals(clean, [0] * 5 + [-1] * 5, [2.0] * 5 + [60.0] * 5,
                                               1, thresholds, [1.0], replicates=50)
     assert sep.low == sep.high == 0.0
 
@@ -392,10 +394,10 @@ def test_speaker_bootstrap_replicate_is_the_det_of_resampled_speakers():
     brings all its utterances, positives and negatives."""
     probs, labels, durations = bootstrap_set(1)
     speakers = [f"s{i % 7}" for i in range(len(probs))]   # 7 voices, mixed labels
-    thresholds = scoring.threshold_grid(0.01)
+    thresholds = threshold_grid(0.01)
     names = sorted(set(speakers))
     for seed in (3, 4):
-        (ci,), = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
+        (ci,), = bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [20.0],
                                                  replicates=1, seed=seed, refractory_frames=30,
                                                  speakers=speakers)
         drawn = np.random.default_rng(seed).integers(0, len(names), len(names))
@@ -421,16 +423,16 @@ def test_speaker_bootstrap_is_wider_when_errors_cluster_by_voice():
     # 10 h of negatives, each firing below 0.5: 2 FA/h, so 1 FA/h needs a threshold
     # above them, where v0's keywords (0.1-0.3) are missed and the others (0.8-1) hit.
     durations = [2.0 if lab == 0 else 1800.0 for lab in labels]
-    thresholds = scoring.threshold_grid(0.01)
-    (by_utt,), = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds,
+    thresholds = threshold_grid(0.01)
+    (by_utt,), = bootstrap_frr_intervals(probs, labels, durations, 1, thresholds,
                                                  [1.0], replicates=300, seed=0)
-    (by_spk,), = scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds,
+    (by_spk,), = bootstrap_frr_intervals(probs, labels, durations, 1, thresholds,
                                                  [1.0], replicates=300, seed=0,
                                                  speakers=speakers)
     assert by_utt.low < 0.05 < by_utt.high and by_spk.low == 0.0
     assert by_spk.high - by_spk.low > 2 * (by_utt.high - by_utt.low)
     with pytest.raises(ValueError, match="one entry per utterance"):
-        scoring.bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [1.0],
+        bootstrap_frr_intervals(probs, labels, durations, 1, thresholds, [1.0],
                                         speakers=speakers[:-1])
 
 
@@ -475,19 +477,19 @@ def test_threshold_tail_places_an_operating_point_above_0999():
     probs = [spikes(100, {50: 0.99999}), spikes(100, {50: 0.5}),
              spikes(100, {30: 0.9995}), spikes(100, {30: 0.999945})]
     args = (probs, [0, 0, -1, -1], [1.0, 1.0, 1800.0, 1800.0])
-    plain = scoring.compute_det(*args, num_keywords=1, thresholds=scoring.threshold_grid())
-    op = scoring.operating_point(plain.thresholds, plain.fa_per_hour[:, 0], plain.frr[:, 0], 0.0)
+    plain = compute_det(*args, num_keywords=1, thresholds=threshold_grid())
+    op = operating_point(plain.thresholds, plain.fa_per_hour[:, 0], plain.frr[:, 0], 0.0)
     assert op.threshold == 1.0 and op.frr == 1.0
-    grid = scoring.threshold_grid(tail_decades=4)
+    grid = threshold_grid(tail_decades=4)
     assert np.all(np.diff(grid) > 0) and grid[0] == 0.0 and grid[-1] == 1.0
     assert 0.9991 in grid and 0.9999999 in grid and grid.size == 1037
-    tail = scoring.compute_det(*args, num_keywords=1, thresholds=grid)
-    op = scoring.operating_point(tail.thresholds, tail.fa_per_hour[:, 0], tail.frr[:, 0], 0.0)
+    tail = compute_det(*args, num_keywords=1, thresholds=grid)
+    op = operating_point(tail.thresholds, tail.fa_per_hour[:, 0], tail.frr[:, 0], 0.0)
     assert op.threshold == pytest.approx(0.99995) and op.frr == 0.5
     assert scoring.format_threshold(op.threshold) == "0.99995"
     assert scoring.format_threshold(0.5) == "0.500" and scoring.format_threshold(1.0) == "1.000"
     with pytest.raises(ValueError, match="tail_decades"):
-        scoring.threshold_grid(tail_decades=-1)
+        threshold_grid(tail_decades=-1)
 
 
 def test_scp_input_and_missing_keys(tmp_path, caplog):

@@ -11,7 +11,8 @@ import logging
 import os
 import sys
 
-from toolkit.data.shards import LIST_NAME, ShardIndex, make_shards
+from toolkit.data.shard_tar import LIST_NAME, make_shards
+from toolkit.data.shards import ShardIndex
 from toolkit.logging_utils import setup_logging
 from toolkit.errors import cli
 

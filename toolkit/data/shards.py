@@ -1,10 +1,10 @@
 """Sharded data: tar files of N utterances, a second input form of the same pipeline.
 
-A shard `<prefix>-000000.tar` holds, per utterance, `<key>.wav` (16-bit PCM WAV of the
-utterance or its segment, original rate and channels) then `<key>.json` (the data-list
-entry without `wav`; its start/end describe the source, the WAV is already cut).
-`shards.list` names the tars (paths or URLs, one a line) and `shards.index.json` beside
-it lists (key, duration, label) per shard, so batches are planned without opening a tar.
+A shard `<prefix>-000000.tar` holds each utterance's WAV and JSON entry (the format, its
+writer and its stream reader: toolkit.data.shard_tar; opening paths and URLs:
+toolkit.data.transport). `shards.list` names the tars (paths or URLs, one a line) and
+`shards.index.json` beside it lists (key, duration, label) per shard, so batches are
+planned without opening a tar.
 What only some tasks need (CTC `tokens`, keyword times `kw_end`) is read from each
 utterance's JSON member when its batch is built, and checked there by the task.
 
@@ -20,158 +20,35 @@ Determinism contract, as in dataset.py:
 - resuming at batch k never decodes the skipped batches, and shards needed only by them
   are not opened.
 """
-import io
 import json
 import logging
-import multiprocessing as mp
 import os
-import posixpath
-import re
-import tarfile
-import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections import deque
 from contextlib import closing
-from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-import soundfile as sf
 from torch.utils.data import IterableDataset, get_worker_info
 
-from toolkit.data.audio import BadEntry, check_and_mix, read_audio
-from toolkit.data.datalist import BadCounter, DataList
+from toolkit.data.audio import BadEntry
+from toolkit.data.datalist import BadCounter
 from toolkit.data.loader import build_loader
 from toolkit.data.plan import estimated_frames, plan_batches, usable_indices
-from toolkit.fileio import atomic_write_text
+from toolkit.data.shard_tar import (INDEX_FORMAT, INDEX_NAME, MISSING_FROM_SHARD,
+                                    UNREADABLE_SHARD, ShardError, decode_wav, log_shard_error,
+                                    read_members)
+from toolkit.data.transport import (auth_token, beside, file_name, open_shard, read_bytes,
+                                    read_text, url_scheme)
 
 logger = logging.getLogger(__name__)
 
-INDEX_NAME = "shards.index.json"
-LIST_NAME = "shards.list"
-INDEX_FORMAT = "toolkit-shards"
-INDEX_VERSION = 1
-# Shard-level skip reasons (listed in datalist.BAD_REASONS too).
-CORRUPT_SHARD = "corrupt_shard"          # not a tar at all
-TRUNCATED_SHARD = "truncated_shard"      # a tar that stops (or turns to garbage) early
-UNREADABLE_SHARD = "unreadable_shard"    # could not be opened or read (I/O, HTTP)
-MISSING_FROM_SHARD = "missing_from_shard"  # in the index but not in the tar
-HTTP_TIMEOUT_S = 60.0
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
-
-# --------------------------------------------------------------------------- opening
-
-def _scheme(source: str) -> str:
-    m = _SCHEME.match(source)
-    return m.group(1).lower() if m else ""
-
-
-def auth_token(configured: str = "") -> str:
-    """The bearer token for http(s) shards: the config's, else TOOLKIT_DATA_TOKEN."""
-    return configured or os.environ.get("TOOLKIT_DATA_TOKEN", "")
-
-
-def _keeps_credentials(old_url: str, new_url: str) -> bool:
-    """Whether a redirect from `old_url` to `new_url` may carry the bearer token: only to
-    the same host, scheme and port (http -> https on the default ports too), as the
-    `requests` package decides; a CDN or another host never sees it."""
-    a, b = urllib.parse.urlsplit(old_url), urllib.parse.urlsplit(new_url)
-    if (a.hostname or "").lower() != (b.hostname or "").lower():
-        return False
-    default = {"http": 80, "https": 443}
-    port_a, port_b = a.port or default.get(a.scheme), b.port or default.get(b.scheme)
-    if (a.scheme, port_a, b.scheme, port_b) == ("http", 80, "https", 443):
-        return True
-    return a.scheme == b.scheme and port_a == port_b
-
-
-class _RedirectWithoutForeignToken(urllib.request.HTTPRedirectHandler):
-    """urllib copies every header onto the redirected request, Authorization included."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and not _keeps_credentials(req.full_url, new.full_url):
-            new.remove_header("Authorization")
-        return new
-
-
-_OPENER = urllib.request.build_opener(_RedirectWithoutForeignToken)
-
-
-def open_shard(source: str, timeout: float = HTTP_TIMEOUT_S, token: str = "") -> BinaryIO:
-    """Binary, sequentially readable file object for a local path, an http(s) URL
-    (streamed, never read whole into memory) or any fsspec URL (s3://, gs://, file://).
-
-    I/O failures raise OSError naming the source (the dataset counts them as skipped
-    utterances); a scheme nothing can open raises ImportError/ValueError (a setup error)."""
-    scheme = _scheme(source)
-    if not scheme:
-        return open(source, "rb")
-    if scheme in ("http", "https"):
-        request = urllib.request.Request(source)
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            return _OPENER.open(request, timeout=timeout)
-        except urllib.error.HTTPError as err:
-            raise OSError(f"cannot open shard {source}: HTTP {err.code} {err.reason}") from None
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise OSError(f"cannot open shard {source}: {reason}") from None
-    try:
-        import fsspec
-    except ImportError:
-        raise ImportError(f"cannot open shard {source}: '{scheme}://' URLs need fsspec and its "
-                          f"backend for that scheme: pip install fsspec (plus e.g. s3fs, "
-                          f"gcsfs, adlfs)") from None
-    try:
-        return fsspec.open(source, "rb").open()
-    except ValueError as err:
-        # fsspec raises ValueError("Protocol not known: ...") for schemes it has no class for.
-        raise ValueError(f"cannot open shard {source}: fsspec has no backend for "
-                         f"'{scheme}://' ({err}); install the package that provides it") from None
-    except ImportError as err:
-        raise ImportError(f"cannot open shard {source}: the fsspec backend for '{scheme}://' "
-                          f"is not installed ({err})") from None
-    except OSError as err:
-        raise OSError(f"cannot open shard {source}: {err}") from None
-
-
-def _read_all(source: str, token: str = "") -> bytes:
-    with open_shard(source, token=token) as f:
-        return f.read()
-
-
-def read_text(source: str, token: str = "") -> str:
-    """A shard list or data list, local or by URL, as text."""
-    return _read_all(source, token or auth_token()).decode("utf-8")
-
+# --------------------------------------------------------------------------- index
 
 def index_path_of(shard_list: str) -> str:
     """Where the index of a shard list lies: `shards.index.json` beside it."""
-    return _beside(shard_list, INDEX_NAME)
+    return beside(shard_list, INDEX_NAME)
 
-
-def _beside(source: str, name: str) -> str:
-    """`name` in the same directory as `source` (a path or a URL)."""
-    if _scheme(source):
-        parts = urllib.parse.urlsplit(source)
-        path = posixpath.join(posixpath.dirname(parts.path), name)
-        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-    return os.path.join(os.path.dirname(os.path.abspath(source)), name)
-
-
-def _shard_name(source: str) -> str:
-    """File name of a shard, the key that ties a list line to its index record; a URL's
-    query (signed URLs) is not part of it."""
-    if _scheme(source):
-        return posixpath.basename(urllib.parse.urlsplit(source).path)
-    return os.path.basename(source)
-
-
-# --------------------------------------------------------------------------- index
 
 class ShardIndex:
     """Per shard: its source and its utterances (key, duration, label).
@@ -221,11 +98,11 @@ class ShardIndex:
         """Reads a shard list (local or URL) and its index (`shards.index.json` beside
         the list unless `index_path` is given). List lines are matched to index records
         by file name, so a list may be a subset, reordered, or moved to other storage."""
-        index_path = index_path or _beside(shard_list, INDEX_NAME)
+        index_path = index_path or beside(shard_list, INDEX_NAME)
         token = auth_token(token)
-        text = _read_all(shard_list, token).decode("utf-8")
+        text = read_text(shard_list, token)
         try:
-            raw = json.loads(_read_all(index_path, token))
+            raw = json.loads(read_bytes(index_path, token))
         except ValueError as err:
             raise ValueError(f"{index_path}: not a shard index ({err})") from None
         if not isinstance(raw, dict) or raw.get("format") != INDEX_FORMAT:
@@ -240,15 +117,15 @@ class ShardIndex:
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            if not _scheme(line) and not os.path.isabs(line):
+            if not url_scheme(line) and not os.path.isabs(line):
                 # Relative to the list's own location.
-                line = urllib.parse.urljoin(shard_list, line) if _scheme(shard_list) \
-                    else _beside(shard_list, line)
-            name = _shard_name(line)
+                line = urllib.parse.urljoin(shard_list, line) if url_scheme(shard_list) \
+                    else beside(shard_list, line)
+            name = file_name(line)
             rec = records.get(name)
             if rec is None:
                 raise ValueError(f"{shard_list}:{lineno}: shard {name} is not in {index_path}")
-            if not _scheme(line) and not os.path.exists(line):
+            if not url_scheme(line) and not os.path.exists(line):
                 raise FileNotFoundError(f"{shard_list}:{lineno}: shard {line} not found")
             if not len(rec["keys"]) == len(rec["durations"]) == len(rec["labels"]):
                 raise ValueError(f"{index_path}: shard {name}: keys/durations/labels differ in length")
@@ -267,127 +144,6 @@ class ShardIndex:
         return cls(sources, shard_offsets, b"".join(encoded), key_offsets,
                    np.asarray(durations, dtype=np.float32), np.asarray(labels, dtype=np.int32),
                    shard_list, token)
-
-
-# --------------------------------------------------------------------------- reading
-
-class ShardError(Exception):
-    """Damage to a whole shard stream (`reason` is one of the shard-level reasons)."""
-
-    def __init__(self, reason: str, source: str, detail: str = ""):
-        super().__init__(f"{source}: {reason}" + (f" ({detail})" if detail else ""))
-        self.reason = reason
-        self.source = source
-        self.detail = detail
-
-
-class _Tap:
-    """Passes reads through, counting bytes and keeping the recent tail, so the end of
-    an uncompressed tar can be checked: tarfile quietly stops at a missing or garbage
-    header, which is how a tar cut on a member boundary looks."""
-    KEEP = 1 << 16
-
-    def __init__(self, raw):
-        self.raw = raw
-        self.total = 0
-        self.chunks: deque = deque()
-        self.kept = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        if data:
-            self.total += len(data)
-            self.chunks.append(data)
-            self.kept += len(data)
-            while self.kept - len(self.chunks[0]) >= self.KEEP:
-                self.kept -= len(self.chunks.popleft())
-        return data
-
-    def ends_properly(self, offset: int) -> bool:
-        """True when the block at `offset` (where tarfile stopped) is an end-of-archive
-        zero block."""
-        tail = b"".join(self.chunks)
-        start = offset - (self.total - len(tail))
-        if start < 0:
-            return True            # long gone from the tail; cannot tell, trust tarfile
-        block = tail[start:start + tarfile.BLOCKSIZE]
-        return len(block) == tarfile.BLOCKSIZE and not any(block)
-
-
-def _read_members(fileobj: BinaryIO, source: str) -> Iterator[Tuple[str, bytes, Optional[dict]]]:
-    """(key, wav bytes, meta) per complete wav+json pair; raises ShardError after the
-    complete pairs when the stream is damaged."""
-    tap = _Tap(fileobj)
-    try:
-        tar = tarfile.open(fileobj=tap, mode="r|*")
-    except OSError as err:
-        raise ShardError(UNREADABLE_SHARD, source, str(err)) from None
-    except (tarfile.TarError, EOFError, ValueError) as err:
-        raise ShardError(CORRUPT_SHARD, source, str(err)) from None
-    count = 0
-    with tar:
-        key, parts = None, {}
-        try:
-            while True:
-                member = tar.next()
-                if member is None:
-                    break
-                tar.members = []   # stream mode would otherwise keep every TarInfo
-                if not member.isfile():
-                    continue
-                stem, ext = posixpath.splitext(member.name)
-                if ext not in (".wav", ".json"):
-                    continue
-                if stem != key:
-                    key, parts = stem, {}
-                parts[ext] = tar.extractfile(member).read()
-                if len(parts) == 2:
-                    try:
-                        meta = json.loads(parts[".json"])
-                    except ValueError:
-                        meta = None
-                    count += 1
-                    yield key, parts[".wav"], meta
-                    key, parts = None, {}
-        except (tarfile.TarError, EOFError, ValueError) as err:
-            raise ShardError(TRUNCATED_SHARD, source,
-                             f"after {count} complete utterances: {err}") from None
-        except OSError as err:
-            raise ShardError(UNREADABLE_SHARD, source,
-                             f"after {count} complete utterances: {err}") from None
-        if getattr(tar.fileobj, "comptype", "tar") == "tar" and not tap.ends_properly(tar.offset):
-            raise ShardError(TRUNCATED_SHARD, source, f"after {count} complete utterances: "
-                             f"no end-of-archive block at byte {tar.offset}")
-
-
-def _log_shard_error(err: ShardError) -> None:
-    logger.warning("shard %s skipped from here on: %s%s", err.source, err.reason,
-                   f" ({err.detail})" if err.detail else "")
-
-
-def iterate_shard(fileobj: BinaryIO, source: str,
-                  bad: Optional[BadCounter] = None) -> Iterator[Tuple[str, bytes, Optional[dict]]]:
-    """(key, wav_bytes, meta) for each utterance of a tar stream, wav and json paired by
-    key; meta is None when its JSON is unreadable. A corrupt shard yields nothing, a
-    truncated one the complete utterances before the damage; either way one log line
-    names the source and `bad` (if given) counts it once under the shard's name."""
-    try:
-        yield from _read_members(fileobj, source)
-    except ShardError as err:
-        _log_shard_error(err)
-        if bad is not None:
-            bad.add(err.reason, source, err.detail, log=False)
-
-
-# --------------------------------------------------------------------------- processing
-
-def decode_wav(data: bytes, name: str, channel: int = -1) -> Tuple[np.ndarray, int]:
-    """WAV bytes -> (mono float32 wave, rate), with the checks of the list pipeline."""
-    try:
-        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as err:  # soundfile raises several types for corrupt data
-        raise BadEntry("unreadable_audio", f"{name}: {err}") from None
-    return check_and_mix(audio, name, channel), int(rate)
 
 
 # --------------------------------------------------------------------------- batch plan
@@ -477,7 +233,7 @@ class ShardBatchDataset(IterableDataset):
         reason, detail = MISSING_FROM_SHARD, source
         try:
             with open_shard(source, token=self.index.token) as f, \
-                    closing(_read_members(f, source)) as entries:
+                    closing(read_members(f, source)) as entries:
                 for key, wav, meta in entries:
                     m = want.pop(key, None)
                     if m is not None:
@@ -485,7 +241,7 @@ class ShardBatchDataset(IterableDataset):
                     if not want:
                         break      # the rest of the tar is not ours to read
         except ShardError as err:
-            _log_shard_error(err)
+            log_shard_error(err)
             reason, detail = err.reason, f"{source}: {err.detail}"
         except OSError as err:
             logger.warning("shard %s skipped: %s (%s)", source, UNREADABLE_SHARD, err)
@@ -531,113 +287,3 @@ def make_shard_loader(dataset: ShardBatchDataset, num_workers: int, prefetch_fac
     """Loader over the dataset's batches [start:] (the start lives in the dataset: an
     iterable dataset takes no sampler)."""
     return build_loader(dataset, num_workers, prefetch_factor, seed)
-
-
-# --------------------------------------------------------------------------- writing
-
-def encode_wav(audio: np.ndarray, rate: int) -> bytes:
-    """(N, C) float in [-1, 1] -> 16-bit PCM WAV bytes. Rounds to int16 here so 16-bit
-    sources survive bit-exactly and out-of-range samples clip instead of wrapping."""
-    pcm = np.clip(np.round(audio.astype(np.float64) * 32768.0), -32768, 32767).astype(np.int16)
-    buf = io.BytesIO()
-    sf.write(buf, pcm, int(rate), subtype="PCM_16", format="WAV")
-    return buf.getvalue()
-
-
-def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    # Fixed metadata: the same input gives the same bytes.
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mtime = 0
-    info.mode = 0o644
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
-
-
-def write_shard(path: str, entries: Sequence[dict]) -> Tuple[dict, BadCounter]:
-    """Writes one tar (atomically) from data-list entries; returns its index record and
-    the entries skipped for bad audio."""
-    bad = BadCounter()
-    record = {"name": os.path.basename(path), "keys": [], "durations": [], "labels": []}
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".tar", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(f.fileno(), 0o666 & ~umask)   # mkstemp's 0600 would hide shards
-            with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for entry in entries:
-                    key = entry["key"]
-                    if not entry.get("wav"):
-                        bad.add("missing_field", key, "no wav (feature entries cannot be sharded)")
-                        continue
-                    try:
-                        audio, rate = read_audio(entry["wav"], float(entry.get("start", 0.0)),
-                                                 float(entry.get("end", -1.0)))
-                        check_and_mix(audio, entry["wav"])
-                    except BadEntry as err:
-                        bad.add(err.reason, key, err.detail)
-                        continue
-                    meta = {k: v for k, v in entry.items() if k != "wav"}
-                    _add_member(tar, key + ".wav", encode_wav(audio, rate))
-                    _add_member(tar, key + ".json", json.dumps(
-                        meta, ensure_ascii=False, sort_keys=True).encode("utf-8"))
-                    record["keys"].append(key)
-                    record["durations"].append(entry["duration"])
-                    label = entry.get("label")
-                    record["labels"].append(label if isinstance(label, int)
-                                            and not isinstance(label, bool) else -1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return record, bad
-
-
-def _write_shard_task(args):
-    return write_shard(*args)
-
-
-def make_shards(data_list: str, out_dir: str, utts_per_shard: int, nj: int = 1,
-                prefix: str = "shards") -> Tuple[List[str], BadCounter]:
-    """Data list -> OUT_DIR/<prefix>-NNNNNN.tar (consecutive list entries, list order),
-    shards.list (absolute tar paths) and shards.index.json. Returns (tar paths, skipped
-    entries: bad list lines, duplicate keys and bad audio)."""
-    if utts_per_shard < 1:
-        raise ValueError("utts_per_shard must be positive")
-    datalist = DataList.load(data_list, require_label=False)
-    bad = datalist.bad                    # bad list lines count as skipped entries too
-    seen, entries = set(), []
-    for i in range(len(datalist)):
-        entry = datalist.entry(i)
-        if entry["key"] in seen:
-            bad.add("other", entry["key"], "duplicate key: only its first entry is kept")
-            continue
-        seen.add(entry["key"])
-        entries.append(entry)
-    os.makedirs(out_dir, exist_ok=True)
-    out_dir = os.path.abspath(out_dir)
-    tasks = [(os.path.join(out_dir, f"{prefix}-{n:06d}.tar"), entries[start:start + utts_per_shard])
-             for n, start in enumerate(range(0, len(entries), utts_per_shard))]
-    if nj > 1 and len(tasks) > 1:
-        with mp.get_context("fork").Pool(min(nj, len(tasks))) as pool:
-            results = pool.map(_write_shard_task, tasks, chunksize=1)
-    else:
-        results = [_write_shard_task(t) for t in tasks]
-    records = []
-    for record, shard_bad in results:
-        records.append(record)
-        bad.merge(shard_bad)
-    index = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "utts_per_shard": utts_per_shard}
-    head = json.dumps(index, sort_keys=True)[:-1]
-    body = ",\n".join(json.dumps(r, ensure_ascii=False, sort_keys=True) for r in records)
-    # One shard per line: diffable, and still one JSON document.
-    atomic_write_text(os.path.join(out_dir, INDEX_NAME), f'{head}, "shards": [\n{body}\n]}}\n')
-    paths = [t[0] for t in tasks]
-    atomic_write_text(os.path.join(out_dir, LIST_NAME), "".join(p + "\n" for p in paths))
-    return paths, bad

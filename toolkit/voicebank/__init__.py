@@ -2,12 +2,15 @@
 speaker verification from TTS voices, codecs that need many voices).
 
 Modules: `engines` (the registry: name -> engine with available/voices/synth), `espeak`
-(libespeak-ng through ctypes, procedural voices), `flite` and `festival` (Debian binaries),
-`kokoro` (Kokoro-82M neural voices and their blends, `kokoro_assets` installs them),
-`debian` (the opt-in Debian engines rhvoice, pico, mbrola), `cache` (synthesized clips
-kept across runs), `signal` (noise, levels, SNR mixing), `pool` (deterministic rendering
-in forked children). This package knows nothing about any task; the shared vocabulary is
-defined here, with the voices reserved for evaluation.
+(libespeak-ng through ctypes, procedural voices), `flite` and `festival` (Debian
+binaries), `kokoro` (Kokoro-82M neural voices and their blends, `kokoro_assets` installs
+them, `kokoro_graph` rewrites its ONNX graph), `debian` (the opt-in Debian engines
+rhvoice, pico, mbrola), `cache` (synthesized clips kept across runs), `signal` (noise,
+levels, SNR mixing), `render` (speech of any engine placed at a level in noise), `pool`
+(deterministic rendering in forked children), `corpus` (what every corpus generator
+shares: engines, voice splits, the output directory). This package knows nothing about
+any task; the shared vocabulary is defined here, with the voices reserved for evaluation
+and the seeded generators (seeded_rng) plans draw from.
 """
 import os
 import re
@@ -21,6 +24,11 @@ from toolkit.errors import UserError
 
 class SynthError(UserError, RuntimeError):
     """A problem the user can fix (bad argument, TTS missing); its message says which."""
+
+
+class AssetError(UserError):
+    """A download, part or checksum problem of an engine's assets (Kokoro's model and
+    voices); the message names the file or URL."""
 
 
 # (engine voice name, weight) of a blend's components, in the order they are mixed
@@ -84,6 +92,12 @@ def is_reserved(voice: Voice) -> bool:
 def training_voices(voices) -> List[Voice]:
     """`voices` without the reserved ones (see is_reserved)."""
     return [v for v in voices if not is_reserved(v)]
+
+
+def seeded_rng(seed: int, *stream: int) -> np.random.Generator:
+    """The generator of one stream of `seed` (entropy [seed, *stream]): each part of a plan
+    draws from a stream of its own, so that drawing more in one never shifts another."""
+    return np.random.default_rng([int(seed), *stream])
 
 
 def toolkit_cache_dir() -> str:

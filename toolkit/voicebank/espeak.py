@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.voicebank import SynthError, Voice
+from toolkit.voicebank import SynthError, Voice, seeded_rng
 
 logger = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ def random_variant(rng: np.random.Generator, name: str) -> str:
 
 def random_voices(count: int, accents: Sequence[str], seed: int) -> List[Voice]:
     """`count` procedural voices, accents taken in turn; a pure function of the seed."""
-    rng = np.random.default_rng([int(seed), 3])
+    rng = seeded_rng(seed, 3)
     out = []
     for i in range(count):
         accent, name = accents[i % len(accents)], f"{RANDOM_VOICE_PREFIX}{i:04d}"

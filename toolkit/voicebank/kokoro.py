@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from toolkit.voicebank import (RESERVED_VOICES, Speech, SynthError, Voice, pitch_ratio,
-                         word_char_starts)
+                               seeded_rng, word_char_starts)
 from toolkit.voicebank import kokoro_assets as assets
 from toolkit.voicebank.engines import ENGINES, Engine
 
@@ -128,7 +128,7 @@ def kokoro_blends(n: int, seed: int, pool: Optional[Sequence[str]] = None,
                          f"voices; got n={n}, components={components}, pool={pool}")
     pool = sorted(set(pool))
     hi = min(hi, len(pool))
-    rng = np.random.default_rng([int(seed), 24])
+    rng = seeded_rng(seed, 24)
     out: Dict[str, Voice] = {}
     for _ in range(100 * n + 100):
         if len(out) == n:

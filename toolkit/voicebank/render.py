@@ -4,7 +4,6 @@ renders), and the placement of that speech at a level, between silences, in nois
 
 Both belong in a forked renderer child (toolkit.voicebank.pool): espeak-ng keeps state.
 Every corpus generator speaks through `Renderer.clip`, the one place engines are called."""
-import math
 from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -12,10 +11,8 @@ import numpy as np
 from toolkit.data.audio import resample
 from toolkit.voicebank import SynthError, Voice, WordOnsets
 from toolkit.voicebank.engines import ENGINES, Engine
-from toolkit.voicebank.signal import active_power, babble_noise, colored_noise, mix_at_snr, \
+from toolkit.voicebank.signal import background_noise, mix_at_snr, place_at_level, samples, \
     speech_bounds, to_int16
-
-NOISE_TYPES = ("white", "pink", "brown", "babble")
 
 
 class Clip(NamedTuple):
@@ -65,13 +62,16 @@ def place_in_noise(speech: np.ndarray, rng: np.random.Generator, sample_rate: in
     """`speech` at an active level of `level_db` dBFS, after `lead_s` and before `trail_s`
     seconds of silence, in `noise` (white, pink, brown, or babble of `babble_pool`) at
     `snr_db` over the whole clip -> int16."""
-    lead, trail = int(round(lead_s * sample_rate)), int(round(trail_s * sample_rate))
-    level = 10 ** (level_db / 20)
-    clean = np.zeros(lead + len(speech) + trail, np.float32)
-    clean[lead:lead + len(speech)] = speech / (math.sqrt(active_power(speech)) + 1e-12) * level
-    if noise == "babble":
-        background = babble_noise(len(clean), babble_pool, rng)
-    else:
-        background = colored_noise(len(clean), noise, rng, sample_rate)
+    clean = place_at_level(speech, sample_rate, level_db, lead_s, trail_s)
+    background = background_noise(len(clean), noise, rng, sample_rate, babble_pool)
     mixed, _ = mix_at_snr(clean, background, snr_db)
     return to_int16(mixed)
+
+
+def noise_clip(rng: np.random.Generator, sample_rate: int, level_db: float, noise: str,
+               duration_s: float, babble_pool: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """`duration_s` seconds (one sample at least) of `noise` at an RMS of `level_db`
+    dBFS, no speech -> int16."""
+    n = max(1, samples(duration_s, sample_rate))
+    return to_int16(background_noise(n, noise, rng, sample_rate, babble_pool) *
+                    10 ** (level_db / 20))

@@ -1,11 +1,14 @@
 """Signal processing for synthetic speech (numpy only): coloured and babble noise, the
-active-speech level, mixing at an SNR, int16 quantization, trimming the TTS's silence."""
+active-speech level, placing speech at a level between silences, mixing at an SNR, peak
+protection and int16 quantization, trimming the TTS's silence. Every corpus generator
+mixes through these (toolkit.voicebank.render.place_in_noise puts them together)."""
 import math
 from typing import Sequence, Tuple
 
 import numpy as np
 
 BABBLE_SOURCES = (3, 6)      # talkers summed into one babble noise
+NOISE_TYPES = ("white", "pink", "brown", "babble")
 
 
 def colored_noise(n: int, color: str, rng: np.random.Generator, sr: int = 16000) -> np.ndarray:
@@ -40,6 +43,14 @@ def babble_noise(n: int, pool: Sequence[np.ndarray], rng: np.random.Generator) -
     return (out / (np.sqrt(np.mean(out ** 2)) + 1e-12)).astype(np.float32)
 
 
+def background_noise(n: int, kind: str, rng: np.random.Generator, sr: int = 16000,
+                     babble_pool: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """Unit-RMS noise of one of NOISE_TYPES: babble of `babble_pool`, else coloured."""
+    if kind == "babble":
+        return babble_noise(n, babble_pool, rng)
+    return colored_noise(n, kind, rng, sr)
+
+
 def active_power(x: np.ndarray, frame: int = 320, floor_db: float = 40.0) -> float:
     """Mean power over frames within `floor_db` of the loudest: speech level that is not
     diluted by pauses and padding (the SNR reference)."""
@@ -55,6 +66,22 @@ def active_power(x: np.ndarray, frame: int = 320, floor_db: float = 40.0) -> flo
     return float(p[p >= top * 10 ** (-floor_db / 10)].mean())
 
 
+def samples(seconds: float, sr: int) -> int:
+    """A duration as a whole number of samples (rounded), as placements count them."""
+    return int(round(seconds * sr))
+
+
+def place_at_level(speech: np.ndarray, sr: int, level_db: float, lead_s: float,
+                   trail_s: float) -> np.ndarray:
+    """`speech` at an active level of `level_db` dBFS, after `lead_s` and before `trail_s`
+    seconds of silence (float32)."""
+    lead, trail = samples(lead_s, sr), samples(trail_s, sr)
+    out = np.zeros(lead + len(speech) + trail, np.float32)
+    out[lead:lead + len(speech)] = speech / (math.sqrt(active_power(speech)) + 1e-12) * \
+        10 ** (level_db / 20)
+    return out
+
+
 def mix_at_snr(speech: np.ndarray, noise: np.ndarray, snr_db: float
                ) -> Tuple[np.ndarray, np.ndarray]:
     """Scales `noise` (same length) so active-speech power / noise power = snr_db.
@@ -65,12 +92,24 @@ def mix_at_snr(speech: np.ndarray, noise: np.ndarray, snr_db: float
     return (speech + scaled).astype(np.float32), scaled
 
 
+PEAK = 0.98                  # highest sample level a clip is written at
+
+
+def peak_gain(*clips: np.ndarray) -> float:
+    """The one gain that brings the loudest of `clips` down to PEAK (1.0 when none is
+    above it): scaling whole clips alike keeps their SNR and their clean/noisy pairing."""
+    peak = max((float(np.max(np.abs(x))) for x in clips if len(x)), default=0.0)
+    return min(1.0, PEAK / peak) if peak > 0 else 1.0
+
+
+def pcm16(x: np.ndarray) -> np.ndarray:
+    """Quantize to int16, clipping at full scale (callers scale first: peak_gain)."""
+    return np.round(np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
+
+
 def to_int16(x: np.ndarray) -> np.ndarray:
     """Peak-protect (scale down whole clip, so the SNR is kept) then quantize."""
-    peak = float(np.max(np.abs(x))) if len(x) else 0.0
-    if peak > 0.98:
-        x = x * (0.98 / peak)
-    return np.round(np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
+    return pcm16(x * peak_gain(x))
 
 
 def speech_bounds(x: np.ndarray, threshold: float = 1e-3) -> Tuple[int, int]:

@@ -4,8 +4,8 @@ but no labels): Kaldi data dirs ``{train,dev,test}`` of noise-free speech and, w
 pink, brown or babble noise (same keys, same speech samples: noisy = clean + noise, to
 int16 rounding). WAVs under ``wavs/<dir>/``, the voice inventory ``voices.tsv``.
 This module is the corpus design (a sentence grammar, the voice pool, per-split plans,
-clean and noisy versions); engines, voices, the forked rendering, the stamp and the output
-dir are toolkit.voicebank.corpus.
+clean and noisy versions); engines and voices are toolkit.voicebank.corpus, the forked
+rendering, the stamp and the output dir toolkit.voicebank.corpus_dir.
 
 Texts are sentences from a small grammar (statements, questions, requests, numbers and
 names), one to three per utterance, so that the prosody is that of read sentences rather
@@ -22,7 +22,6 @@ split is the held-out test voices of the full corpus of the same seed plus the r
 ones (an engine that reserves voices is heard through those alone).
 """
 import logging
-import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -31,15 +30,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from toolkit.data import kaldi
-from toolkit.voicebank import SynthError, Voice
-from toolkit.voicebank.corpus import (OTHER_ENGINES_SHARE, SPLITS, CorpusDir, Engines, Group,
-                                corpus_stamp, data_dir_summary, engine_blends, engine_shares,
-                                espeak_voices_here, open_engines, split_by_stratum,
-                                split_with_blends)
+from toolkit.voicebank import SynthError, Voice, seeded_rng
+from toolkit.voicebank.corpus import (OTHER_ENGINES_SHARE, SPLITS, Engines, corpus_stamp,
+                                      engine_blends, engine_shares, espeak_voices_here,
+                                      open_engines, split_by_stratum, split_with_blends)
+from toolkit.voicebank.corpus_dir import CorpusDir, Group, data_dir_summary
 from toolkit.voicebank.espeak import (ACCENTS, INSTALL_HINT, MAX_RANDOM_VOICES, espeak_voices,
-                                private_espeak_data, random_voices)
+                                      private_espeak_data, random_voices)
 from toolkit.voicebank.render import Renderer
-from toolkit.voicebank.signal import active_power, babble_noise, colored_noise, mix_at_snr
+from toolkit.voicebank.signal import NOISE_TYPES, background_noise, mix_at_snr, peak_gain, \
+    pcm16, place_at_level
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,6 @@ PITCH_RANGE = (20, 80)
 LEVEL_DBFS = (-22.0, -12.0)   # active-speech RMS level (DAC trains on speech at -16 dB LUFS)
 SILENCE_S = (0.1, 0.4)        # leading and trailing silence
 SENTENCES = (1, 3)            # sentences per utterance
-NOISE_TYPES = ("white", "pink", "brown", "babble")
-PEAK = 0.98                   # clean and noisy share one gain that keeps both below it
 DATA_FILES = ("wav.scp", "text", "utt2spk", "spk2utt", "utt2dur")
 NOISY_FILES = DATA_FILES + ("utt2noise", "utt2snr")
 
@@ -224,7 +222,7 @@ def plan_split(split: str, n: int, voices: Sequence[Voice], seed: int,
     """The utterances of one split in groups of GROUP_SIZE. Each engine's voices are
     taken in turn (a seeded order), so that every voice speaks about as often."""
     si = SPLITS.index(split)
-    rng = np.random.default_rng([int(seed), 1, si])
+    rng = seeded_rng(seed, 1, si)
     by_engine: Dict[str, List[Voice]] = {}
     for v in voices:
         by_engine.setdefault(v.engine, []).append(v)
@@ -255,19 +253,6 @@ def plan_split(split: str, n: int, voices: Sequence[Voice], seed: int,
 # Rendering (forked children)
 # --------------------------------------------------------------------------------------
 
-def place(speech: np.ndarray, spec: UttSpec, sr: int) -> np.ndarray:
-    """Speech at its active level between the leading and trailing silences (float32)."""
-    lead, trail = int(round(spec.lead_s * sr)), int(round(spec.trail_s * sr))
-    out = np.zeros(lead + len(speech) + trail, np.float32)
-    out[lead:lead + len(speech)] = speech / (math.sqrt(active_power(speech)) + 1e-12) * \
-        10 ** (spec.level_db / 20)
-    return out
-
-
-def _pcm16(x: np.ndarray) -> np.ndarray:
-    return np.round(np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
-
-
 def _render_group(group: Group, tts: Renderer, rng: np.random.Generator, out_dir: str,
                   noisy: bool) -> List[Tuple[str, int, str]]:
     """Child body: every utterance's speech first (the babble pool is the group's other
@@ -278,21 +263,20 @@ def _render_group(group: Group, tts: Renderer, rng: np.random.Generator, out_dir
                             int(rng.integers(2 ** 31))).audio for s in group.specs]
     out = []
     for i, spec in enumerate(group.specs):
-        clean = place(speech[i], spec, sr)
-        peak, noise_used, mixed = float(np.abs(clean).max()), "", None
+        clean = place_at_level(speech[i], sr, spec.level_db, spec.lead_s, spec.trail_s)
+        noise_used, mixed = "", None
         if noisy:
             others = speech[:i] + speech[i + 1:]
             noise_used = spec.noise if spec.noise != "babble" or others else "pink"
-            background = (babble_noise(len(clean), others, rng) if noise_used == "babble"
-                          else colored_noise(len(clean), noise_used, rng, sr))
+            background = background_noise(len(clean), noise_used, rng, sr, others)
             mixed, _ = mix_at_snr(clean, background, spec.snr_db)
-            peak = max(peak, float(np.abs(mixed).max()))
-        gain = min(1.0, PEAK / peak) if peak > 0 else 1.0
+        # one gain for both: the noisy file stays the clean one plus noise
+        gain = peak_gain(clean, mixed) if noisy else peak_gain(clean)
         sf.write(os.path.join(out_dir, "wavs", group.split, spec.utt + ".wav"),
-                 _pcm16(clean * gain), sr, subtype="PCM_16")
+                 pcm16(clean * gain), sr, subtype="PCM_16")
         if noisy:
             sf.write(os.path.join(out_dir, "wavs", group.split + NOISY_SUFFIX,
-                                  spec.utt + ".wav"), _pcm16(mixed * gain), sr, subtype="PCM_16")
+                                  spec.utt + ".wav"), pcm16(mixed * gain), sr, subtype="PCM_16")
         out.append((spec.utt, len(clean), noise_used))
     return out
 
@@ -337,11 +321,8 @@ def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: E
         voices += fixed
     free, reserved = engines.usable(voices)
     mixed = engine_blends(engines.names, blends, seed)
-    if mixed:
-        by_split = split_with_blends(free, mixed, seed, VOICE_SHARE,
-                                     lambda vs: split_voices(vs, seed, max_voices))
-    else:
-        by_split = split_voices(free, seed, max_voices)
+    by_split = split_with_blends(free, mixed, seed, VOICE_SHARE,
+                                 lambda vs: split_voices(vs, seed, max_voices))
     if reserved:
         by_split["test"] = engines.outside_test(by_split["test"], reserved)
     for split in splits:

@@ -3,8 +3,9 @@
 Writes Kaldi data dirs ``{train,dev,test}`` (wav.scp, text, utt2spk, spk2utt, utt2dur,
 spk2voice), the WAVs under ``wavs/<split>/``, ``test/trials`` (Kaldi form: every pair of
 test utterances, `enroll test target|nontarget`) and the voice inventory ``voices.tsv``.
-This module is the corpus design (speakers, their prosody, utterances, trials); engines,
-voices, the forked rendering, the stamp and the output dir are toolkit.voicebank.corpus.
+This module is the corpus design (speakers, their prosody, utterances, trials); engines
+and voices are toolkit.voicebank.corpus, the forked rendering, the stamp and the output
+dir toolkit.voicebank.corpus_dir.
 
 Speakers. espeak-ng's fixed voices (toolkit.voicebank.espeak: accents x variants) come in
 families: the accents of one variant share its voice design (formants, pitch, voice
@@ -40,7 +41,6 @@ of Kokoro, its reserved voices alone).
 import logging
 import os
 import time
-import zlib
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -48,13 +48,15 @@ import numpy as np
 
 from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
-from toolkit.voicebank import SynthError, Voice
-from toolkit.voicebank.corpus import (SPLITS, CorpusDir, Engines, Group, corpus_stamp,
-                                data_dir_summary, engine_blends, espeak_voices_here,
-                                open_engines, split_by_family, split_with_blends)
+from toolkit.voicebank import SynthError, Voice, seeded_rng
+from toolkit.voicebank.corpus import (SPLITS, Engines, corpus_stamp, engine_blends,
+                                      espeak_voices_here, name_stream, open_engines,
+                                      split_by_family, split_by_stratum, split_with_blends)
+from toolkit.voicebank.corpus_dir import CorpusDir, Group, data_dir_summary
 from toolkit.voicebank.espeak import (ACCENTS, MAX_RANDOM_VOICES, espeak_voices,
-                                private_espeak_data, random_voices)
-from toolkit.voicebank.render import NOISE_TYPES, Renderer, place_in_noise
+                                      private_espeak_data, random_voices)
+from toolkit.voicebank.render import Renderer, place_in_noise
+from toolkit.voicebank.signal import NOISE_TYPES
 from toolkit.voicebank.text import random_words
 
 logger = logging.getLogger(__name__)
@@ -85,6 +87,7 @@ BABBLE_POOL = 4              # babble sentences per group, by voices of the same
 # dev voice of three), and of the blends: blends are many, and a slow engine's.
 ENGINE_SPLIT = {"dev": 0.1, "test": 0.2}
 BLEND_SPLIT = {"dev": 0.05, "test": 0.05}
+ENGINE_STREAM = 5            # seeded_rng stream of the engines' held-out voices
 
 
 @dataclass(frozen=True)
@@ -150,14 +153,6 @@ class UttSpec:
     trail_s: float = 0.3
 
 
-def _rng(seed: int, *stream: int) -> np.random.Generator:
-    return np.random.default_rng([int(seed), *stream])
-
-
-def _name_stream(name: str) -> int:
-    return zlib.crc32(name.encode("utf-8"))
-
-
 # --------------------------------------------------------------------------------------
 # Speakers
 # --------------------------------------------------------------------------------------
@@ -174,24 +169,13 @@ def split_engine_voices(voices: Sequence[Voice], seed: int) -> Dict[str, List[Vo
     dev their ENGINE_SPLIT fractions (one test voice of two or more, one dev voice of
     three or more), drawn from a stream of the seed and the engine's name over its own
     voices alone, so that its held-out voices do not depend on the other engines named."""
-    out: Dict[str, List[Voice]] = {s: [] for s in SPLITS}
-    by_engine: Dict[str, List[Voice]] = {}
-    for v in sorted(voices, key=lambda v: v.spk):
-        by_engine.setdefault(v.engine, []).append(v)
-    for engine, own in sorted(by_engine.items()):
-        order = [own[i] for i in _rng(seed, 5, _name_stream(engine)).permutation(len(own))]
-        n = len(order)
-        n_test = max(1, round(ENGINE_SPLIT["test"] * n)) if n >= 2 else 0
-        n_dev = max(1, round(ENGINE_SPLIT["dev"] * n)) if n >= 3 else 0
-        out["test"] += order[:n_test]
-        out["dev"] += order[n_test:n_test + n_dev]
-        out["train"] += order[n_test + n_dev:]
-    return {s: sorted(vs, key=lambda v: v.spk) for s, vs in out.items()}
+    return split_by_stratum(voices, seed, ENGINE_SPLIT, stratum=lambda v: v.engine,
+                            own_streams=ENGINE_STREAM)
 
 
 def speaker_profile(voice: Voice, seed: int) -> Speaker:
     """A voice's own rate, pitch and range, from a stream of its name."""
-    rng = _rng(seed, 1, _name_stream(voice.spk))
+    rng = seeded_rng(seed, 1, name_stream(voice.spk))
     return Speaker(voice.spk, voice, int(rng.integers(BASE_RATE_WPM[0], BASE_RATE_WPM[1] + 1)),
                    int(rng.integers(BASE_PITCH[0], BASE_PITCH[1] + 1)),
                    int(rng.integers(BASE_RANGE[0], BASE_RANGE[1] + 1)))
@@ -205,7 +189,7 @@ def plan_utterances(speaker: Speaker, count: int, seed: int, snr_db: Tuple[float
                     words: Tuple[int, int] = WORDS_PER_UTT) -> List[UttSpec]:
     """`count` utterances of one speaker, from a stream of the speaker's name: the first
     n of them are the same whatever `count` is."""
-    rng = _rng(seed, 2, _name_stream(speaker.spk))
+    rng = seeded_rng(seed, 2, name_stream(speaker.spk))
     specs = []
     for u in range(count):
         rate = speaker.rate * (1 + float(rng.uniform(-RATE_SPREAD, RATE_SPREAD)))
@@ -234,7 +218,7 @@ def plan_groups(split: str, speakers: Sequence[Speaker], utts: int, seed: int,
     # Babble is noise: espeak-ng speaks it when the split has its voices (~1 ms a
     # sentence, where a neural engine takes a second).
     talkers = [s for s in speakers if s.voice.engine == "espeak"] or list(speakers)
-    rng = _rng(seed, 3, si)
+    rng = seeded_rng(seed, 3, si)
     groups = []
     for g, start in enumerate(range(0, len(specs), GROUP_SIZE)):
         babble = []

@@ -1,0 +1,282 @@
+"""The texts of the synthetic wake-word corpus (toolkit.tasks.kws.corpus): keyword
+phrases, the carrier phrases positives are said in, random negatives, and confusables
+(parts of a keyword, its words reordered, near-homophones from a hand-written table and
+from spelling rules). `TextFilter` keeps every negative free of a keyword, by words and by
+sound (espeak-ng phonemes). Every draw comes from the caller's numpy generator, so that
+a corpus plan stays a pure function of its seed."""
+import re
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from toolkit.voicebank import SynthError
+
+RANDOM_WORDS = (2, 8)        # words of a random negative
+POS_ALONE = 0.4              # positives with no carrier phrase
+
+CARRIERS = (
+    "{kw} turn on the lights", "okay {kw}", "hmm {kw} what time is it",
+    "{kw} play some music", "{kw} what is the weather like today", "um {kw}",
+    "{kw} set a timer for ten minutes", "{kw} stop", "hello {kw}",
+    "{kw} call my mother", "well {kw} are you there", "{kw} turn it off",
+    "so {kw} how are you", "{kw} open the door", "please {kw} start the music",
+    "{kw} how far is the station", "oh {kw} can you hear me", "{kw} volume up",
+    "right {kw} read my messages", "{kw} good morning",
+)
+
+VOCAB = tuple("""
+a about above across act add after again against age ago air all almost alone along
+already also always am among an and animal another answer any anything appear apple
+are area arm around art as ask at away baby back bad bag ball bank bar base be bear
+beat beautiful became because become bed been before began begin behind being believe
+below best better between big bird bit black blue board boat body book both bottom box
+boy bread break bring brother brown build built burn bus busy but buy by cake call
+came can car card care carry case cat catch cause center certain chair change check
+child children city class clean clear close cloud coffee cold color come common
+complete could country course cover cross cup cut dark day dead deal dear deep did
+different dinner do doctor does dog done door down draw dream dress drink drive dry
+during each early earth east easy eat egg eight either else end enough even evening
+ever every example eye face fact fall family far farm fast father feel feet few field
+fill final find fine fire first fish five floor flower fly follow food foot for force
+form four free friend from front full game garden gave get girl give glass go gold
+gone good got great green ground group grow had hair half hand happen happy hard has
+have he head hear heard heart heat heavy held help her here high hill him his hold
+home hope horse hot hour house how however hundred idea if important in inside into
+is island it its job just keep kept kind king knew know land large last late later
+laugh learn least leave left leg less let letter life light like line list listen
+little live long look lost lot loud love low made make man many map mark market may
+me mean measure meet men might mile milk mind minute miss money month moon more
+morning most mother mountain move much music must my name near need never new next
+nice night nine no north not note nothing now number of off often oil old on once one
+only open or order other our out over own page paper park part party pass past pay
+people person pick picture piece place plan plant play point poor possible power
+pretty problem pull push put question quick quiet rain ran reach read ready real red
+remember rest rich ride right river road rock room round rule run said same sat saw
+say school sea second see seem seen sell send sentence seven several shall she ship
+shop short should show side simple since sing sister sit six size sleep slow small
+snow so some something song soon sound south speak special spring stand star start
+state stay step still stone stood story street strong study such summer sun sure
+table take talk tall tea teacher tell ten than thank that the their them then there
+these they thing think third this those though thought three through time to today
+together told too took top touch tower town train travel tree true try turn twelve
+two under until up upon us use very visit voice wait walk wall want warm was watch
+water way we wear weather week well went were west what wheel when where which while
+white who whole why wide wife will wind window winter with without woman wonder wood
+word work world would write wrong yard year yellow yes yet you young your
+""".split())
+
+# Hand-written near-homophones; the rule-based generator below covers everything else.
+CONFUSION_TABLE = {
+    "hey": ("hay", "hi", "say", "hello", "they", "heya"),
+    "hi": ("hey", "high", "my", "bye"),
+    "ok": ("oak", "okra", "hokey"), "okay": ("ok", "croquet", "hokey", "obey"),
+    "computer": ("commuter", "compute", "competer", "computing"),
+    "alexa": ("alexis", "alexander", "a lexus", "election"),
+    "google": ("goggle", "googly", "noodle", "doodle"),
+    "siri": ("serious", "sierra", "cereal", "series"),
+    "snips": ("snaps", "ships", "snip", "tips", "snipes", "slips"),
+    "jarvis": ("davis", "jars", "harvest", "service"),
+    "marvin": ("marvel", "martin", "marlin", "carving"),
+}
+_ONSETS = ("b", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "w", "ch",
+           "sh", "th", "bl", "br", "cl", "cr", "dr", "fl", "gr", "pl", "sl", "sn", "sp",
+           "st", "tr")
+_VOWELS = ("a", "e", "i", "o", "u", "ee", "ay", "oo", "oa", "ai", "ow", "ie")
+_WORD_RE = re.compile(r"^[a-z0-9']+$")
+
+
+# --------------------------------------------------------------------------------------
+# Keywords and their confusables
+# --------------------------------------------------------------------------------------
+
+def normalize_keyword(keyword: str) -> str:
+    """Lowercase, single-spaced keyword; raises SynthError when empty or unspeakable."""
+    words = str(keyword).lower().replace("-", " ").split()
+    if not words:
+        raise SynthError(f"empty keyword {keyword!r}: give a phrase such as --keyword 'hey snips'")
+    bad = [w for w in words if not _WORD_RE.match(w)]
+    if bad:
+        raise SynthError(f"keyword {keyword!r}: words may only hold letters, digits and "
+                         f"apostrophes, got {bad}")
+    return " ".join(words)
+
+
+def contains_phrase(words: Sequence[str], phrase: Sequence[str]) -> bool:
+    """True when `phrase` occurs in `words` as a contiguous word sequence."""
+    return count_phrase(words, phrase) > 0
+
+
+def count_phrase(words: Sequence[str], phrase: Sequence[str]) -> int:
+    n = len(phrase)
+    if n == 0:
+        return 0
+    return sum(1 for i in range(len(words) - n + 1) if tuple(words[i:i + n]) == tuple(phrase))
+
+
+def similar_words(word: str) -> List[str]:
+    """Spellings that sound close to `word`: table entries, changed first consonant
+    cluster, changed vowel groups, and a dropped or added final `s`. Sorted, deterministic,
+    works for any word (espeak pronounces nonsense spellings by its letter rules)."""
+    out = set(CONFUSION_TABLE.get(word, ()))
+    onset = re.match(r"y?[^aeiouy]*", word).group(0)   # a leading y is a consonant
+    rest = word[len(onset):]
+    for o in _ONSETS:
+        if o != onset and rest:
+            out.add(o + rest)
+    for g in re.finditer(r"[aeiouy]+", word):
+        if g.start() == 0 and g.group(0) == "y":
+            continue                        # a leading y is a consonant (yes, you)
+        for v in _VOWELS:
+            if v != g.group(0):
+                out.add(word[:g.start()] + v + word[g.end():])
+    if word.endswith("s") and len(word) > 3:
+        out.add(word[:-1])
+    else:
+        out.add(word + "s")
+    if len(word) > 3 and word[-1] not in "aeiouy":
+        out.add(word[:-1])                  # dropped final consonant: snips -> snip
+    return sorted(w for w in out if w != word and len(w.replace(" ", "")) >= 2
+                  and all(_WORD_RE.match(p) for p in w.split()))
+
+
+def confusable_categories(keyword: str) -> Dict[str, List[str]]:
+    """Candidate confusable phrases for one keyword, by category (unfiltered).
+    `context` is generated at sampling time (keyword pieces inside random words)."""
+    words = keyword.split()
+    n = len(words)
+    cats: Dict[str, List[str]] = {}
+    cats["alone"] = sorted(set(words)) if n > 1 else []
+    cats["partial"] = sorted({" ".join(words[i:j]) for i in range(n) for j in range(i + 2, n + 1)
+                              if j - i < n})
+    cats["reorder"] = sorted({f"{words[x]} {words[y]}" for x in range(n) for y in range(n)
+                              if x != y and y != x + 1})   # not in keyword order
+    sims = {w: similar_words(w) for w in sorted(set(words))}
+    cats["common"] = sorted({s for w in words for s in CONFUSION_TABLE.get(w, ())})
+    cats["similar"] = sorted({s for lst in sims.values() for s in lst})
+    cats["substitute"] = sorted({" ".join(words[:i] + [s] + words[i + 1:])
+                                 for i, w in enumerate(words) for s in sims[w]} if n > 1 else [])
+    return cats
+
+
+# --------------------------------------------------------------------------------------
+# Keeping keywords out of the negatives
+# --------------------------------------------------------------------------------------
+
+class TextFilter:
+    """Rejects texts that contain a keyword, by words or by sound (espeak phonemes of
+    each word under every accent, stress marks and word gaps removed)."""
+
+    def __init__(self, keywords: Sequence[str], phonemes: Dict[str, Dict[str, str]]):
+        self.keywords = [k.split() for k in keywords]
+        self.phonemes = phonemes          # accent -> word -> phoneme string
+
+    def _sound(self, words: Sequence[str], accent: str) -> str:
+        table = self.phonemes[accent]
+        return "".join(table.get(w, "?" + w + "?") for w in words)
+
+    def is_negative(self, text: str) -> bool:
+        words = text.split()
+        if any(contains_phrase(words, k) for k in self.keywords):
+            return False
+        for accent in self.phonemes:
+            sound = self._sound(words, accent)
+            if any(self._sound(k, accent) in sound for k in self.keywords):
+                return False
+        return True
+
+
+def clean_phonemes(s: str) -> str:
+    """espeak-ng phonemes without stress marks and word gaps (TextFilter compares these)."""
+    return re.sub(r"[\s',_]", "", s)
+
+
+def lexicon_words(keywords: Sequence[str]) -> List[str]:
+    """Every word a planned text can contain: vocabulary, carriers, keywords, confusables."""
+    words = set(VOCAB)
+    for c in CARRIERS:
+        words.update(w for w in c.split() if w != "{kw}")
+    for k in keywords:
+        for cat in confusable_categories(k).values():
+            for phrase in cat:
+                words.update(phrase.split())
+        words.update(k.split())
+    return sorted(words)
+
+
+# --------------------------------------------------------------------------------------
+# Drawing the texts of a plan
+# --------------------------------------------------------------------------------------
+
+def random_vocab_words(rng: np.random.Generator, lo: int, hi: int) -> List[str]:
+    """`lo` to `hi` words of VOCAB, drawn with replacement."""
+    return [VOCAB[int(i)] for i in rng.integers(len(VOCAB), size=int(rng.integers(lo, hi + 1)))]
+
+
+def positive_text(rng, kw: str, keywords: Sequence[str]) -> str:
+    """Keyword alone or in a carrier phrase that adds no other keyword."""
+    for _ in range(50):
+        if rng.random() < POS_ALONE:
+            return kw
+        text = CARRIERS[int(rng.integers(len(CARRIERS)))].format(kw=kw)
+        words, kww = text.split(), kw.split()
+        if all(count_phrase(words, o.split()) == count_phrase(kww, o.split()) for o in keywords):
+            return text
+    return kw
+
+
+def negative_text(rng, filt: TextFilter, lo: int = RANDOM_WORDS[0],
+                   hi: int = RANDOM_WORDS[1]) -> str:
+    """Random vocabulary words that neither contain nor sound like a keyword."""
+    for _ in range(200):
+        text = " ".join(random_vocab_words(rng, lo, hi))
+        if filt.is_negative(text):
+            return text
+    raise SynthError("could not draw a random negative free of the keywords")
+
+
+def confusable_text(i: int, rng, keywords: Sequence[str], cats: Dict[str, Dict[str, List[str]]],
+                     filt: TextFilter) -> str:
+    """The i-th confusable: keywords and categories taken in turn (so the first ones cover
+    every keyword word alone), the item random within its category."""
+    kw = keywords[i % len(keywords)]
+    j = i // len(keywords)
+    kcats = cats[kw]
+    names = [c for c in ("alone", "reorder", "common", "similar", "substitute", "partial")
+             if kcats[c]]
+    names.append("context")
+    name = names[j % len(names)]
+    words = kw.split()
+    for attempt in range(100):
+        if name == "alone":       # deterministic walk: covers each word early
+            items = kcats["alone"]
+            text = items[(j // len(names) + attempt) % len(items)]
+        elif name == "context":   # a piece of the keyword among random words
+            if len(words) > 1:
+                a = int(rng.integers(len(words)))
+                b = int(rng.integers(a + 1, len(words) + 1))
+                piece = words[a:b - 1] if b - a == len(words) else words[a:b]   # proper part
+            else:
+                sims = kcats["similar"]
+                piece = [sims[int(rng.integers(len(sims)))]] if sims else []
+            text = " ".join(random_vocab_words(rng, 0, 2) + piece + random_vocab_words(rng, 1, 3))
+        else:
+            items = kcats[name]
+            text = items[int(rng.integers(len(items)))]
+        if filt.is_negative(text):
+            return text
+    return negative_text(rng, filt)
+
+
+def hard_confusable_text(i: int, rng, keywords: Sequence[str],
+                          cats: Dict[str, Dict[str, List[str]]], filt: TextFilter) -> str:
+    """The i-th hard confusable: a near-homophone of the whole keyword (one word changed in
+    a phrase, the word changed for a one-word keyword), keywords taken in turn."""
+    kw = keywords[i % len(keywords)]
+    items = cats[kw]["substitute"] or cats[kw]["similar"]
+    for _ in range(100):
+        if not items:
+            break
+        text = items[int(rng.integers(len(items)))]
+        if filt.is_negative(text):
+            return text
+    return confusable_text(i, rng, keywords, cats, filt)
