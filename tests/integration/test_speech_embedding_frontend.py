@@ -21,6 +21,7 @@ from toolkit.task import validate
 from toolkit.data import features as F
 from toolkit.tasks.kws.data import keyword_end_frame
 from installed import INSTALL_HINT, require_engine
+from test_recipe_wake_word import tiny_corpus_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "wake_word", "s0")
@@ -452,9 +453,7 @@ def test_killed_training_on_embeddings_resumes_bitwise(tmp_path):
 
 # ----------------------------------------------------------------------------- recipe
 
-TINY = ["--num-train-pos", "40", "--num-train-neg", "60", "--num-dev-pos", "10",
-        "--num-dev-neg", "14", "--num-test-pos", "12", "--num-test-neg", "24",
-        "--num-procs", "1", "--average-num", "2", "--train-overrides",
+TINY = ["--num-procs", "1", "--average-num", "2", "--train-overrides",
         "training.max_epoch=3 dataset.max_frames_in_batch=300 training.log_interval=2"]
 
 
@@ -462,7 +461,8 @@ TINY = ["--num-train-pos", "40", "--num-train-neg", "60", "--num-dev-pos", "10",
 def test_recipe_stages_with_speech_embedding_frontend(tmp_path):
     data, exp = tmp_path / "data", tmp_path / "exp"
     cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--keyword", "hey jarvis", "--data",
-           str(data), "--exp", str(exp), "--frontend", "speech_embedding", *TINY]
+           str(data), "--exp", str(exp), "--frontend", "speech_embedding",
+           "--corpus-config", tiny_corpus_config(tmp_path / "corpus.yaml"), *TINY]
     t0 = time.time()
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]

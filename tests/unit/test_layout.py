@@ -388,17 +388,11 @@ KEYWORD_RECIPES = ("wake_word/s0", "hey_snips/s0", "hi_xiaowen/s0", "speech_comm
 SOURCED = re.compile(r"^\s*(?:\.|source)\s+(\S+)", re.M)
 
 
-def recipe_params():
-    """Every egs/*/*/run.sh; those outside the keyword family are expected to fail until
-    their stages are inline too (the speaker and codec recipes' own change)."""
-    for path in sorted(glob.glob(os.path.join(ROOT, "egs", "*", "*", "run.sh"))):
-        recipe = os.path.relpath(os.path.dirname(path), os.path.join(ROOT, "egs"))
-        marks = () if recipe in KEYWORD_RECIPES else pytest.mark.xfail(
-            reason="speaker/codec recipes still source utils/*_stages.sh", strict=False)
-        yield pytest.param(recipe, marks=marks, id=recipe)
+RECIPES = sorted(os.path.relpath(os.path.dirname(p), os.path.join(ROOT, "egs"))
+                 for p in glob.glob(os.path.join(ROOT, "egs", "*", "*", "run.sh")))
 
 
-@pytest.mark.parametrize("recipe", list(recipe_params()))
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_recipes_hold_their_stages_inline(recipe):
     """A recipe's run.sh shows its stages' commands: it sources no utils/*_stages.sh that
     reads the recipe's variables (path.sh and utils/parse_options.sh are sourced, as in
@@ -409,6 +403,21 @@ def test_recipes_hold_their_stages_inline(recipe):
     assert set(sourced) <= {"./path.sh", "utils/parse_options.sh"}, sourced
 
 
-def test_no_shared_keyword_stages_file():
+def test_no_shared_stages_file():
     assert all(os.path.isdir(os.path.join(ROOT, "egs", r)) for r in KEYWORD_RECIPES)
-    assert not os.path.exists(os.path.join(ROOT, "utils", "kws_stages.sh"))
+    assert not glob.glob(os.path.join(ROOT, "utils", "*_stages.sh"))
+
+
+# The same step has the same number in every recipe (a user who knows one knows all).
+STAGE_OF_STEP = {"training": 3, "averaging": 4, "export": 5}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_numbers_its_steps_alike(recipe):
+    text = open(os.path.join(ROOT, "egs", recipe, "run.sh"), encoding="utf-8").read()
+    announced = re.findall(r'echo "stage (-?\d+): (\w+)', text)
+    for step, number in STAGE_OF_STEP.items():
+        stages = {int(n) for n, word in announced if word == step}
+        assert stages == {number}, f"{recipe}: '{step}' is stage {sorted(stages)}, not {number}"
+    # stage 1 makes the data lists (with an inventory first for the speaker family)
+    assert any(n == "1" for n, _ in announced), recipe

@@ -38,6 +38,8 @@ import sys
 import tempfile
 from typing import Dict
 
+import yaml
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer_memory import train_and_measure  # noqa: E402  (this folder's sibling tool)
 
@@ -111,10 +113,19 @@ def build_corpus(out_dir: str, sizes: Dict[str, int] = CORPUS) -> None:
     data = os.path.join(os.path.abspath(out_dir), "data")
     if os.path.exists(f"{data}/train/global_cmvn.json"):
         return
-    sizes = [a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-    cmd = ["bash", "run.sh", "--stage", "0", "--stop-stage", "2", "--data", data, *sizes]
+    # The recipe's corpus settings with these sizes (run.sh takes them as a file).
+    recipe = os.path.join(ROOT, "egs", "wake_word", "s0")
+    with open(os.path.join(recipe, "conf", "corpus.yaml"), encoding="utf-8") as f:
+        settings = yaml.safe_load(f)
+    settings.update(sizes)
+    os.makedirs(out_dir, exist_ok=True)
+    corpus_config = os.path.join(os.path.abspath(out_dir), "corpus.yaml")
+    with open(corpus_config, "w", encoding="utf-8") as f:
+        yaml.safe_dump(settings, f)
+    cmd = ["bash", "run.sh", "--stage", "0", "--stop-stage", "2", "--data", data,
+           "--corpus-config", corpus_config]
     print("building the corpus:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=os.path.join(ROOT, "egs", "wake_word", "s0"), check=True)
+    subprocess.run(cmd, cwd=recipe, check=True)
 
 
 def count_and_seconds(path: str):

@@ -6,7 +6,7 @@ Resemblyzer 0.1.4 (Apache-2.0) is a GE2E speaker encoder (3-layer LSTM, 40 mel b
 set is embedded as its authors embed one: `VoiceEncoder("cpu").embed_utterance(
 preprocess_wav(audio, sample_rate))` (volume normalisation, long silences cut with
 webrtcvad, then the mean of the partial embeddings). The embeddings are written as Kaldi
-vectors (kaldiio, what stage 6 of utils/sv_stages.sh writes) and each trial list is
+vectors (kaldiio, what utils/sv_embed.sh writes in a speaker recipe's stage 6) and each trial list is
 scored with score_speaker:
 
   * `resemblyzer`: plain cosine, no cohort (as Resemblyzer is meant to be used);
@@ -14,7 +14,7 @@ scored with score_speaker:
     training cohort subtracted and AS-Norm over it (the cohort embedded by Resemblyzer:
     speaker means of the first --cohort-utts-per-spk utterances of each speaker).
 
-Test sets and trial lists are found as utils/sv_stages.sh finds them in a recipe's data
+Test sets and trial lists are found as a speaker recipe's stage 6 names them in a recipe's data
 dir: each set's `trials` and `trials_*`, named by file (the first set) or `<set>_<file>`
 with `/` as `_` and a trailing /test dropped (the other sets), so that each --exp's
 `score/<name>/result.json` is the same list scored by the recipe; the table puts them side
@@ -76,7 +76,7 @@ def get_args(argv=None):
 # ------------------------------------------------------------------------------ trials
 
 def score_name(test_set: str, first_set: str, trials_path: str) -> str:
-    """The score dir name utils/sv_stages.sh gives a trial list."""
+    """The score dir name utils/sv_score.sh gives a trial list."""
     name = os.path.basename(trials_path)
     if name.endswith(".txt"):
         name = name[:-4]
@@ -270,7 +270,7 @@ def main(argv=None):
     listed = find_trials(args.data, test_sets)
     for exp in args.exp:
         if not os.path.isdir(os.path.join(exp, "score")):
-            raise MissingInputError(f"{exp}/score not found (run the recipe's stage 7)")
+            raise MissingInputError(f"{exp}/score not found (run the recipe's stage 6)")
     load_encoder()                     # a missing install fails before any work
     embeddings = {s: embed_set(os.path.join(args.data, s),
                                os.path.join(args.out_dir, "embeddings", s), args.nj)

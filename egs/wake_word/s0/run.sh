@@ -35,6 +35,7 @@ stop_stage=6
 keyword="hey snips"
 seed=777           # the corpus: its voices, texts and noise (one seed, one corpus)
 corpus_config=conf/corpus.yaml  # the corpus's sizes and mix (synth_kws_data options)
+corpus_opts=""     # generator options over $corpus_config, e.g. "--other-share 0.4 --blends 200"
 # TTS engines that speak (comma list; conf/corpus.yaml gives the share of those besides
 # espeak-ng); stage 0 installs those that need it (tools/install_voices.sh).
 engines=espeak
@@ -92,7 +93,9 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     | grep -xE 'kokoro|rhvoice|pico|mbrola|festival|flite' | sort -u | tr '\n' ' ' || true)
   # shellcheck disable=SC2086
   [ -z "$needs_install" ] || bash "$TOOLKIT_ROOT/tools/install_voices.sh" $needs_install
-  python -m toolkit.bin.synth_kws_data --config "$corpus_config" --keyword "$keyword" \
+  # $corpus_opts is split into separate options on purpose.
+  # shellcheck disable=SC2086
+  python -m toolkit.bin.synth_kws_data --config "$corpus_config" $corpus_opts --keyword "$keyword" \
     --out-dir "$data" --seed "$seed" --engines "$engines" --nj "$nj"
   for e in ${outside_engines//,/ }; do
     python -m toolkit.bin.synth_kws_data --config conf/outside_corpus.yaml --test-only \
