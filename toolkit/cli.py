@@ -83,9 +83,14 @@ def parse_with_options_file(parser: argparse.ArgumentParser,
             for flag in action.option_strings:
                 if flag.startswith("--"):
                     by_name[flag[2:].replace("-", "_")] = action
-        values = []
+        values, seen = [], {}
         for key, value in raw.items():
             action = by_name.get(str(key).replace("-", "_"))
+            if action is not None and action.dest in seen:
+                parser.error(f"{known.config}: '{key}' and '{seen[action.dest]}' name the same "
+                             "option")
+            if action is not None:
+                seen[action.dest] = key
             if action is None or action.dest in ("help", "config"):
                 parser.error(f"{known.config}: unknown option '{key}' (this binary's options: "
                              f"{', '.join(sorted(k for k in by_name if k not in ('help', 'config')))})")

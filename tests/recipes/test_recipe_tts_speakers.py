@@ -30,7 +30,7 @@ SIZES = ["--num-train-speakers", "8", "--train-utts", "4", "--num-dev-speakers",
          "--dev-utts", "3", "--num-test-speakers", "4", "--test-utts", "3"]
 # The recipe's corpus settings (conf/corpus.yaml: the seed) at the sizes above.
 CORPUS = "defaults: [{recipe}/conf/corpus.yaml]\n" + "".join(
-    f"{k[2:]}: {v}\n" for k, v in zip(SIZES[::2], SIZES[1::2]))
+    f"{k[2:].replace('-', '_')}: {v}\n" for k, v in zip(SIZES[::2], SIZES[1::2]))
 # The default config (ECAPA-TDNN) at a tiny width.
 TINY = ("model.channels=16 model.mfa_channels=32 model.se_bottleneck=8 "
         "model.attention_bottleneck=8 model.embed_dim=16 task.chunk_frames=50 "

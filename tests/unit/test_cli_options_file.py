@@ -41,6 +41,7 @@ def test_repeated_options_come_from_a_list(tmp_path):
     ("num_train_pos: seven\n", "invalid int value: 'seven'"),
     ("test_only: 3\n", "takes true or false"),
     ("- 1\n", "expected a mapping"),
+    ("num_train_pos: 7\nnum-train-pos: 8\n", "name the same option"),
 ])
 def test_mistakes_name_the_file_and_the_key(tmp_path, capsys, text, message):
     conf = tmp_path / "corpus.yaml"
