@@ -1,6 +1,6 @@
 """The small utils/ scripts the speaker recipes' stages call with explicit arguments:
-sv_cohort_list.sh (the AS-Norm cohort's list, rewritten only when it changes),
-sv_embed.sh (one embedding dir per list, stale ones removed first) and sv_score.sh
+speaker_cohort_list.sh (the AS-Norm cohort's list, rewritten only when it changes),
+speaker_embed.sh (one embedding dir per list, stale ones removed first) and speaker_score.sh
 (score dir names and the summary). The binaries they call are stood in for by a `python`
 on PATH that records its arguments: the recipes' own tests run the real ones."""
 import json
@@ -54,15 +54,15 @@ def test_cohort_list_keeps_the_first_utterances_of_each_speaker(tmp_path):
     data_list = tmp_path / "data.list"
     data_list.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "cohort_2.list"
-    result = run(tmp_path, "sv_cohort_list.sh", 2, data_list, out)
+    result = run(tmp_path, "speaker_cohort_list.sh", 2, data_list, out)
     assert result.returncode == 0, result.stderr
     assert [json.loads(l)["key"] for l in out.read_text().splitlines()] == \
         ["a-0", "c-0", "a-1", "b-0", "b-1"]
     # The same list again leaves the file alone: a newer one means a new extraction.
     os.utime(out, (1, 1))
-    assert run(tmp_path, "sv_cohort_list.sh", 2, data_list, out).returncode == 0
+    assert run(tmp_path, "speaker_cohort_list.sh", 2, data_list, out).returncode == 0
     assert os.stat(out).st_mtime == 1 and not (tmp_path / "cohort_2.list.tmp").exists()
-    assert run(tmp_path, "sv_cohort_list.sh", 1, data_list, out).returncode == 0
+    assert run(tmp_path, "speaker_cohort_list.sh", 1, data_list, out).returncode == 0
     assert len(out.read_text().splitlines()) == 3
 
 
@@ -75,7 +75,7 @@ def test_embed_removes_what_an_older_export_or_another_list_made(tmp_path):
     emb = tmp_path / "emb"
     for path in (model, a, b):
         os.utime(path, (1, 1))
-    result = run(tmp_path, "sv_embed.sh", "--nj", 3, model, emb, f"test={a}", f"outside/test={b}")
+    result = run(tmp_path, "speaker_embed.sh", "--nj", 3, model, emb, f"test={a}", f"outside/test={b}")
     assert result.returncode == 0, result.stderr
     assert calls(tmp_path) == [
         f"-m toolkit.bin.extract_embeddings --model {model} --data-list {a} "
@@ -85,16 +85,16 @@ def test_embed_removes_what_an_older_export_or_another_list_made(tmp_path):
     assert (emb / "outside" / "test" / ".source").read_text() == f"{b}\n"
     # A part of the same export and list is resumed (kept); of another list, made again.
     (emb / "test" / "part").write_text("done")
-    assert run(tmp_path, "sv_embed.sh", model, emb, f"test={a}").returncode == 0
+    assert run(tmp_path, "speaker_embed.sh", model, emb, f"test={a}").returncode == 0
     assert (emb / "test" / "part").exists()
-    assert run(tmp_path, "sv_embed.sh", model, emb, f"test={b}").returncode == 0
+    assert run(tmp_path, "speaker_embed.sh", model, emb, f"test={b}").returncode == 0
     assert not (emb / "test" / "part").exists()
     assert (emb / "test" / ".source").read_text() == f"{b}\n"
     # A newer export: made again.
     (emb / "test" / "part").write_text("done")
     os.utime(emb / "test" / ".source", (1, 1))
     model.write_text("m2")
-    assert run(tmp_path, "sv_embed.sh", model, emb, f"test={b}").returncode == 0
+    assert run(tmp_path, "speaker_embed.sh", model, emb, f"test={b}").returncode == 0
     assert not (emb / "test" / "part").exists()
 
 
@@ -102,7 +102,7 @@ def test_score_names_the_lists_of_other_sets_by_their_set(tmp_path):
     sys_dir = tmp_path / "exp" / "ecapa"
     (sys_dir / "score").mkdir(parents=True)
     (sys_dir / "score" / "summary.txt").write_text("an older run's line\n")
-    result = run(tmp_path, "sv_score.sh", "--as-norm-top", 4, sys_dir,
+    result = run(tmp_path, "speaker_score.sh", "--as-norm-top", 4, sys_dir,
                  "test=/d/test/trials", "test=/d/test/trials_kokoro",
                  "outside/test=/d/outside/test/trials", "vox1=/d/trials/vox1_O.txt")
     assert result.returncode == 0, result.stderr
@@ -116,5 +116,5 @@ def test_score_names_the_lists_of_other_sets_by_their_set(tmp_path):
                      f"--out-dir {sys_dir}/score/trials --name ecapa trials")
     assert f"--embeddings {sys_dir}/embeddings/outside/test/embeddings.scp" in calls(tmp_path)[2]
     # The usage is named when arguments are missing.
-    usage = run(tmp_path, "sv_score.sh", sys_dir)
+    usage = run(tmp_path, "speaker_score.sh", sys_dir)
     assert usage.returncode == 1 and "usage:" in usage.stderr

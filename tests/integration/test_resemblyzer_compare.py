@@ -52,7 +52,7 @@ def test_a_test_set_without_trials_is_named(corpus, tmp_path):
 
 def test_resemblyzer_scored_by_score_speaker_beside_a_recipe(corpus, tmp_path):
     require_module("resemblyzer", "bash tools/install_resemblyzer.sh")
-    # A recipe's scores of the same list, as its scoring stage (utils/sv_score.sh) leaves them.
+    # A recipe's scores of the same list, as its scoring stage (utils/speaker_score.sh) leaves them.
     exp = tmp_path / "exp_x"
     (exp / "score" / "trials").mkdir(parents=True)
     recipe = {"eer_percent": 12.5, "eer_threshold": 0.3, "min_dcf_0.01": 0.9,

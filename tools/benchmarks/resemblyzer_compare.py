@@ -6,7 +6,7 @@ Resemblyzer 0.1.4 (Apache-2.0) is a GE2E speaker encoder (3-layer LSTM, 40 mel b
 set is embedded as its authors embed one: `VoiceEncoder("cpu").embed_utterance(
 preprocess_wav(audio, sample_rate))` (volume normalisation, long silences cut with
 webrtcvad, then the mean of the partial embeddings). The embeddings are written as Kaldi
-vectors (kaldiio, what utils/sv_embed.sh writes in a speaker recipe's stage 6) and each trial list is
+vectors (kaldiio, what utils/speaker_embed.sh writes in a speaker recipe's stage 6) and each trial list is
 scored with score_speaker:
 
   * `resemblyzer`: plain cosine, no cohort (as Resemblyzer is meant to be used);
@@ -76,7 +76,7 @@ def get_args(argv=None):
 # ------------------------------------------------------------------------------ trials
 
 def score_name(test_set: str, first_set: str, trials_path: str) -> str:
-    """The score dir name utils/sv_score.sh gives a trial list."""
+    """The score dir name utils/speaker_score.sh gives a trial list."""
     name = os.path.basename(trials_path)
     if name.endswith(".txt"):
         name = name[:-4]

@@ -217,7 +217,7 @@ if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
 fi
 
 # The sets stages 6 and 7 embed, and every trial list of both test sets (all pairs, and
-# the pairs within each engine) as SET=FILE: utils/sv_score.sh names those of the outside
+# the pairs within each engine) as SET=FILE: utils/speaker_score.sh names those of the outside
 # set outside_<file>.
 embed_sets=("test=$data/test/data.list" "outside/test=$data/outside/test/data.list"
             "cohort=$cohort_list")
@@ -230,15 +230,15 @@ done
 
 if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   if [ "$cohort_utts_per_spk" -gt 0 ]; then
-    utils/sv_cohort_list.sh "$cohort_utts_per_spk" "$data/train/data.list" "$cohort_list"
+    utils/speaker_cohort_list.sh "$cohort_utts_per_spk" "$data/train/data.list" "$cohort_list"
   fi
   for sys in "${systems[@]}"; do
     echo "stage 6: embeddings of test, outside/test and the cohort with $sys/export/model.onnx"
-    utils/sv_embed.sh --nj "$nj" "$sys/export/model.onnx" "$sys/embeddings" "${embed_sets[@]}"
+    utils/speaker_embed.sh --nj "$nj" "$sys/export/model.onnx" "$sys/embeddings" "${embed_sets[@]}"
   done
   for sys in "${systems[@]}"; do
     echo "stage 6: scoring with $sys"
-    utils/sv_score.sh --as-norm-top "$as_norm_top" "$sys" "${trials[@]}"
+    utils/speaker_score.sh --as-norm-top "$as_norm_top" "$sys" "${trials[@]}"
   done
   for sys in "${systems[@]}"; do
     echo "summary ($sys/score/summary.txt):"
@@ -251,9 +251,9 @@ if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
     echo "stage 7: the shipped encoder $pretrained, exported, embedded and scored in $pretrained_exp"
     python -m toolkit.bin.export_model --pretrained "$pretrained" \
       --out-dir "$pretrained_exp/export" --test-data "$data/test/data.list" --num-check 20
-    utils/sv_embed.sh --nj "$nj" "$pretrained_exp/export/model.onnx" \
+    utils/speaker_embed.sh --nj "$nj" "$pretrained_exp/export/model.onnx" \
       "$pretrained_exp/embeddings" "${embed_sets[@]}"
-    utils/sv_score.sh --as-norm-top "$as_norm_top" "$pretrained_exp" "${trials[@]}"
+    utils/speaker_score.sh --as-norm-top "$as_norm_top" "$pretrained_exp" "${trials[@]}"
     echo "summary ($pretrained_exp/score/summary.txt):"
     cat "$pretrained_exp/score/summary.txt"
   fi

@@ -204,16 +204,16 @@ fi
 
 if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   if [ "$cohort_utts_per_spk" -gt 0 ]; then
-    utils/sv_cohort_list.sh "$cohort_utts_per_spk" "$data/vox2_dev/data.list" "$cohort_list"
+    utils/speaker_cohort_list.sh "$cohort_utts_per_spk" "$data/vox2_dev/data.list" "$cohort_list"
   fi
   for sys in "${systems[@]}"; do
     echo "stage 6: embeddings of vox1 and of the cohort with $sys/export/model.onnx"
-    utils/sv_embed.sh --nj "$nj" "$sys/export/model.onnx" "$sys/embeddings" \
+    utils/speaker_embed.sh --nj "$nj" "$sys/export/model.onnx" "$sys/embeddings" \
       "vox1=$data/vox1/data.list" "cohort=$cohort_list"
   done
   for sys in "${systems[@]}"; do
     echo "stage 6: Vox1-O/E/H scoring with $sys"
-    utils/sv_score.sh --as-norm-top "$as_norm_top" "$sys" "vox1=$data/trials/vox1_O.txt" \
+    utils/speaker_score.sh --as-norm-top "$as_norm_top" "$sys" "vox1=$data/trials/vox1_O.txt" \
       "vox1=$data/trials/vox1_E.txt" "vox1=$data/trials/vox1_H.txt"
   done
   for sys in "${systems[@]}"; do

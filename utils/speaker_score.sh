@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cosine scoring of trial lists, with and without AS-Norm, on the embeddings that
-# utils/sv_embed.sh wrote into SYS_DIR/embeddings/:
-#   utils/sv_score.sh [--as-norm-top N] SYS_DIR SET=TRIALS...
+# utils/speaker_embed.sh wrote into SYS_DIR/embeddings/:
+#   utils/speaker_score.sh [--as-norm-top N] SYS_DIR SET=TRIALS...
 # TRIALS (VoxCeleb `1 a b` or Kaldi `a b target` lines) is scored on the embeddings of
 # SYS_DIR/embeddings/SET, with SYS_DIR/embeddings/cohort's speaker means as the AS-Norm
 # cohort (top N scores per side, default 300), into SYS_DIR/score/NAME/ (toolkit.bin.

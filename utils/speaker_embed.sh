@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Speaker embeddings of data lists with an exported model, one directory per list:
-#   utils/sv_embed.sh [--nj N] MODEL_ONNX OUT_DIR NAME=DATA_LIST...
+#   utils/speaker_embed.sh [--nj N] MODEL_ONNX OUT_DIR NAME=DATA_LIST...
 # writes OUT_DIR/NAME/ (embeddings.scp, speaker_embeddings.scp: each speaker's mean) through
 # toolkit.bin.extract_embeddings, which resumes from finished parts. What an older export
 # or another (or a newer) list made goes first: OUT_DIR/NAME/.source names the list.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The AS-Norm cohort's data list: the first N utterances of each speaker of a data list.
-#   utils/sv_cohort_list.sh N DATA_LIST OUT_LIST
+#   utils/speaker_cohort_list.sh N DATA_LIST OUT_LIST
 # Data lists are sorted by utterance, so the choice is fixed. OUT_LIST is replaced only when
-# it changes: a newer list tells utils/sv_embed.sh to extract the cohort again.
+# it changes: a newer list tells utils/speaker_embed.sh to extract the cohort again.
 set -euo pipefail
 if [ $# -ne 3 ]; then
   echo "usage: $0 N DATA_LIST OUT_LIST" >&2
