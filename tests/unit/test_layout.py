@@ -421,3 +421,15 @@ def test_every_recipe_numbers_its_steps_alike(recipe):
         assert stages == {number}, f"{recipe}: '{step}' is stage {sorted(stages)}, not {number}"
     # stage 1 makes the data lists (with an inventory first for the speaker family)
     assert any(n == "1" for n, _ in announced), recipe
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_readme_tables_the_stages_run_sh_has(recipe):
+    """The stages table of a recipe's README lists exactly the stages its run.sh runs (an
+    unused number is a row that says so)."""
+    run = open(os.path.join(ROOT, "egs", recipe, "run.sh"), encoding="utf-8").read()
+    readme = open(os.path.join(ROOT, "egs", recipe, "README.md"), encoding="utf-8").read()
+    in_run = {int(n) for n in re.findall(r'\$stage"? -le (-?\d+) \]', run)}
+    rows = {int(n): text for n, text in re.findall(r"^\| *(-?\d+) *\|([^\n]*)$", readme, re.M)}
+    used = {n for n, text in rows.items() if not text.strip().startswith("unused")}
+    assert used == in_run, f"{recipe}: README table {sorted(used)}, run.sh {sorted(in_run)}"
