@@ -16,7 +16,7 @@ The life of a task, and which hook each step calls:
    the toolkit's families by module name (the module, and torch, load only when a config
    names the task); TOOLKIT_PLUGINS names modules of your own. Generic code never imports
    a task package.
-2. Configuration (`resolve_config`, below): the YAML with its `defaults`, the CLI
+2. Configuration (toolkit.config.resolve_config): the YAML with its `defaults`, the CLI
    overrides, then `validate` builds the `task` section from `Config`, the generic
    sections, each of `sections`, and the optimizers (`optimizers`, over
    `optim_defaults`), and calls `check_config`. The values the task derives from its
@@ -37,21 +37,16 @@ The life of a task, and which hook each step calls:
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.config.compose import apply_overrides, load_yaml, set_values
-from toolkit.config.schema import (GENERIC_SECTIONS, Config, DatasetConfig, Section,
-                                   TaskConfigBase, TrainingConfig)
-from toolkit.config.validate import (build_dataclass, build_optim, build_section,
-                                     check_dataset, check_generic)
+from toolkit.config.resolve import TASKS
+# Read by egs/wake_word/s0/run.sh from here; the resolution itself is toolkit.config's.
+from toolkit.config.resolve import load_config  # noqa: F401
+from toolkit.config.schema import Config, Section, TaskConfigBase
 from toolkit.data.datalist import BadCounter
-from toolkit.data.inventory import read_inventory
-from toolkit.errors import ConfigError
-from toolkit.registry import Registry
 
 if TYPE_CHECKING:       # annotations only: this module stays free of torch at import
     import torch
@@ -59,14 +54,11 @@ if TYPE_CHECKING:       # annotations only: this module stays free of torch at i
 
     from toolkit.data.pipeline import FeaturePipeline
 
+# TASKS (the registry `@TASKS.register("name")` adds a task to) lives with the config
+# resolution that looks tasks up by `task.type` (toolkit.config.resolve); a task module
+# imports it from here with the rest of the contract.
 __all__ = ["TASKS", "Task", "TaskInput", "Batch", "ExampleBuilder", "StepContext",
-           "DataRequirements", "Section", "TaskConfigBase", "pad_sequences", "validate",
-           "resolve_config", "load_config", "config_from_dict", "load_dataset_config",
-           "task_class"]
-
-# Filled when task modules are imported (toolkit.tasks, TOOLKIT_PLUGINS); generic code
-# only looks names up.
-TASKS: Registry = Registry("task")
+           "DataRequirements", "Section", "TaskConfigBase", "pad_sequences"]
 
 
 @dataclass(frozen=True)
@@ -362,120 +354,3 @@ class Task:
         pretrained model: toolkit.pretrained), checked like `export`; without `test_data`
         the check runs on seeded random inputs of several lengths."""
         raise NotImplementedError(f"task {cls.name} cannot export from safetensors alone")
-
-
-# --------------------------------------------------------------------------- configuration
-# How the config hooks above are called: every binary reads a config through these.
-
-def task_class(raw: Dict[str, Any]) -> type:
-    """The registered task a raw config's `task.type` names."""
-    task_raw = raw.get("task") if isinstance(raw, dict) else None
-    if not isinstance(task_raw, dict) or not task_raw.get("type"):
-        raise ConfigError("task.type is required (one of: " + (", ".join(TASKS.names()) or
-                          "no task registered: import toolkit.tasks") + ")")
-    if task_raw["type"] not in TASKS:
-        raise ConfigError(f"task.type: unknown '{task_raw['type']}' (one of: "
-                          f"{', '.join(TASKS.names())})")
-    return TASKS.get(task_raw["type"])
-
-
-def validate(raw: Dict[str, Any]) -> Config:
-    """A raw config (defaults and overrides applied) -> the validated Config: the task's
-    `task` section, the generic sections, the task's own sections, its optimizers over
-    `optim_defaults`; then the generic value checks and the task's `check_config`."""
-    if not isinstance(raw, dict):
-        raise ConfigError("the configuration must be a mapping with sections task, dataset, "
-                          "optim, training and the task's own")
-    raw = dict(raw)
-    raw.pop("defaults", None)
-    task_cls = task_class(raw)
-    task_raw = raw.pop("task")
-    sections: Dict[str, Any] = {"task": build_dataclass(task_cls.Config, task_raw, "task")}
-    own: Dict[str, Section] = dict(task_cls.sections)
-    allowed = set(GENERIC_SECTIONS) | set(own)
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ConfigError(f"unknown section(s): {', '.join(unknown)} (task {task_cls.name} "
-                          f"has: {', '.join(sorted(allowed))})")
-    sections["dataset"] = build_dataclass(DatasetConfig, raw.get("dataset"), "dataset")
-    for name, section in own.items():
-        if name not in raw and not section.required:
-            sections[name] = None
-            continue
-        sections[name] = build_section(raw.get(name), section, name)
-    sections["optim"] = build_optim(raw.get("optim"), tuple(task_cls.optimizers),
-                                    task_cls.optim_defaults)
-    sections["training"] = build_dataclass(TrainingConfig, raw.get("training"), "training")
-    cfg = Config(sections)
-    check_generic(cfg)
-    task_cls.check_config(cfg)
-    return cfg
-
-
-def resolve_config(raw: Dict[str, Any], inputs: Optional[Dict[str, str]] = None,
-                   source: str = "", inventory: Optional[List[str]] = None
-                   ) -> Tuple[Config, Optional[List[str]]]:
-    """The config training uses, and the class inventory: `raw` (file, defaults and
-    overrides) plus the values the task derives from its data (`Task.derived_values`),
-    validated once with them. The draft it derives from is validated first, so a mistake
-    in the file is reported as such. `inputs`: the paths given on the command line, the
-    task's declared inputs by name and `inventory` (required when `needs_inventory`); an
-    input the task does not declare is an error. `source` (the file) prefixes validation
-    errors. `inventory`: the class list itself, instead of inputs["inventory"]'s file."""
-    inputs = {k: v for k, v in (inputs or {}).items() if v}
-    task_cls = _with_source(source, task_class, raw)
-    declared = {i.name for i in task_cls.inputs} | {"inventory"}
-    for name in sorted(set(inputs) - declared):
-        takes = ", ".join(f"--{i.name}" for i in task_cls.inputs) or "none"
-        raise ConfigError(f"--{name}: task {task_cls.name} takes no such input (its inputs: "
-                          f"{takes})")
-    draft = _with_source(source, validate, raw)
-    if inventory is None and inputs.get("inventory"):
-        try:
-            inventory = read_inventory(inputs["inventory"])
-        except ValueError as err:
-            raise ConfigError(f"--inventory: {err}") from None
-    if inventory is None and task_cls.needs_inventory:
-        raise ConfigError(f"--inventory is required for task {task_cls.name} (the class list, "
-                          "one name per line)")
-    values = task_cls.derived_values(draft, inventory, inputs)
-    if not values:
-        return draft, inventory
-    return _with_source(source, validate, set_values(raw, values, "derived value")), inventory
-
-
-def _with_source(source: str, function, *args):
-    try:
-        return function(*args)
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}" if source else str(err)) from None
-
-
-def load_config(path: str, overrides: Optional[List[str]] = None) -> Config:
-    """A config file (with its defaults) and `key.path=value` overrides, validated (no
-    derived values: for reading a recipe's config, not for training)."""
-    return _with_source(path, validate, apply_overrides(load_yaml(path), overrides or []))
-
-
-def config_from_dict(raw: Dict[str, Any]) -> Config:
-    """A Config from the mapping an experiment recorded (config.yaml, derived values
-    included), validated as it was."""
-    return validate(copy.deepcopy(raw))
-
-
-def load_dataset_config(path: str, overrides: Optional[List[str]] = None) -> DatasetConfig:
-    """The `dataset` section of a training config, checked as training checks it (unknown
-    keys are errors), without importing the task's modules (torch): for the stages before
-    training (fbank, CMVN). The task's own sections are checked when training starts."""
-    raw = apply_overrides(load_yaml(path), overrides or [])
-    try:
-        task_raw = raw.get("task") if isinstance(raw, dict) else None
-        named = task_raw.get("type") if isinstance(task_raw, dict) else None
-        if named not in TASKS:
-            raise ConfigError(f"task.type: expected one of {', '.join(TASKS.names())}, got "
-                              f"{named!r}")
-        dataset = build_dataclass(DatasetConfig, raw.get("dataset"), "dataset")
-        check_dataset(dataset)
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
-    return dataset

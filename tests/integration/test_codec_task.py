@@ -87,7 +87,7 @@ def same(a: dict, b: dict) -> bool:
 def fresh_modules(corpus, seed: int):
     """The modules as the trainer initialises them (seeded, before any step)."""
     import toolkit.tasks  # noqa: F401
-    from toolkit.task import validate
+    from toolkit.config import validate
     from toolkit.tasks.codec.task import CodecTask
     raw = copy.deepcopy(CONFIG)
     raw["training"]["seed"] = seed
@@ -287,7 +287,7 @@ class RecordingContext:
 
 def test_quantizer_and_loss_spectrograms_stay_fp32_under_bf16(monkeypatch):
     import toolkit.tasks  # noqa: F401
-    from toolkit.task import validate
+    from toolkit.config import validate
     from toolkit.task import Batch
     from toolkit.tasks.codec import discriminators, losses
     from toolkit.tasks.codec.task import CodecTask
@@ -334,7 +334,7 @@ def test_quantizer_and_loss_spectrograms_stay_fp32_under_bf16(monkeypatch):
 def test_config_checks_name_the_keys():
     import toolkit.tasks  # noqa: F401
     from toolkit.config import ConfigError
-    from toolkit.task import validate
+    from toolkit.config import validate
 
     def check(change, *words):
         raw = copy.deepcopy(CONFIG)

@@ -239,7 +239,8 @@ def test_the_contract_declares_everything_its_callers_use():
                for folder, _, files in os.walk(os.path.join(PKG, sub))
                for f in files if f.endswith(".py")]
     callers += [os.path.join(PKG, "task.py"), os.path.join(PKG, "export.py"),
-                os.path.join(PKG, "config", "reference.py")]
+                os.path.join(PKG, "config", "reference.py"),
+                os.path.join(PKG, "config", "resolve.py")]
     used = set().union(*(_task_uses(p) for p in callers)) - {"type"}   # cfg.task.type
     assert {"example_builder", "export", "describe", "adapt_init_state", "derived_values",
             "check_config", "inputs", "optim_defaults", "eval_batch"} <= used
@@ -366,7 +367,7 @@ def test_data_stages_check_the_dataset_section(tmp_path):
     """The stages before training read the dataset section as training does: an unknown
     key there is refused with the file and key named."""
     from toolkit.config import ConfigError
-    from toolkit.task import load_dataset_config
+    from toolkit.config import load_dataset_config
     import toolkit.tasks  # noqa: F401
     good = load_dataset_config(os.path.join(ROOT, "egs", "wake_word", "s0", "conf",
                                             "ds_tcn.yaml"))

@@ -13,7 +13,8 @@ import torch
 import toolkit.tasks  # noqa: F401  (registers the families)
 from toolkit.config import ConfigError, load_yaml, set_values, to_dict
 from toolkit.data.pipeline import FeaturePipeline
-from toolkit.task import TASKS, Task, resolve_config, validate
+from toolkit.config import TASKS, resolve_config, validate
+from toolkit.task import Task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONF = {"wake_word": os.path.join(ROOT, "egs", "wake_word", "s0", "conf", "ds_tcn.yaml"),

@@ -111,7 +111,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     import toolkit.tasks  # noqa: F401
-    from toolkit.task import TASKS, load_config
+    from toolkit.config import TASKS, load_config
     from toolkit.data.datalist import BadCounter
     from toolkit.tasks.codec import task as codec_task
     from toolkit.trainer.optim import build_optimizer, build_schedule
