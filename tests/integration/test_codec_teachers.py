@@ -181,7 +181,7 @@ def test_step_with_teachers_under_bf16_keeps_them_frozen(source, tmp_path):
         params = list(modules[name].parameters())
         params[0].register_hook(lambda g, name=name: grads.setdefault(name, g.clone()))
     stats = task.train_step(batch, ctx)
-    assert set(stats) == set(task.train_metric_names())
+    assert set(stats) == set(task.metrics.train)
     assert {"distill", "perceptual", "adv_g"} <= set(stats)
     assert all(np.isfinite(v) for v in stats.values())
     assert ctx.losses == {"discriminator": torch.float32, "generator": torch.float32}

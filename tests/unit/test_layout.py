@@ -258,7 +258,6 @@ def test_no_task_builds_its_training_pipeline():
     evaluation)."""
     paths = [os.path.join(folder, f) for folder, _, files in os.walk(os.path.join(PKG, "tasks"))
              for f in files if f.endswith(".py")]
-    paths.append(os.path.join(ROOT, "tests", "two_optimizer_task.py"))
     builders = []
     for path in paths:
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
@@ -377,6 +376,6 @@ def test_data_stages_check_the_dataset_section(tmp_path):
     with pytest.raises(ConfigError, match=r"bad.yaml: .*num_mel_binz"):
         load_dataset_config(str(bad))
     bad.write_text("task: {type: nosuch}\ndataset: {}\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml: task.type: expected one of codec, kws, "
-                                          r"speaker, got 'nosuch'"):
+    with pytest.raises(ConfigError, match=r"bad.yaml: task.type: expected one of codec, example, "
+                                          r"kws, speaker, got 'nosuch'"):
         load_dataset_config(str(bad))

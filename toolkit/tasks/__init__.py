@@ -15,6 +15,8 @@ from toolkit.tasks.kws import labels  # noqa: F401  (registers the "keyword" lab
 
 for _name in ("codec", "kws", "speaker"):
     TASKS.register_lazy(_name, f"toolkit.tasks.{_name}.task")
+# The worked example of the contract (docs/architecture.md walks it).
+TASKS.register_lazy("example", "toolkit.tasks.example")
 
 
 def _load_plugins() -> None:

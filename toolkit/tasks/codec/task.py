@@ -46,7 +46,7 @@ from toolkit.config import ConfigError, Ramp, Section, TaskConfigBase
 from toolkit.data.audio import BadEntry, resample
 from toolkit.data.pipeline import FeaturePipeline, evaluation_pipeline
 from toolkit.errors import MissingInputError
-from toolkit.task import TASKS, Batch, DataRequirements, ExampleBuilder, Task, pad_sequences
+from toolkit.task import TASKS, Batch, DataRequirements, ExampleBuilder, Metrics, Task, pad_sequences
 from toolkit.tasks.codec.discriminators import (MultiPeriodDiscriminator,
                                                 MultiPeriodDiscriminatorConfig,
                                                 MultiResolutionSTFTDiscriminator,
@@ -277,7 +277,6 @@ class CodecTask(Task):
                 "teachers": Section(schema=TeachersConfig)}
     optimizers = ("generator", "discriminator")
     needs_inventory = False
-    selection_metric = "mel_distance"
     export_module = "generator"
     # DAC's optimizer settings (AdamW, betas 0.8/0.99, per-step exponential LR decay,
     # generator clip 1e3, discriminator clip 10); the discriminator starts with the
@@ -382,6 +381,11 @@ class CodecTask(Task):
         self.segment_frames = frames
         self.distill_on = _ever_on(cfg.loss.distillation)
         self.perceptual_on = _ever_on(cfg.loss.perceptual)
+        teachers = (("distill",) if self.distill_on else ()) + \
+            (("perceptual",) if self.perceptual_on else ())
+        self.metrics = Metrics(
+            train=("total", "mel", "commit", "codebook", "adv_g", "fm", "d_loss") + teachers,
+            eval=("mel_distance", "stft_distance", "si_sdr"), select="mel_distance")
         self._teachers: Dict[Tuple[str, str], FrozenTeacher] = {}
         self.eval_samples = max(1, int(round(cfg.task.eval_seconds * m.sample_rate)))
         self.eval_n_q = cfg.task.eval_n_q or m.n_codebooks
@@ -481,12 +485,6 @@ class CodecTask(Task):
 
     def example_frames(self, durations: np.ndarray) -> np.ndarray:
         return np.full(len(durations), self.segment_frames, dtype=np.int64)
-
-    def dummy_batch(self) -> Batch:
-        # A quiet tone, not zeros: feature matching divides by the real activations' scale.
-        t = np.arange(self.segment) / self.cfg.model.sample_rate
-        wave = (0.1 * np.sin(2 * np.pi * 220.0 * t)).astype(np.float32)
-        return self.batch_of(wave[None], ["<empty>"])
 
     def batch_of(self, waves: np.ndarray, keys: List[str]) -> Batch:
         """A training batch of (B, segment) target-rate waveforms, as the loader builds it
@@ -607,7 +605,7 @@ class CodecTask(Task):
         from toolkit.tasks.codec.metrics import si_sdr
         generator = ctx.module("generator")
         self.eval_mel.to(ctx.device)
-        sums = {k: 0.0 for k in self.eval_metric_names()}
+        sums = {k: 0.0 for k in self.metrics.eval}
         encoder_audio = batch.get("encoder_audio")
         for i in range(len(batch)):        # each utterance at its own length: no padding
             ref = batch.audio[i:i + 1, :int(batch.lengths[i])].to(ctx.device).unsqueeze(1)
@@ -622,14 +620,6 @@ class CodecTask(Task):
                 sums["stft_distance"] += float(sc + mag)
             sums["si_sdr"] += si_sdr(ref[0, 0].cpu().numpy(), decoded[0, 0].cpu().numpy())
         return {k: v / max(1, len(batch)) for k, v in sums.items()}
-
-    def train_metric_names(self) -> Tuple[str, ...]:
-        teachers = (("distill",) if self.distill_on else ()) + \
-            (("perceptual",) if self.perceptual_on else ())
-        return ("total", "mel", "commit", "codebook", "adv_g", "fm", "d_loss") + teachers
-
-    def eval_metric_names(self) -> Tuple[str, ...]:
-        return ("mel_distance", "stft_distance", "si_sdr")
 
     # ---------------------------------------------------------------- export
     def export(self, checkpoint: str, out_dir: str, test_data: str, num_check: int = 20,
