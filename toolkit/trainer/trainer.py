@@ -1,6 +1,8 @@
 """The generic training executor: torchrun DDP, exact resume, AMP, several optimizers,
 clipping, accumulation, validation, logging. It knows no model family: a Task (see
-toolkit.task) supplies modules, data processing and the training step."""
+toolkit.task) supplies modules, data processing and the training step. The step context
+a task's steps get is toolkit.trainer.context's; what a checkpoint holds and how a run
+resumes from one, toolkit.trainer.resume's."""
 import contextlib
 import logging
 import math
