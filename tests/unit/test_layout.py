@@ -60,7 +60,9 @@ FAMILY_WORDS = re.compile(r"\b(kws|keyword|wake|ctc|max_pooling|speaker|codec|di
                           r"generator|margin|embedding)\w*", re.IGNORECASE)
 
 
-@pytest.mark.parametrize("name", ["trainer/trainer.py", "trainer/run.py", "trainer/checkpoint.py",
+@pytest.mark.parametrize("name", ["trainer/trainer.py", "trainer/context.py", "trainer/resume.py",
+                                  "trainer/report.py", "config/resolve.py",
+                                  "trainer/run.py", "trainer/checkpoint.py",
                                   "trainer/experiment.py", "data/pipeline.py", "data/sources.py",
                                   "data/plan.py", "data/loader.py", "data/shards.py",
                                   "export.py"])
