@@ -71,7 +71,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 def env(**extra) -> Dict[str, str]:
     """The training subprocesses' environment; tests/ is importable, so that
-    TOOLKIT_PLUGINS=two_optimizer_task finds the test task."""
+    TOOLKIT_PLUGINS finds the test plugins (paused_task, slow_fingerprint)."""
     e = dict(os.environ)
     e.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     e["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, e.get("PYTHONPATH", "")) if p)

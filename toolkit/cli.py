@@ -18,8 +18,7 @@ def task_input_options(parser: argparse.ArgumentParser, argv: Optional[Sequence[
     or of every registered task for --help or when that task cannot be read (the config's
     own error is then reported by the resolution, not as an unknown option). Their values
     land in `args.task_inputs` (name -> path, given ones only)."""
-    from toolkit.config import ConfigError, apply_overrides, load_yaml
-    from toolkit.task import TASKS, task_class
+    from toolkit.config import TASKS, ConfigError, apply_overrides, load_yaml, task_class
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--config")
     probe.add_argument("-h", "--help", action="store_true")

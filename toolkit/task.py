@@ -16,7 +16,7 @@ The life of a task, and which hook each step calls:
    the toolkit's families by module name (the module, and torch, load only when a config
    names the task); TOOLKIT_PLUGINS names modules of your own. Generic code never imports
    a task package.
-2. Configuration (`resolve_config`, below): the YAML with its `defaults`, the CLI
+2. Configuration (toolkit.config.resolve_config): the YAML with its `defaults`, the CLI
    overrides, then `validate` builds the `task` section from `Config`, the generic
    sections, each of `sections`, and the optimizers (`optimizers`, over
    `optim_defaults`), and calls `check_config`. The values the task derives from its
@@ -24,34 +24,34 @@ The life of a task, and which hook each step calls:
    --cmvn) are overrides applied to the raw config before the one validation of the
    config training uses; nothing changes a validated Config afterwards.
 3. Training (toolkit.trainer): `Task(cfg, inventory)`, `build_modules`,
-   `optimizer_modules`, `training_view`, `find_unused_parameters`; an init checkpoint
-   loads `init_modules` through `adapt_init_state`; `describe` is logged. The trainer
-   builds the `FeaturePipeline` of the train and dev data (decode, waveform augmentation,
-   features, feature augmentation) and hands each to `example_builder`; batches are
-   planned with `example_frames` and checked against `data_requirements`; each step
-   calls `train_step` (a rank without data runs `dummy_batch`), validation calls
-   `eval_begin` / `eval_batch` (default: `eval_step`) / `eval_end`; `state_dict` rides
-   in checkpoints.
+   `optimizer_modules`, `training_view`, `modules_with_unused_parameters`; an init
+   checkpoint loads `init_modules` through `adapt_init_state`; `describe` is logged. The
+   trainer builds the `FeaturePipeline` of the train and dev data (decode, waveform
+   augmentation, features, feature augmentation) and hands each to `example_builder`;
+   batches are planned with `example_frames` and checked against `data_requirements`;
+   each step calls `train_step` with a StepContext (a rank without data in a step runs a
+   stand-in batch of real data at weight 0, so that the gradient all-reduce finds it),
+   validation calls `eval_begin` / `eval_batch` (default: `eval_step`) / `eval_end`;
+   `metrics` names what they return; `state_dict` rides in checkpoints.
 4. Export (toolkit.bin.export_model): `export` writes the deployable files and checks
    them against PyTorch.
 """
 from __future__ import annotations
 
-import copy
+import abc
+import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Any, ContextManager, Dict, List, Optional, Protocol, Sequence,
+                    Tuple)
 
 import numpy as np
 
-from toolkit.config.compose import apply_overrides, load_yaml, set_values
-from toolkit.config.schema import (GENERIC_SECTIONS, Config, DatasetConfig, Section,
-                                   TaskConfigBase, TrainingConfig)
-from toolkit.config.validate import (build_dataclass, build_optim, build_section,
-                                     check_dataset, check_generic)
+from toolkit.config.resolve import TASKS
+# Read by egs/wake_word/s0/run.sh from here; the resolution itself is toolkit.config's.
+from toolkit.config.resolve import load_config  # noqa: F401
+from toolkit.config.ramps import Ramp
+from toolkit.config.schema import Config, Section, TaskConfigBase
 from toolkit.data.datalist import BadCounter
-from toolkit.data.inventory import read_inventory
-from toolkit.errors import ConfigError
-from toolkit.registry import Registry
 
 if TYPE_CHECKING:       # annotations only: this module stays free of torch at import
     import torch
@@ -59,14 +59,11 @@ if TYPE_CHECKING:       # annotations only: this module stays free of torch at i
 
     from toolkit.data.pipeline import FeaturePipeline
 
-__all__ = ["TASKS", "Task", "TaskInput", "Batch", "ExampleBuilder", "StepContext",
-           "DataRequirements", "Section", "TaskConfigBase", "pad_sequences", "validate",
-           "resolve_config", "load_config", "config_from_dict", "load_dataset_config",
-           "task_class"]
-
-# Filled when task modules are imported (toolkit.tasks, TOOLKIT_PLUGINS); generic code
-# only looks names up.
-TASKS: Registry = Registry("task")
+# TASKS (the registry `@TASKS.register("name")` adds a task to) lives with the config
+# resolution that looks tasks up by `task.type` (toolkit.config.resolve); a task module
+# imports it from here with the rest of the contract.
+__all__ = ["TASKS", "Task", "TaskInput", "Metrics", "Batch", "ExampleBuilder", "StepContext",
+           "DataRequirements", "Section", "TaskConfigBase", "pad_sequences"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +111,7 @@ def pad_sequences(arrays: Sequence[np.ndarray], dtype=np.float32) -> Tuple[np.nd
     return out, lengths
 
 
-class ExampleBuilder:
+class ExampleBuilder(abc.ABC):
     """Runs in loader workers: one data-list entry -> one example, and examples -> Batch.
 
     `__call__` gets the entry (a dict with at least key, duration, label, and wav or feat)
@@ -123,12 +120,14 @@ class ExampleBuilder:
     `rng(epoch, key)`. An unusable entry raises toolkit.data.audio.BadEntry (counted and
     skipped)."""
 
+    @abc.abstractmethod
     def __call__(self, entry: dict, epoch: int, audio: Optional[Tuple[np.ndarray, int]] = None):
-        raise NotImplementedError
+        """One example of `entry` (anything `collate` takes)."""
 
+    @abc.abstractmethod
     def collate(self, examples: List[Any], keys: List[str], audio_seconds: float,
                 bad: BadCounter) -> Batch:
-        raise NotImplementedError
+        """The batch of `examples` (possibly none: every entry of the batch was bad)."""
 
 
 @dataclass
@@ -139,39 +138,73 @@ class DataRequirements:
     allow_negative_label: bool = True  # label -1 allowed (fillers)
 
 
-class StepContext:
-    """What the trainer hands a task's train_step / eval_step (implemented by the trainer).
+class StepContext(Protocol):
+    """What the trainer hands a task's train_step / eval_step for one micro-batch
+    (toolkit.trainer.context implements it)."""
 
-    - `module(name)`: the module to run forward through (DDP-wrapped when distributed,
-      gradient sync deferred on non-boundary accumulation steps);
-    - `raw(name)`: the bare module (for a pass whose gradients must not be synced, e.g.
-      a discriminator evaluated inside the generator step with frozen parameters);
-    - `autocast()`: the configured mixed-precision context; `fp32()`: an fp32 island;
-    - `backward(loss, optimizer)`: scales (GradScaler of that optimizer) and backpropagates;
-    - `step(optimizer)`: at an accumulation boundary clips, skips a non-finite update,
-      steps and zeroes that optimizer and advances its LR schedule; otherwise nothing;
-    - `active(optimizer)`: whether the optimizer's phase has begun (start_fraction);
-    - `frozen(*modules)`: parameters of those modules do not collect gradients inside;
-    - `value(ramp)`: a Ramp config value at the current progress;
-    - `step_index`, `total_steps`, `progress` (fraction), `epoch`, `device`, `training`."""
-
-    step_index: int
-    total_steps: int
+    step_index: int         # optimizer steps taken before this one
+    total_steps: int        # the steps this run trains
     epoch: int
     device: "torch.device"
-    training: bool
+    training: bool          # False inside validation
 
     @property
     def progress(self) -> float:
-        return self.step_index / max(1, self.total_steps)
+        """step_index / total_steps."""
+
+    def module(self, name: str) -> "nn.Module":
+        """The module to run forward through: DDP-wrapped when distributed, gradient sync
+        deferred on non-boundary accumulation steps (the task's `training_view` of it)."""
+
+    def raw(self, name: str) -> "nn.Module":
+        """The bare module, for a pass whose gradients must not be synced (e.g. a
+        discriminator evaluated inside the generator step with frozen parameters)."""
+
+    def autocast(self) -> ContextManager[Any]:
+        """The configured mixed-precision context (a no-op without AMP)."""
+
+    def fp32(self) -> ContextManager[Any]:
+        """An fp32 island inside autocast."""
+
+    def backward(self, loss: "torch.Tensor", optimizer: str) -> None:
+        """Scales `loss` (the GradScaler of `optimizer`, the step's weight) and
+        backpropagates."""
+
+    def step(self, optimizer: str) -> None:
+        """At an accumulation boundary: clips, skips a non-finite update, steps and zeroes
+        `optimizer` and advances its LR schedule; otherwise nothing."""
+
+    def active(self, optimizer: str) -> bool:
+        """Whether the phase of `optimizer` has begun (its start_fraction)."""
+
+    def frozen(self, *modules: str) -> ContextManager[Any]:
+        """Inside it the parameters of `modules` collect no gradient."""
+
+    def value(self, ramp: Ramp) -> float:
+        """A Ramp config value at the current progress."""
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The one declaration of a task's metric names, read by the trainer (logging,
+    reduction over ranks, checkpoint selection) and the default validation."""
+    train: Tuple[str, ...]      # every metric train_step may return, in log order
+    eval: Tuple[str, ...]       # every dev metric validation reports, in log order
+    select: str                 # the one of `eval` that chooses checkpoints; lower is better
+
+    def __post_init__(self):
+        if self.select not in self.eval:
+            raise ValueError(f"selection metric {self.select!r} is not among the eval metrics "
+                             f"{self.eval}")
 
 
 # --------------------------------------------------------------------------- the contract
 
-class Task:
-    """Base of every task. Subclasses set the class attributes and implement the methods
-    without a default; the defaults describe a single-module, single-optimizer task.
-    Every method here is called by the trainer, a binary or the config resolution."""
+class Task(abc.ABC):
+    """Base of every task. Subclasses set the class attributes and implement the abstract
+    methods (and eval_step, or eval_begin/eval_batch/eval_end); the defaults describe a
+    single-module, single-optimizer task. Every method here is called by the trainer, a
+    binary or the config resolution."""
 
     name: str = ""
     # Dataclass of the `task:` section (subclass TaskConfigBase; comment every field:
@@ -192,14 +225,27 @@ class Task:
     # The class inventory (keywords, speakers) is required (--inventory) and recorded in
     # the exp dir.
     needs_inventory: bool = True
-    # Dev metric (from eval_end) choosing the best checkpoints; lower is better.
-    selection_metric: str = "loss"
+    # The metric names: what train_step returns, what validation reports, which of those
+    # chooses checkpoints. A task whose names depend on its config sets `self.metrics` in
+    # __init__.
+    metrics: Metrics = Metrics(train=("loss",), eval=("loss",), select="loss")
+    # Modules some of whose parameters may get no gradient in a step (a loss component
+    # switched on later); the trainer's gradient sync then looks for them. Likewise set in
+    # __init__ when the config decides.
+    modules_with_unused_parameters: Tuple[str, ...] = ()
     # Module a safetensors export holds, and the modules an init checkpoint loads into.
     export_module: str = "model"
 
     def __init__(self, cfg: Config, inventory: Optional[List[str]] = None):
         self.cfg = cfg
         self.inventory = inventory
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not inspect.isabstract(cls) and cls.eval_step is Task.eval_step and \
+                cls.eval_batch is Task.eval_batch:
+            raise TypeError(f"task {cls.__name__} implements neither eval_step nor eval_batch: "
+                            "validation needs one of them")
 
     # ---------------------------------------------------------------- config hooks
     @classmethod
@@ -220,10 +266,10 @@ class Task:
         return {}
 
     # ---------------------------------------------------------------- modules
+    @abc.abstractmethod
     def build_modules(self) -> Dict[str, "nn.Module"]:
         """The named modules (fresh initialisation); the trainer moves, wraps and
         checkpoints each."""
-        raise NotImplementedError
 
     def optimizer_modules(self) -> Dict[str, List[str]]:
         """Optimizer name -> the modules whose parameters it steps."""
@@ -234,11 +280,6 @@ class Task:
         wraps): the module itself, or a view of it whose forward also computes an
         auxiliary output. Parameters are the module's; checkpoints hold the module."""
         return module
-
-    def find_unused_parameters(self, module: str) -> bool:
-        """True when some parameters of `module` may get no gradient in a step (a head
-        switched on later): DDP then has to look for them."""
-        return False
 
     def init_modules(self, task_state: Optional[dict] = None) -> List[str]:
         """Modules an init checkpoint loads into (the rest keep their fresh init);
@@ -275,13 +316,13 @@ class Task:
         toolkit.data.sources.DataSource): raise DataError naming the list for what would
         only fail later (e.g. a dev list that cannot give what validation computes)."""
 
+    @abc.abstractmethod
     def example_builder(self, pipeline: "FeaturePipeline") -> ExampleBuilder:
         """The builder of the train or dev examples around the trainer's `pipeline`
         (pipeline.train tells which; it holds the dataset section, the seed, the noise and
         RIR lists and the step counts ramped augmentation follows). The task adds what
         its examples need: labels, a random chunk, keyword end frames, a waveform
         segment."""
-        raise NotImplementedError
 
     def example_frames(self, durations: np.ndarray) -> np.ndarray:
         """Padded length of each utterance's example, in the unit `max_frames_in_batch`
@@ -290,21 +331,19 @@ class Task:
         from toolkit.data.plan import estimated_frames
         return estimated_frames(durations, self.cfg.dataset)
 
-    def dummy_batch(self) -> Batch:
-        """A minimal batch for a rank without data in a step: it still runs forward and
-        backward (at weight 0) so the others' gradient all-reduce finds it."""
-        raise NotImplementedError
-
     # ---------------------------------------------------------------- steps
+    @abc.abstractmethod
     def train_step(self, batch: Batch, ctx: StepContext) -> Dict[str, float]:
         """Forward, losses, ctx.backward/ctx.step per optimizer in order. Returns the
-        batch's metrics (means over its utterances) for logging."""
-        raise NotImplementedError
+        batch's metrics (means over its utterances, named in `metrics.train`) for
+        logging."""
 
     def eval_step(self, batch: Batch, ctx: StepContext) -> Dict[str, float]:
-        """Dev metrics of one batch (means over its utterances); weighted by batch size
-        and reduced over ranks by the default eval_begin/eval_batch/eval_end."""
-        raise NotImplementedError
+        """Dev metrics of one batch (means over its utterances, `metrics.eval`); weighted
+        by batch size and reduced over ranks by the default eval_begin/eval_batch/eval_end.
+        Required unless the task overrides eval_batch (metrics that do not decompose over
+        batches)."""
+        raise NotImplementedError(f"task {self.name} has no eval_step")
 
     # Validation as begin -> batch ... -> end over the gathered per-rank states, so that a
     # task can compute metrics that do not decompose over batches (EER over trials).
@@ -315,28 +354,20 @@ class Task:
     def eval_batch(self, batch: Batch, ctx: StepContext, state: Any) -> None:
         """Adds one dev batch to this rank's state."""
         metrics = self.eval_step(batch, ctx)
-        for k in self.eval_metric_names():
+        for k in self.metrics.eval:
             state["sums"][k] = state["sums"].get(k, 0.0) + float(metrics[k]) * len(batch)
         state["count"] += len(batch)
 
     def eval_end(self, states: List[Any]) -> Dict[str, float]:
-        """`states`: every rank's eval state, in rank order. Returns the metrics (must
-        include `selection_metric`) and `count`, the utterances evaluated."""
+        """`states`: every rank's eval state, in rank order. Returns `metrics.eval` and
+        `count`, the utterances evaluated."""
         count = sum(s["count"] for s in states)
         if not count:
             return {"count": 0.0}
         out = {k: sum(s["sums"].get(k, 0.0) for s in states) / count
-               for k in self.eval_metric_names()}
+               for k in self.metrics.eval}
         out["count"] = count
         return out
-
-    def train_metric_names(self) -> Tuple[str, ...]:
-        """Every metric train_step may return, in log order (ranks reduce them together)."""
-        return ("loss",)
-
-    def eval_metric_names(self) -> Tuple[str, ...]:
-        """Every metric eval_step returns; includes `selection_metric`."""
-        return ("loss",)
 
     def state_dict(self) -> dict:
         """Task state outside modules and optimizers (kept in checkpoints)."""
@@ -362,120 +393,3 @@ class Task:
         pretrained model: toolkit.pretrained), checked like `export`; without `test_data`
         the check runs on seeded random inputs of several lengths."""
         raise NotImplementedError(f"task {cls.name} cannot export from safetensors alone")
-
-
-# --------------------------------------------------------------------------- configuration
-# How the config hooks above are called: every binary reads a config through these.
-
-def task_class(raw: Dict[str, Any]) -> type:
-    """The registered task a raw config's `task.type` names."""
-    task_raw = raw.get("task") if isinstance(raw, dict) else None
-    if not isinstance(task_raw, dict) or not task_raw.get("type"):
-        raise ConfigError("task.type is required (one of: " + (", ".join(TASKS.names()) or
-                          "no task registered: import toolkit.tasks") + ")")
-    if task_raw["type"] not in TASKS:
-        raise ConfigError(f"task.type: unknown '{task_raw['type']}' (one of: "
-                          f"{', '.join(TASKS.names())})")
-    return TASKS.get(task_raw["type"])
-
-
-def validate(raw: Dict[str, Any]) -> Config:
-    """A raw config (defaults and overrides applied) -> the validated Config: the task's
-    `task` section, the generic sections, the task's own sections, its optimizers over
-    `optim_defaults`; then the generic value checks and the task's `check_config`."""
-    if not isinstance(raw, dict):
-        raise ConfigError("the configuration must be a mapping with sections task, dataset, "
-                          "optim, training and the task's own")
-    raw = dict(raw)
-    raw.pop("defaults", None)
-    task_cls = task_class(raw)
-    task_raw = raw.pop("task")
-    sections: Dict[str, Any] = {"task": build_dataclass(task_cls.Config, task_raw, "task")}
-    own: Dict[str, Section] = dict(task_cls.sections)
-    allowed = set(GENERIC_SECTIONS) | set(own)
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ConfigError(f"unknown section(s): {', '.join(unknown)} (task {task_cls.name} "
-                          f"has: {', '.join(sorted(allowed))})")
-    sections["dataset"] = build_dataclass(DatasetConfig, raw.get("dataset"), "dataset")
-    for name, section in own.items():
-        if name not in raw and not section.required:
-            sections[name] = None
-            continue
-        sections[name] = build_section(raw.get(name), section, name)
-    sections["optim"] = build_optim(raw.get("optim"), tuple(task_cls.optimizers),
-                                    task_cls.optim_defaults)
-    sections["training"] = build_dataclass(TrainingConfig, raw.get("training"), "training")
-    cfg = Config(sections)
-    check_generic(cfg)
-    task_cls.check_config(cfg)
-    return cfg
-
-
-def resolve_config(raw: Dict[str, Any], inputs: Optional[Dict[str, str]] = None,
-                   source: str = "", inventory: Optional[List[str]] = None
-                   ) -> Tuple[Config, Optional[List[str]]]:
-    """The config training uses, and the class inventory: `raw` (file, defaults and
-    overrides) plus the values the task derives from its data (`Task.derived_values`),
-    validated once with them. The draft it derives from is validated first, so a mistake
-    in the file is reported as such. `inputs`: the paths given on the command line, the
-    task's declared inputs by name and `inventory` (required when `needs_inventory`); an
-    input the task does not declare is an error. `source` (the file) prefixes validation
-    errors. `inventory`: the class list itself, instead of inputs["inventory"]'s file."""
-    inputs = {k: v for k, v in (inputs or {}).items() if v}
-    task_cls = _with_source(source, task_class, raw)
-    declared = {i.name for i in task_cls.inputs} | {"inventory"}
-    for name in sorted(set(inputs) - declared):
-        takes = ", ".join(f"--{i.name}" for i in task_cls.inputs) or "none"
-        raise ConfigError(f"--{name}: task {task_cls.name} takes no such input (its inputs: "
-                          f"{takes})")
-    draft = _with_source(source, validate, raw)
-    if inventory is None and inputs.get("inventory"):
-        try:
-            inventory = read_inventory(inputs["inventory"])
-        except ValueError as err:
-            raise ConfigError(f"--inventory: {err}") from None
-    if inventory is None and task_cls.needs_inventory:
-        raise ConfigError(f"--inventory is required for task {task_cls.name} (the class list, "
-                          "one name per line)")
-    values = task_cls.derived_values(draft, inventory, inputs)
-    if not values:
-        return draft, inventory
-    return _with_source(source, validate, set_values(raw, values, "derived value")), inventory
-
-
-def _with_source(source: str, function, *args):
-    try:
-        return function(*args)
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}" if source else str(err)) from None
-
-
-def load_config(path: str, overrides: Optional[List[str]] = None) -> Config:
-    """A config file (with its defaults) and `key.path=value` overrides, validated (no
-    derived values: for reading a recipe's config, not for training)."""
-    return _with_source(path, validate, apply_overrides(load_yaml(path), overrides or []))
-
-
-def config_from_dict(raw: Dict[str, Any]) -> Config:
-    """A Config from the mapping an experiment recorded (config.yaml, derived values
-    included), validated as it was."""
-    return validate(copy.deepcopy(raw))
-
-
-def load_dataset_config(path: str, overrides: Optional[List[str]] = None) -> DatasetConfig:
-    """The `dataset` section of a training config, checked as training checks it (unknown
-    keys are errors), without importing the task's modules (torch): for the stages before
-    training (fbank, CMVN). The task's own sections are checked when training starts."""
-    raw = apply_overrides(load_yaml(path), overrides or [])
-    try:
-        task_raw = raw.get("task") if isinstance(raw, dict) else None
-        named = task_raw.get("type") if isinstance(task_raw, dict) else None
-        if named not in TASKS:
-            raise ConfigError(f"task.type: expected one of {', '.join(TASKS.names())}, got "
-                              f"{named!r}")
-        dataset = build_dataclass(DatasetConfig, raw.get("dataset"), "dataset")
-        check_dataset(dataset)
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
-    return dataset

@@ -39,7 +39,7 @@ def dual_config(rate: int, **model) -> dict:
 
 def task_for(raw: dict):
     import toolkit.tasks  # noqa: F401
-    from toolkit.task import validate
+    from toolkit.config import validate
     from toolkit.tasks.codec.task import CodecTask
     return CodecTask(validate(copy.deepcopy(raw)))
 

@@ -106,7 +106,7 @@ def test_teachers_load_frozen_and_both_formats_agree(tmp_path):
 def test_teacher_problems_are_named(tmp_path):
     import toolkit.tasks  # noqa: F401
     from toolkit.config import ConfigError
-    from toolkit.task import load_config
+    from toolkit.config import load_config
     from toolkit.errors import DataError, MissingInputError
     from toolkit.tasks.codec.teachers import FrozenTeacher, TeacherConfig
     paths = write_teachers(str(tmp_path))
@@ -162,7 +162,7 @@ def test_step_with_teachers_under_bf16_keeps_them_frozen(source, tmp_path):
     perceptual (TorchScript teacher) terms are finite fp32 losses, the head gets a
     gradient, the teachers none and stay in eval mode."""
     import toolkit.tasks  # noqa: F401
-    from toolkit.task import load_config
+    from toolkit.config import load_config
     from toolkit.tasks.codec.task import CodecTask
     from test_codec_task import RecordingContext
     paths = write_teachers(str(tmp_path))
@@ -181,7 +181,7 @@ def test_step_with_teachers_under_bf16_keeps_them_frozen(source, tmp_path):
         params = list(modules[name].parameters())
         params[0].register_hook(lambda g, name=name: grads.setdefault(name, g.clone()))
     stats = task.train_step(batch, ctx)
-    assert set(stats) == set(task.train_metric_names())
+    assert set(stats) == set(task.metrics.train)
     assert {"distill", "perceptual", "adv_g"} <= set(stats)
     assert all(np.isfinite(v) for v in stats.values())
     assert ctx.losses == {"discriminator": torch.float32, "generator": torch.float32}

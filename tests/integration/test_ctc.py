@@ -89,7 +89,7 @@ def test_ctc_ignores_frames_beyond_length():
 
 
 def test_weighted_sum_routes_the_ctc_component():
-    from toolkit.task import validate
+    from toolkit.config import validate
     cfg = copy.deepcopy(TINY_CONFIG)
     cfg["loss"] = {"type": "weighted_sum", "components": [
         {"type": "max_pooling", "weight": 1.0, "min_duration": 2},
@@ -203,7 +203,7 @@ STREAMING = ["ds_tcn", "tcn", "mdtc", "gru"]
 
 
 def tiny_model(kind: str, ctc_outputs: int):
-    from toolkit.task import validate
+    from toolkit.config import validate
     cfg = copy.deepcopy(TINY_CONFIG)
     cfg["model"] = {"type": kind, "input_dim": 20, "num_outputs": 2, "ctc_outputs": ctc_outputs}
     return build_model(validate(cfg).model)

@@ -17,7 +17,7 @@ import soundfile as sf
 import torch
 
 from toolkit.config import dump_config, redact
-from toolkit.task import load_config
+from toolkit.config import load_config
 from toolkit.data.augment import load_mono
 from toolkit.data.features import compute_fbank, fbank_options
 from toolkit.tasks.kws.detector import Detector, load_backend

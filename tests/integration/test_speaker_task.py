@@ -287,7 +287,7 @@ def test_chunks_shorter_than_the_model_needs_are_refused():
     import toolkit.tasks  # noqa: F401
     from speaker_data import TINY_SPEAKER_CONFIG
     from toolkit.config import ConfigError
-    from toolkit.task import validate
+    from toolkit.config import validate
     raw = json.loads(json.dumps(TINY_SPEAKER_CONFIG))
     raw["model"] = XVECTOR
     raw["task"]["chunk_frames"] = 10
@@ -304,7 +304,7 @@ def test_zero_frame_feature_matrix_is_a_counted_skip(tmp_path):
     from speaker_data import TINY_SPEAKER_CONFIG
     from toolkit.data.audio import BadEntry
     from toolkit.data.pipeline import FeaturePipeline
-    from toolkit.task import validate
+    from toolkit.config import validate
     from toolkit.tasks.speaker.task import SpeakerTask
     ark = str(tmp_path / "feats.ark")
     with kaldiio.WriteHelper(f"ark,scp:{ark},{tmp_path / 'feats.scp'}") as writer:

@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 
 from toolkit.config import ConfigError, DatasetConfig, FeatureConfig
-from toolkit.task import validate
+from toolkit.config import validate
 from toolkit.data import features as F
 from toolkit.tasks.kws.data import keyword_end_frame
 from installed import INSTALL_HINT, require_engine

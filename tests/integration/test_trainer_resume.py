@@ -15,7 +15,7 @@ from train_utils import (TINY_CONFIG, Corpus, assert_states_identical, env, kill
                          latest_payload, launcher, run_train)
 
 TWO_OPTIMIZER = {
-    "task": {"type": "two_optimizer"},
+    "task": {"type": "example"},
     "dataset": {"feature": {"num_mel_bins": 20, "dither": 1.0}, "volume_range": [0.7, 1.3],
                 "batch_size": 6, "sort_window": 20, "num_workers": 2},
     "model": {"hidden": 16, "crop_frames": 12, "dropout": 0.1},
@@ -86,14 +86,11 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_killed_runs_end_bitwise_identical(corpus, tmp_path, case):
     nproc, config, overrides = CASES[case]
-    extra_env = {}
     conf = None
     if config is not None:
         conf = corpus.write_config(copy.deepcopy(config), name=f"{case}.yaml")
-        extra_env = {"TOOLKIT_PLUGINS": "two_optimizer_task"}
     ref_exp = str(tmp_path / "reference")
-    result = run_train(corpus.train_args(ref_exp, *overrides, config=conf), nproc,
-                       extra_env=extra_env)
+    result = run_train(corpus.train_args(ref_exp, *overrides, config=conf), nproc)
     assert result.returncode == 0, result.stderr[-3000:]
     reference = latest_payload(ref_exp)
 
@@ -104,7 +101,7 @@ def test_killed_runs_end_bitwise_identical(corpus, tmp_path, case):
     # steps can arrive after a loaded machine has already finished the whole run.
     points = sorted(rng.sample(range(1, max(4, total * 2 // 3)), 3))
     hits = train_with_kills(corpus.train_args(exp, *overrides, config=conf), nproc, points, exp,
-                            rng, extra_env)
+                            rng)
     assert hits == 3, "every kill should land while the run is alive"
     resumed = latest_payload(exp)
     assert_same_run(reference, resumed)

@@ -171,7 +171,7 @@ def test_fetch_continues_a_partial_download(served, tmp_path, ranges):
 def test_gpu_configs_are_published_scale():
     import torch
     import toolkit.tasks  # noqa: F401  (registers the codec task)
-    from toolkit.task import TASKS, load_config
+    from toolkit.config import TASKS, load_config
     sizes = {}
     for name in ("codec_24k_gpu.yaml", "codec_16k_gpu.yaml"):
         cfg = load_config(os.path.join(RECIPE, "conf", name))

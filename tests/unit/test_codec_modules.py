@@ -585,7 +585,7 @@ def test_ema_codebooks_ignore_zero_weight_steps():
     """A rank without data runs a stand-in batch at weight 0 (the trainer's
     frozen_norm_stats around it): EMA counts, sums and codebook stay as they were, and a
     first stand-in batch does not initialise the codebook from its silence-like vectors."""
-    from toolkit.trainer.trainer import frozen_norm_stats
+    from toolkit.trainer.context import frozen_norm_stats
     rvq = ResidualVectorQuantizer(8, n_codebooks=2, codebook_size=16, codebook_dim=4,
                                   quantizer_dropout=0.0, ema_decay=0.9)
     rvq.train()
@@ -608,7 +608,7 @@ def test_ema_codebooks_ignore_zero_weight_steps():
 
 def _ema_rank(rank, world, port, out):
     import torch.distributed as dist
-    from toolkit.trainer.trainer import frozen_norm_stats
+    from toolkit.trainer.context import frozen_norm_stats
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ import yaml
 
 from toolkit.config import (Config, ConfigError, apply_overrides, dump_config, is_redacted,
                             load_yaml, redact, same_value, to_dict)
-from toolkit.task import load_config, validate
+from toolkit.config import load_config, validate
 from toolkit.tasks.kws.losses import MaxPoolingLoss
 from toolkit.tasks.kws.models import MODELS
 from toolkit.tasks.kws.models.ds_tcn import DSTCN

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from toolkit.task import load_config
+from toolkit.config import load_config
 from toolkit.data.features import fbank_metadata, fbank_options
 from toolkit.tasks.kws.export import StreamingScorer, build_metadata, export_onnx
 from toolkit.tasks.kws.losses import CrossEntropyLoss, MaxPoolingLoss

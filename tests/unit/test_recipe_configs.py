@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import toolkit.tasks  # noqa: F401
-from toolkit.task import TASKS, load_config, resolve_config
+from toolkit.config import TASKS, load_config, resolve_config
 from toolkit.config import load_yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,7 +7,7 @@ import sys
 from toolkit.data.cmvn import compute_global_cmvn, write_cmvn
 import toolkit.tasks  # noqa: F401  (the task names a config may give)
 from toolkit.config import DatasetConfig
-from toolkit.task import load_dataset_config
+from toolkit.config import load_dataset_config
 from toolkit.logging_utils import setup_logging
 from toolkit.errors import cli
 

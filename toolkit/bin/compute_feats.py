@@ -9,7 +9,7 @@ import sys
 from toolkit.cli import path_pairs
 import toolkit.tasks  # noqa: F401  (the task names a config may give)
 from toolkit.config import DatasetConfig
-from toolkit.task import load_dataset_config
+from toolkit.config import load_dataset_config
 from toolkit.data.features_store import compute_features_for_list
 from toolkit.logging_utils import setup_logging
 from toolkit.errors import cli

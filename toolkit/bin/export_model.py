@@ -51,7 +51,7 @@ def main(argv=None):
     # Small streaming calls: extra threads only add contention.
     torch.set_num_threads(1)
     import toolkit.tasks  # noqa: F401  (registers every task)
-    from toolkit.task import TASKS
+    from toolkit.config import TASKS
     if args.pretrained:
         from toolkit import pretrained
         weights = pretrained.weights(args.pretrained)

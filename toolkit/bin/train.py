@@ -50,7 +50,7 @@ def main(argv=None):
     args = get_args(argv)
     if args.print_config_reference:
         from toolkit.config import config_reference
-        from toolkit.task import TASKS
+        from toolkit.config import TASKS
         sys.stdout.write(config_reference(TASKS.get(n) for n in TASKS.names()))
         return 0
     from toolkit.trainer.run import run_training

@@ -13,11 +13,14 @@ The modules, by concern (each imports only those above it; none imports a task):
 - `secrets`: redaction of secret values in files and logs;
 - `compose`: YAML files with `defaults:` lists, `key.path=value` overrides, config.yaml;
 - `validate`: raw mappings checked against the schema, the generic value checks;
+- `resolve`: a whole config through the task its `task.type` names (TASKS): `validate`,
+  `load_config`, `resolve_config` (with the values the task derives from its data),
+  `config_from_dict`, `load_dataset_config`;
 - `reference`: docs/config_reference.md.
 
 Which sections a config has, the task's optimizer defaults and checks, and the values it
-derives from its data belong to the task contract: `toolkit.task` (TASKS, validate,
-load_config, resolve_config). This package re-exports the names other modules use."""
+derives from its data are hooks of the task contract (toolkit.task.Task); `resolve` calls
+them. This package re-exports the names other modules use."""
 from toolkit.config.compose import (apply_overrides, dump_config, load_yaml, merge,
                                     parse_override, read_yaml, set_values)
 from toolkit.config.ramps import RAMP_SHAPES, RAMP_UNITS, Ramp
@@ -27,6 +30,8 @@ from toolkit.config.schema import (GENERIC_SECTIONS, Config, DatasetConfig, Feat
                                    SamplerConfig, SchedulerConfig, Section, SpecAugConfig,
                                    TaskConfigBase, TrainingConfig, VoicePerturbConfig,
                                    dataset_config_from_metadata, to_dict)
+from toolkit.config.resolve import (TASKS, config_from_dict, load_config, load_dataset_config,
+                                    resolve_config, task_class, validate)
 from toolkit.config.secrets import (REDACTED, config_secrets, is_redacted, is_secret_key,
                                     known_secrets, redact, register_secrets, same_value,
                                     scrub_text, secret_env_values)
@@ -47,4 +52,6 @@ __all__ = [
     "build_dataclass", "build_poly", "build_section", "build_optim", "coerce",
     "check_generic", "check_dataset",
     "config_reference", "field_docs", "reference_rows",
+    "TASKS", "task_class", "validate", "resolve_config", "load_config", "config_from_dict",
+    "load_dataset_config",
 ]

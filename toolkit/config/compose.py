@@ -1,8 +1,8 @@
 """Composing a config: a YAML file may start from others, `defaults: [../../conf/model/
 ecapa.yaml, ...]` (paths relative to the file), merged in order with the file's own keys
 on top; then the command-line overrides (`training.max_epoch=5`) and the values a task
-derives from its data go on top; the result is validated once (toolkit.task.validate)
-and recorded in the experiment's `config.yaml` (dump_config)."""
+derives from its data go on top; the result is validated once
+(toolkit.config.resolve.validate) and recorded in the experiment's `config.yaml` (dump_config)."""
 import copy
 import os
 import re

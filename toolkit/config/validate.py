@@ -2,8 +2,8 @@
 keys and wrong types are errors that name the full key path); a section whose `type`
 selects a registered class (model, loss, scheduler) is checked by that class's own
 Config dataclass; then the generic sections' values. Assembling a whole config for a
-task (which sections, whose optimizer defaults, the task's own checks) is the task
-contract's part: toolkit.task.validate."""
+task (which sections, whose optimizer defaults, the task's own checks) is
+toolkit.config.resolve's, through the hooks of the task contract (toolkit.task.Task)."""
 import copy
 import dataclasses
 import typing

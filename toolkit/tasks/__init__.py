@@ -1,4 +1,4 @@
-"""Model families. Importing this package registers every task with toolkit.task.TASKS
+"""Model families. Importing this package registers every task with toolkit.config.TASKS
 (by module name: a task's module, and torch with it, is imported when a config names it)
 and the families' label modes; generic code never imports it (binaries do).
 
@@ -9,12 +9,14 @@ environment variable TOOLKIT_PLUGINS (comma-separated) and every binary imports 
 import importlib
 import os
 
-from toolkit.task import TASKS
+from toolkit.config import TASKS
 from toolkit.errors import UserError
 from toolkit.tasks.kws import labels  # noqa: F401  (registers the "keyword" label mode)
 
 for _name in ("codec", "kws", "speaker"):
     TASKS.register_lazy(_name, f"toolkit.tasks.{_name}.task")
+# The worked example of the contract (docs/architecture.md walks it).
+TASKS.register_lazy("example", "toolkit.tasks.example")
 
 
 def _load_plugins() -> None:

@@ -12,11 +12,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import yaml
 
-from toolkit.config import (Config, ConfigError, dump_config, is_redacted,
+from toolkit.config import (Config, ConfigError, config_from_dict, dump_config, is_redacted,
                             is_secret_key, same_value, secret_env_values, to_dict)
 from toolkit.data.inventory import inventory_differences, read_inventory, write_inventory
 from toolkit.errors import MissingInputError
-from toolkit.task import config_from_dict
 from toolkit.fileio import atomic_write_text, sha256_file
 
 logger = logging.getLogger(__name__)

@@ -6,12 +6,11 @@ import sys
 import traceback
 
 from toolkit.config import (ConfigError, apply_overrides, config_secrets, load_yaml,
-                            register_secrets)
+                            register_secrets, task_class)
+from toolkit.config import resolve_config as resolve_task_config
 from toolkit.errors import MissingInputError, UserError
 from toolkit.logging_utils import setup_logging
 from toolkit.memory import allocator_in_use
-from toolkit.task import resolve_config as resolve_task_config
-from toolkit.task import task_class
 from toolkit.trainer import checkpoint as ckpt
 from toolkit.trainer import distributed as dist_util
 from toolkit.trainer.experiment import data_fingerprint, prepare_exp_dir

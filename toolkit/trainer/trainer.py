@@ -1,6 +1,8 @@
 """The generic training executor: torchrun DDP, exact resume, AMP, several optimizers,
 clipping, accumulation, validation, logging. It knows no model family: a Task (see
-toolkit.task) supplies modules, data processing and the training step."""
+toolkit.task) supplies modules, data processing and the training step. The step context
+a task's steps get is toolkit.trainer.context's; what a checkpoint holds and how a run
+resumes from one, toolkit.trainer.resume's."""
 import contextlib
 import logging
 import math
@@ -13,54 +15,31 @@ import numpy as np
 import torch
 from torch import nn
 
-from toolkit.config import Config, Ramp, redact, to_dict
+from toolkit.config import Config, Ramp
 from toolkit.data.datalist import BAD_REASONS, BadCounter, DataList
 from toolkit.data.pipeline import FeaturePipeline
 from toolkit.data.plan import rank_batches
 from toolkit.data.sources import DataSource, has_input, open_split
 from toolkit.config import ConfigError
 from toolkit.errors import DataError, UserError
-from toolkit.progress import Progress, format_duration
+from toolkit.progress import Progress
 from toolkit.task import Batch, Task
-from toolkit.trainer import checkpoint as ckpt
 from toolkit.trainer import distributed as dist_util
 from toolkit.trainer.clip import clip_and_step
+from toolkit.trainer.context import TrainerStepContext, frozen_norm_stats
+from toolkit.trainer.report import Reporting
+from toolkit.trainer.resume import Resumable
 from toolkit.trainer.distributed import DistInfo
-from toolkit.trainer.experiment import load_init_weights
 from toolkit.memory import release_free_memory
 from toolkit.nn.lean import plain_pass
 from toolkit.trainer.optim import build_optimizer, build_schedule
 from toolkit.trainer.tracking import open_metric_writer
 
 logger = logging.getLogger(__name__)
-PAYLOAD_FORMAT = 2
 
 
 class TrainingError(UserError, RuntimeError):
     """Training cannot go on (too many bad inputs or non-finite updates): one line."""
-
-
-@contextlib.contextmanager
-def frozen_norm_stats(modules):
-    """Keeps running statistics unchanged for zero-weight steps: BatchNorm's (momentum
-    0), and those of any submodule that declares a `statistics_frozen` flag (e.g. EMA
-    codebooks), which is set for the step."""
-    saved, flagged = [], []
-    for module in modules:
-        for m in module.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                saved.append((m, m.momentum))
-                m.momentum = 0.0
-            if isinstance(getattr(m, "statistics_frozen", None), bool):
-                flagged.append((m, m.statistics_frozen))
-                m.statistics_frozen = True
-    try:
-        yield
-    finally:
-        for m, momentum in saved:
-            m.momentum = momentum
-        for m, flag in flagged:
-            m.statistics_frozen = flag
 
 
 def amp_dtype(cfg: Config, device: torch.device) -> Optional[torch.dtype]:
@@ -86,73 +65,7 @@ def set_determinism(enabled: bool, device: torch.device) -> None:
         torch.backends.cudnn.deterministic = True
 
 
-class _StepContext:
-    """The trainer's side of toolkit.task.StepContext for one micro-batch."""
-
-    def __init__(self, trainer: "Trainer", training: bool, boundary: bool = True,
-                 weight: float = 1.0, factor: float = 1.0):
-        self.t = trainer
-        self.training = training
-        self.boundary = boundary
-        self.weight = weight
-        self.factor = factor
-        self.step_index = trainer.step
-        self.total_steps = trainer.total_steps
-        self.epoch = trainer.epoch
-        self.device = trainer.device
-        self.results: Dict[str, Dict[str, float]] = {}
-
-    @property
-    def progress(self) -> float:
-        return self.step_index / max(1, self.total_steps)
-
-    def value(self, ramp: Ramp) -> float:
-        return ramp.value(self.step_index, self.t.ramp_total(ramp, self.step_index))
-
-    def module(self, name: str) -> nn.Module:
-        if self.training:
-            return self.t.wrapped.get(name, self.t.views[name])
-        return self.t.views[name]
-
-    def raw(self, name: str) -> nn.Module:
-        return self.t.modules[name]
-
-    def autocast(self):
-        dtype = self.t.amp_dtype
-        return torch.autocast(self.device.type, dtype=dtype or torch.float32,
-                              enabled=dtype is not None)
-
-    def fp32(self):
-        return torch.autocast(self.device.type, enabled=False)
-
-    def active(self, optimizer: str) -> bool:
-        return self.t.optimizer_active(optimizer, self.step_index)
-
-    @contextlib.contextmanager
-    def frozen(self, *modules: str):
-        params = [p for m in modules for p in self.t.modules[m].parameters() if p.requires_grad]
-        for p in params:
-            p.requires_grad_(False)
-        try:
-            yield
-        finally:
-            for p in params:
-                p.requires_grad_(True)
-
-    def backward(self, loss: torch.Tensor, optimizer: str) -> None:
-        scaled = loss * self.weight if self.weight != 1.0 else loss
-        scaler = self.t.scalers.get(optimizer)
-        if scaler is not None:
-            scaled = scaler.scale(scaled)
-        scaled.backward()
-
-    def step(self, optimizer: str) -> None:
-        # Before its phase an optimizer does nothing (its schedule starts with the phase).
-        if self.boundary and self.training and self.active(optimizer):
-            self.results[optimizer] = self.t.optimizer_step(optimizer, self.factor)
-
-
-class Trainer:
+class Trainer(Resumable, Reporting):
     def __init__(self, cfg: Config, task: Task, exp_dir: str, info: DistInfo):
         self.cfg = cfg
         self.task = task
@@ -217,6 +130,7 @@ class Trainer:
         self.save_seconds = 0.0
         self.wrapped: Dict[str, nn.Module] = {}
         self.trace = None
+        self.stand_in: Optional[Batch] = None      # see _stand_in_batch
         self.trim_interval = t.malloc_trim_interval if self.device.type == "cpu" else 0
         self.lean_units = t.lean_units
         self.num_threads = torch.get_num_threads()
@@ -316,131 +230,6 @@ class Trainer:
         micro = math.ceil(max(0, num_global - done) / self.info.world_size)
         return max(1, math.ceil(micro / self.cfg.training.accum_grad)) if micro else 0
 
-    # ------------------------------------------------------------------ checkpoints
-
-    def _payload(self) -> dict:
-        per_rank = dist_util.all_gather_object({
-            "rng": ckpt.rng_state(cuda=self.device.type == "cuda"),
-            "epoch_bad": dict(self.epoch_bad.counts), "epoch_seen": self.epoch_seen,
-            "epoch_bad_examples": {k: list(v) for k, v in self.epoch_bad.examples.items()},
-        }, self.info)
-        return {
-            "format": PAYLOAD_FORMAT,
-            "task": self.task.name,
-            "modules": {n: m.state_dict() for n, m in self.modules.items()},
-            "optimizers": {n: o.state_dict() for n, o in self.optimizers.items()},
-            "schedules": {n: s.state_dict() for n, s in self.schedules.items()},
-            "scalers": {n: s.state_dict() for n, s in self.scalers.items()},
-            "task_state": self.task.state_dict(),
-            "step": self.step, "epoch": self.epoch, "global_batch_pos": self.global_pos,
-            "phase_starts": dict(self.phase_starts),
-            "ramp_totals": [list(x) for x in self.ramp_totals],
-            "nonfinite_run": dict(self.nonfinite_run),
-            "nonfinite_total": dict(self.nonfinite_total),
-            "per_rank": per_rank, "world_size": self.info.world_size,
-            "num_threads": self.num_threads,
-            "config": redact(to_dict(self.cfg)),
-        }
-
-    def save(self, dev_metric: Optional[float] = None) -> None:
-        started = time.time()
-        try:
-            payload = self._payload()          # collective: every rank takes part
-            if not self.info.is_main:
-                return
-            meta = {"epoch": self.epoch, "global_batch_pos": self.global_pos,
-                    "dev_metric": dev_metric, "dev_metric_name": self.task.selection_metric,
-                    "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-            if self.writer:     # a run killed once the checkpoint exists lost no scalar of it
-                self.writer.flush()
-            t0 = time.time()
-            path = ckpt.save_checkpoint(self.exp_dir, self.step, payload, meta)
-            ckpt.prune(self.exp_dir, self.cfg.training.keep_last, self.cfg.training.keep_best)
-            logger.info("saved %s (%.2f s)", os.path.basename(path), time.time() - t0)
-        finally:
-            self.save_seconds += time.time() - started
-
-    def restore(self, resume_path: Optional[str]) -> str:
-        """Resumes from `resume_path` (chosen by rank 0) or initialises from
-        training.init_checkpoint; returns what happened, for the log."""
-        if resume_path is None:
-            init = self.cfg.training.init_checkpoint
-            if init:
-                names = load_init_weights(self.modules, self.task, init,
-                                          self.cfg.training.init_allow_missing)
-                return f"initialised {', '.join(names)} from {init} (weights only)"
-            return "started from random initialisation"
-        state = ckpt.load_payload(resume_path)
-        if state.get("format") != PAYLOAD_FORMAT or state.get("task") != self.task.name:
-            raise ConfigError(f"{resume_path} is not a {self.task.name} checkpoint of this "
-                              "toolkit version; start a new exp dir")
-        for name, module in self.modules.items():
-            module.load_state_dict(state["modules"][name])
-        for name, opt in self.optimizers.items():
-            opt.load_state_dict(state["optimizers"][name])
-            self._apply_optimizer_config(name)
-        for name, sched in self.schedules.items():
-            sched.load_state_dict(state["schedules"][name])
-            # An allowed LR change applies on resume: the schedule follows the config.
-            sched.set_base_lr(self.cfg.optim[name].lr)
-        for name, scaler in self.scalers.items():
-            if state["scalers"].get(name):
-                scaler.load_state_dict(state["scalers"][name])
-        self.task.load_state_dict(state["task_state"])
-        self.step, self.epoch = state["step"], state["epoch"]
-        self.global_pos = state["global_batch_pos"]
-        self._restore_phase_starts(state)
-        self.nonfinite_run.update(state["nonfinite_run"])
-        self.nonfinite_total.update(state["nonfinite_total"])
-        saved_world = state["world_size"]
-        per_rank = state["per_rank"]
-        if saved_world == self.info.world_size:
-            mine = per_rank[self.info.rank]
-            ckpt.set_rng_state(mine["rng"])
-            self._restore_counts([mine])
-        elif self.info.is_main:        # the epoch's counts so far, summed, live on rank 0
-            self._restore_counts(per_rank)
-        if saved_world != self.info.world_size:
-            self._rescale_for_world_size(saved_world)
-        if state.get("num_threads") not in (None, self.num_threads) and self.info.is_main:
-            logger.warning("this run uses %d CPU threads per process, the checkpoint's run "
-                           "%s: results stay correct but are no longer bitwise those of an "
-                           "uninterrupted run (set OMP_NUM_THREADS to match)",
-                           self.num_threads, state["num_threads"])
-        self._restore_ramp_totals(state)
-        return (f"resumed from {resume_path}: epoch {self.epoch}, global batch "
-                f"{self.global_pos}, step {self.step}")
-
-    def _restore_phase_starts(self, state: dict) -> None:
-        """Phases that had begun stay on whatever total this run computes (a changed
-        max_steps / max_epoch or world size). Checkpoints written before the starts were
-        recorded tell them by the steps each optimizer's schedule has taken."""
-        if "phase_starts" in state:
-            starts = {n: int(v) for n, v in state["phase_starts"].items() if n in self.optimizers}
-        else:
-            starts = {n: max(0, self.step - int(s["step_count"]))
-                      for n, s in state["schedules"].items()
-                      if n in self.optimizers and int(s["step_count"]) > 0}
-        moved = {n: (self.start_step(n), v) for n, v in starts.items()
-                 if self.start_step(n) != v}
-        self.phase_starts = starts
-        for name, sched in self.schedules.items():
-            sched.total_steps = max(1, self._schedule_total(name))
-            sched.reapply()
-        if moved and self.info.is_main:
-            logger.info("optimizer phase(s) %s began before this run's total of %d steps moved "
-                        "their start; they stay on from the recorded step(s) %s",
-                        ", ".join(moved), self.total_steps,
-                        ", ".join(str(v) for _, v in moved.values()))
-
-    def _restore_ramp_totals(self, state: dict) -> None:
-        history = [(int(a), int(b)) for a, b in state.get("ramp_totals", [])]
-        if not history:             # a checkpoint from before the totals were recorded
-            history = [(0, self.total_steps)]
-        if history[-1][1] != self.total_steps:
-            history.append((self.step, self.total_steps))
-        self.ramp_totals = history
-
     def ramp_total(self, ramp: Ramp, step: int) -> int:
         """The total a fraction ramp is evaluated against at `step`: that of the run in
         which it reached its start, so a switched-on loss stays on when a resume extends
@@ -454,44 +243,6 @@ class Trainer:
                 return total
         return self.total_steps
 
-    def _restore_counts(self, ranks: List[dict]) -> None:
-        for r in ranks:
-            counter = BadCounter()
-            counter.counts.update(r["epoch_bad"])
-            counter.examples = {k: list(v) for k, v in r.get("epoch_bad_examples", {}).items()}
-            self.epoch_bad.merge(counter)
-            self.epoch_seen += r["epoch_seen"]
-
-    def _apply_optimizer_config(self, name: str) -> None:
-        """Optimizer.load_state_dict restores the saved hyperparameters; the config's
-        (possibly changed, allowed) values win."""
-        o = self.cfg.optim[name]
-        values = {"weight_decay": o.weight_decay, "eps": o.eps, "betas": tuple(o.betas),
-                  "momentum": o.momentum, "amsgrad": o.amsgrad}
-        for group in self.optimizers[name].param_groups:
-            for key, value in values.items():
-                if key in group:
-                    group[key] = value
-
-    def _rescale_for_world_size(self, saved_world: int) -> None:
-        """Another world size: the rest of the epoch is dealt to the new ranks (exact data
-        accounting); the LR schedule now ends when the data does."""
-        t = self.cfg.training
-        remaining = self._steps_in_plan(len(self._global_plan(self.epoch)), self.global_pos)
-        per_epoch = self._steps_in_plan(len(self._global_plan(0)), 0)
-        self.total_steps = self._planned_total(self.step + remaining + per_epoch * max(
-            0, t.max_epoch - self.epoch - 1))
-        self.steps_per_epoch = per_epoch
-        for name, sched in self.schedules.items():
-            sched.total_steps = self._schedule_total(name)
-            sched.reapply()
-        if self.info.is_main:
-            logger.warning("world size changed (%d -> %d): the rest of epoch %d (global batches "
-                           "%d on) is dealt to the %d ranks, so every utterance is still seen "
-                           "once; the schedule now ends at step %d; random streams are not "
-                           "those of an uninterrupted run", saved_world, self.info.world_size,
-                           self.epoch, self.global_pos, self.info.world_size, self.total_steps)
-
     def wrap_ddp(self) -> None:
         """DDP per module with trainable parameters (after any weights are loaded)."""
         if not self.info.distributed:
@@ -501,7 +252,7 @@ class Trainer:
                 continue
             self.wrapped[name] = nn.parallel.DistributedDataParallel(
                 self.views[name], device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                find_unused_parameters=self.task.find_unused_parameters(name))
+                find_unused_parameters=name in self.task.modules_with_unused_parameters)
 
     # ------------------------------------------------------------------ steps
 
@@ -536,7 +287,7 @@ class Trainer:
     def _micro_step(self, batch: Batch, boundary: bool, factor: float) -> Dict[str, float]:
         empty = len(batch) == 0
         if empty:
-            batch = self.task.dummy_batch()
+            batch = self._stand_in_batch()
         sync = contextlib.ExitStack()
         if self.info.distributed and not boundary:
             for ddp in self.wrapped.values():
@@ -544,7 +295,7 @@ class Trainer:
         if boundary:
             self._record_phase_starts()
         frozen = frozen_norm_stats(self.modules.values()) if empty else contextlib.nullcontext()
-        ctx = _StepContext(self, True, boundary, 0.0 if empty else 1.0, factor)
+        ctx = TrainerStepContext(self, True, boundary, 0.0 if empty else 1.0, factor)
         plain = contextlib.nullcontext() if self.lean_units else plain_pass()
         with sync, frozen, plain:
             metrics = self.task.train_step(batch, ctx)
@@ -554,9 +305,32 @@ class Trainer:
                     # Not stepped this time (inactive phase): drop stray gradients.
                     self.optimizers[name].zero_grad(set_to_none=True)
             self.last_step_results = ctx.results
+        undeclared = set(metrics) - set(self.task.metrics.train)
+        if undeclared:
+            raise RuntimeError(f"task {self.task.name}: train_step returned "
+                               f"{', '.join(sorted(undeclared))}, not in its metrics.train")
         if empty:
             return {"n": 0}
         return dict(metrics, n=len(batch))
+
+    def _stand_in_batch(self) -> Batch:
+        """Real data for a micro-step in which this rank has none (a short last group, or
+        every utterance of its batch bad): its forward and backward at weight 0 let the
+        other ranks' gradient all-reduce complete. The first usable batch of epoch 0's plan,
+        built here by the training builder: the same in every run, so that a resumed run
+        draws the random numbers an uninterrupted one does."""
+        if self.stand_in is None:
+            batches = iter(self.train_list.loader(self._global_plan(0), self.train_builder, 0,
+                                                  0, 0, self.cfg.dataset.prefetch_factor,
+                                                  self.cfg.training.seed))
+            try:
+                self.stand_in = next((b for b in batches if len(b)), None)
+            finally:
+                batches.close()
+            if self.stand_in is None:
+                raise TrainingError(f"{self.train_list.path}: no planned batch holds a usable "
+                                    "utterance")
+        return self.stand_in
 
     # ------------------------------------------------------------------ validation
 
@@ -580,7 +354,7 @@ class Trainer:
                 bar.update()
             if len(batch) == 0:
                 continue
-            self.task.eval_batch(batch, _StepContext(self, False), state)
+            self.task.eval_batch(batch, TrainerStepContext(self, False), state)
         if bar is not None and bar.bar is not None:
             bar.bar.close()
         result = self.task.eval_end(dist_util.all_gather_object(state, self.info))
@@ -594,7 +368,7 @@ class Trainer:
     def _after_validation(self, result: Optional[Dict[str, float]], tag: str) -> Optional[float]:
         if result is None:
             return None
-        metric = result[self.task.selection_metric]
+        metric = result[self.task.metrics.select]
         for name, sched in self.schedules.items():
             # A plateau schedule judges its own optimizer's steps: none before its phase.
             if self.optimizer_active(name, max(0, self.step - 1)):
@@ -728,90 +502,7 @@ class Trainer:
             self.writer.close()
         if self.trace is not None:
             self.trace.close()
-        # Every rank logs it: ranks that drifted apart (a sync bug) are visible at a glance.
-        logger.info("rank %d final parameter checksum %s", self.info.rank, self.checksum())
-        if self.info.is_main:
-            import resource
-            wall = time.time() - run_start
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            workers = resource.getrusage(resource.RUSAGE_CHILDREN)
-            logger.info("training finished: %d steps (%s), %s this run (%.2f steps/s); "
-                        "checkpointing %.2f s = %.2f%% of wall time; peak RSS %.2f GB (loader "
-                        "workers %.2f GB); CPU user %.0f s, system %.0f s", self.step,
-                        ended_by, format_duration(wall),
-                        (self.step - start_step) / max(wall, 1e-9),
-                        self.save_seconds, 100.0 * self.save_seconds / max(wall, 1e-9),
-                        usage.ru_maxrss / 2 ** 20, workers.ru_maxrss / 2 ** 20,
-                        usage.ru_utime + workers.ru_utime, usage.ru_stime + workers.ru_stime)
-            if self.device.type == "cuda":
-                logger.info("CUDA peak memory %.2f GB allocated, %.2f GB reserved",
-                            torch.cuda.max_memory_allocated(self.device) / 2 ** 30,
-                            torch.cuda.max_memory_reserved(self.device) / 2 ** 30)
-
-    def checksum(self) -> str:
-        import hashlib
-        h = hashlib.sha256()
-        for name in sorted(self.modules):
-            for key, value in self.modules[name].state_dict().items():
-                if value.is_floating_point() and "running" not in key:
-                    h.update(value.detach().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()[:16]
-
-    # ------------------------------------------------------------------ logging
-
-    @staticmethod
-    def _new_window() -> dict:
-        """Sums over the steps between two log lines."""
-        return {"metrics": {}, "n": 0, "audio": 0.0, "wait": 0.0, "t0": time.time()}
-
-    @staticmethod
-    def _accumulate(window: dict, stats: Dict[str, float], batch: Batch) -> None:
-        n = stats.pop("n")
-        if n:
-            for k, v in stats.items():
-                total, count = window["metrics"].get(k, (0.0, 0))
-                window["metrics"][k] = (total + float(v) * n, count + n)
-        window["n"] += n
-        window["audio"] += batch.audio_seconds
-
-    def _log_step(self) -> None:
-        if not self.writer:
-            return
-        for name, result in getattr(self, "last_step_results", {}).items():
-            suffix = "" if len(self.optimizers) == 1 else f"_{name}"
-            self.writer.add_scalar(f"train/lr{suffix}", self.schedules[name].lr(), self.step)
-            self.writer.add_scalar(f"train/grad_norm{suffix}", result["grad_norm"], self.step)
-            self.writer.add_scalar(f"train/skipped_steps{suffix}", self.nonfinite_total[name],
-                                   self.step)
-
-    def _log(self, window, run_start, start_step) -> None:
-        # Every rank reduces the same vector: the metric names come from the task.
-        names = list(self.task.train_metric_names())
-        values = dist_util.all_reduce_sum(
-            [window["n"], window["audio"]]
-            + [v for k in names for v in window["metrics"].get(k, (0.0, 0))], self.info)
-        if not self.info.is_main:
-            return
-        n, audio = values[:2]
-        means = {k: values[2 + 2 * i] / values[3 + 2 * i]
-                 for i, k in enumerate(names) if values[3 + 2 * i] > 0}
-        elapsed = max(1e-6, time.time() - window["t0"])
-        done = self.step - start_step
-        rate = done / max(1e-6, time.time() - run_start)
-        eta = (self.total_steps - self.step) / rate if rate > 0 else float("nan")
-        lrs = " ".join(f"lr{'' if len(self.schedules) == 1 else '_' + k} {s.lr():.3g}"
-                       for k, s in self.schedules.items())
-        shown = " ".join(f"{k} {v:.5f}" for k, v in means.items())
-        logger.info("epoch %d step %d/%d %s %s | %.0f utt/s %.0f audio-s/s loader wait %.0f%% "
-                    "| ETA %s", self.epoch, self.step, self.total_steps, shown, lrs,
-                    n / elapsed, audio / elapsed, 100.0 * window["wait"] / elapsed,
-                    format_duration(eta))
-        if self.writer:
-            for k, v in means.items():
-                self.writer.add_scalar(f"train/{k}", v, self.step)
-            self.writer.add_scalar("train/utts_per_s", n / elapsed, self.step)
-            self.writer.add_scalar("train/audio_s_per_s", audio / elapsed, self.step)
-            self.writer.add_scalar("train/loader_wait_s", window["wait"], self.step)
+        self._log_run_end(run_start, start_step, ended_by)
 
 
 def _ever_positive(ramp: Ramp) -> bool:

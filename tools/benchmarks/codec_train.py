@@ -13,7 +13,7 @@ generator's adversarial and feature-matching terms); the frozen teachers (distil
 teacher, head and loss; the perceptual teacher's forward); the backward of each optimizer's
 loss; each optimizer step (clip, step, zero_grad, LR). Comparing decoders at equal bitrate:
 run it twice, e.g. with `model.decoder=istft` as an override. The
-step context here is the trainer's (toolkit.trainer.trainer._StepContext) with timers: the
+step context here is the trainer's (toolkit.trainer.context.TrainerStepContext) with timers: the
 same scaling, clipping and freezing. Batches hold speech-like signals (harmonic tones with
 vibrato in noise) of the config's segment length and batch size. Each boundary is
 synchronised on CUDA, which costs a little throughput, so that time lands in its part.
@@ -111,12 +111,13 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     import toolkit.tasks  # noqa: F401
-    from toolkit.task import TASKS, load_config
+    from toolkit.config import TASKS, load_config
     from toolkit.data.datalist import BadCounter
     from toolkit.tasks.codec import task as codec_task
     from toolkit.trainer.optim import build_optimizer, build_schedule
     from toolkit.memory import release_free_memory
-    from toolkit.trainer.trainer import Trainer, _StepContext, amp_dtype
+    from toolkit.trainer.context import TrainerStepContext as _StepContext
+    from toolkit.trainer.trainer import Trainer, amp_dtype
     cfg = load_config(args.config, args.overrides)
     if cfg.task.type != "codec":
         raise SystemExit(f"{args.config}: task.type is {cfg.task.type!r}, not codec")

@@ -114,7 +114,7 @@ def check_configs() -> None:
     """Every family's config with the overrides of each run it can make, validated as the
     trainer validates them (one line per combination)."""
     import toolkit.tasks  # noqa: F401  (registers the tasks)
-    from toolkit.task import load_config
+    from toolkit.config import load_config
     for family, spec in FAMILIES.items():
         for dtype in ("float32", "bfloat16", "float16"):
             for tiny in (False, True):

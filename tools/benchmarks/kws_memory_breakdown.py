@@ -58,7 +58,8 @@ def main(argv=None):
     from toolkit.nn.lean import plain_pass
     from toolkit.trainer.distributed import DistInfo
     from toolkit.trainer.run import resolve_config
-    from toolkit.trainer.trainer import Trainer, _StepContext
+    from toolkit.trainer.context import TrainerStepContext as _StepContext
+    from toolkit.trainer.trainer import Trainer
     torch.set_num_threads(1)
     report("imports (torch, toolkit)")
     d = args.data

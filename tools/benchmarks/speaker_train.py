@@ -123,7 +123,7 @@ def loader_share(args) -> None:
     from toolkit.config import apply_overrides, load_yaml
     from toolkit.data.datalist import DataList
     from toolkit.data.pipeline import FeaturePipeline
-    from toolkit.task import resolve_config
+    from toolkit.config import resolve_config
     from toolkit.data.sources import open_source
     from toolkit.tasks.speaker.task import SpeakerTask
     overrides = list(args.overrides)

@@ -58,7 +58,7 @@ def main(argv=None):
 
     import toolkit.tasks  # noqa: F401
     from toolkit.config import apply_overrides, load_yaml
-    from toolkit.task import TASKS, resolve_config
+    from toolkit.config import TASKS, resolve_config
     from toolkit.data.datalist import BadCounter
     from toolkit.trainer.clip import clip_and_step
     from toolkit.trainer.optim import build_optimizer

@@ -35,94 +35,30 @@ discriminator and feature matching, then + perceptual, all set by the loss ramps
 import copy
 import math
 import os
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
-from toolkit.config import ConfigError, Ramp, Section, TaskConfigBase
-from toolkit.data.audio import BadEntry, resample
-from toolkit.data.pipeline import FeaturePipeline, evaluation_pipeline
+from toolkit.config import ConfigError, Section
+from toolkit.data.audio import resample
+from toolkit.data.pipeline import evaluation_pipeline
 from toolkit.errors import MissingInputError
-from toolkit.task import TASKS, Batch, DataRequirements, ExampleBuilder, Task, pad_sequences
+from toolkit.task import TASKS, Batch, DataRequirements, Metrics, Task
+from toolkit.tasks.codec.config import (ADVERSARIAL_KEYS, ADVERSARIAL_START, WEIGHT_KEYS,
+                                        CodecDiscriminatorConfig, CodecLossConfig,
+                                        CodecTaskConfig, check_codec_config, ever_on)
+from toolkit.tasks.codec.data import SegmentBuilder
 from toolkit.tasks.codec.discriminators import (MultiPeriodDiscriminator,
-                                                MultiPeriodDiscriminatorConfig,
-                                                MultiResolutionSTFTDiscriminator,
-                                                MultiResolutionSTFTDiscriminatorConfig)
+                                                MultiResolutionSTFTDiscriminator)
 from toolkit.tasks.codec.export import export_codec, pad_to_hop
 from toolkit.tasks.codec.losses import (MultiResolutionMelLoss, MultiResolutionSTFTLoss,
                                         discriminator_loss, feature_matching_loss,
                                         generator_adversarial_loss)
 from toolkit.tasks.codec.model import CodecConfig, CodecModel, count_parameters, remove_weight_norm
 from toolkit.tasks.codec.teachers import (DistillationHead, FrozenTeacher, TeachersConfig,
-                                          check_distillation_config, check_teacher_config,
                                           distillation_loss, perceptual_loss)
-
-
-# --------------------------------------------------------------------------- config sections
-
-def _step_on(weight: float, at: float) -> Ramp:
-    return Ramp(initial=0.0, final=weight, start=at, end=at, shape="step")
-
-
-# Where the adversarial phase starts by default (fraction of max_steps), for the loss
-# weights and the discriminator optimizer alike: 10 % of reconstruction-only training
-# first, so the discriminators meet audio that already resembles speech.
-ADVERSARIAL_START = 0.1
-
-
-@dataclass
-class CodecDiscriminatorConfig:
-    use_mpd: bool = True          # multi-period discriminator (HiFi-GAN): periodic structure, pitch
-    # MPD sizes (periods, widths); the default is HiFi-GAN's full size
-    mpd: MultiPeriodDiscriminatorConfig = field(default_factory=MultiPeriodDiscriminatorConfig)
-    use_mrsd: bool = True         # complex multi-resolution STFT discriminator (EnCodec): phase too
-    # MS-STFT discriminator sizes (FFT sizes, filters); EnCodec's, halved for 16 kHz
-    mrsd: MultiResolutionSTFTDiscriminatorConfig = field(
-        default_factory=MultiResolutionSTFTDiscriminatorConfig)
-
-
-@dataclass
-class CodecLossConfig:
-    # multi-resolution log-mel L1 weight (DAC: 15), on from the first step
-    mel: Ramp = field(default_factory=lambda: Ramp.constant(15.0))
-    # LSGAN generator term (DAC: 1); a step at 10 % of max_steps, with the discriminators
-    adversarial: Ramp = field(default_factory=lambda: _step_on(1.0, ADVERSARIAL_START))
-    # discriminator feature matching (DAC: 2); switched on with the adversarial term
-    feature_matching: Ramp = field(default_factory=lambda: _step_on(2.0, ADVERSARIAL_START))
-    # VQ commitment (encoder towards its codes; DAC: 0.25), from the start
-    commitment: Ramp = field(default_factory=lambda: Ramp.constant(0.25))
-    # VQ codebook term (codes towards the encoder; DAC: 1); zero in effect with EMA codebooks
-    codebook: Ramp = field(default_factory=lambda: Ramp.constant(1.0))
-    # semantic distillation towards teachers.distillation's features (SpeechTokenizer: 1
-    # with cosine); 0: off, no head is built
-    distillation: Ramp = field(default_factory=lambda: Ramp.constant(0.0))
-    # perceptual loss on teachers.perceptual's features of decoded vs reference audio; 0: off
-    perceptual: Ramp = field(default_factory=lambda: Ramp.constant(0.0))
-    # mel-loss STFT windows in samples (DAC's, hop = window / 4): short ones time transients
-    mel_window_lengths: List[int] = field(
-        default_factory=lambda: [32, 64, 128, 256, 512, 1024, 2048])
-    # mel bands per window (DAC's); each clipped so that no band falls between FFT bins
-    mel_n_mels: List[int] = field(default_factory=lambda: [5, 10, 20, 40, 80, 160, 320])
-
-
-WEIGHT_KEYS = ("mel", "adversarial", "feature_matching", "commitment", "codebook",
-               "distillation", "perceptual")
-ADVERSARIAL_KEYS = ("adversarial", "feature_matching")
-
-
-def _ever_on(ramp: Ramp) -> bool:
-    return ramp.initial > 0 or ramp.final > 0
-
-
-def _wrap_sub_error(err: ConfigError, own: str, key: str) -> ConfigError:
-    """The discriminator classes name their own prefixes (mpd., mstftd.); name ours."""
-    text = str(err)
-    if text.startswith(own + "."):
-        text = text[len(own) + 1:]
-    return ConfigError(f"discriminator.{key}.{text}")
 
 
 # --------------------------------------------------------------------------- modules
@@ -156,129 +92,20 @@ def _halves(tensors, n: int):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-# --------------------------------------------------------------------------- data
-
-def fit_length(wave: np.ndarray, length: int, policy: str) -> np.ndarray:
-    """`wave` brought to at least `length` samples: zeros after it (pad) or repeated (loop)."""
-    if len(wave) >= length:
-        return wave
-    if policy == "loop" and len(wave):
-        return np.concatenate([wave] * int(math.ceil(length / len(wave))))
-    return np.pad(wave, (0, length - len(wave)))
-
-
-class SegmentBuilder(ExampleBuilder):
-    """Training: a `segment` samples excerpt at a random offset (from the utterance's own
-    stream: seed, epoch, key), short utterances padded or looped, then the dataset's
-    waveform augmentation; cut from a slightly longer excerpt when speed perturbation
-    could shorten it. Evaluation: the first `eval_samples` samples, no randomness.
-
-    With `encoder_rate` (the encoder reads another rate than the dataset's): each example is
-    (target-rate audio, encoder-rate audio), the second resampled from the same excerpt
-    (with `RESAMPLING_MARGIN` more target samples after it, so that the filter sees real
-    signal at the segment's end). Both start at the excerpt's first sample; the segment
-    (whole code frames) and dev utterances (cut to whole `step`s, the target samples of the
-    rates' common period) map to whole samples at both rates."""
-
-    # Target-rate samples resampled beyond the segment: more than the resampling filter's
-    # half width (52 samples for 24 -> 16 kHz, 95 for 44.1 -> 16 kHz).
-    RESAMPLING_MARGIN = 256
-
-    def __init__(self, pipeline: FeaturePipeline, segment: int, eval_samples: int,
-                 policy: str, encoder_rate: int = 0):
-        self.pipeline = pipeline
-        self.segment = segment
-        self.eval_samples = eval_samples
-        self.policy = policy
-        rate = pipeline.cfg.sample_rate
-        self.encoder_rate = encoder_rate if encoder_rate and encoder_rate != rate else 0
-        self.step = rate // math.gcd(rate, self.encoder_rate) if self.encoder_rate else 1
-        self.encoder_segment = segment * self.encoder_rate // rate if self.encoder_rate else 0
-        fastest = max(pipeline.cfg.speed_perturb) if pipeline.cfg.speed_perturb else 1.0
-        self.excerpt = int(math.ceil(segment * max(1.0, fastest)))
-        if self.encoder_rate:
-            self.excerpt += self.RESAMPLING_MARGIN
-
-    def encoder_view(self, wave: np.ndarray, length: int) -> np.ndarray:
-        """`length` samples of `wave` (target rate) resampled to the encoder's rate."""
-        out = resample(wave, self.pipeline.cfg.sample_rate, self.encoder_rate)[:length]
-        return np.clip(fit_length(out, length, "pad"), -1.0, 1.0).astype(np.float32)
-
-    def __call__(self, entry: dict, epoch: int, audio=None) -> np.ndarray:
-        if audio is None and "wav" not in entry:
-            raise BadEntry("missing_field", "codec training reads audio (`wav`), not "
-                           "precomputed features")
-        p = self.pipeline
-        wave = p.load(entry, audio)
-        if not p.train:
-            wave = np.ascontiguousarray(wave[:self.eval_samples], dtype=np.float32)
-            if not self.encoder_rate:
-                return wave
-            wave = wave[:len(wave) // self.step * self.step]
-            if not len(wave):
-                raise BadEntry("too_short", f"shorter than {self.step} samples, the common "
-                               "period of the encoder's and the target rate")
-            return wave, self.encoder_view(wave, len(wave) * self.encoder_rate //
-                                           p.cfg.sample_rate)
-        rng = p.rng(epoch, entry["key"])
-        wave = fit_length(wave, self.excerpt, self.policy)
-        start = int(rng.integers(0, len(wave) - self.excerpt + 1))
-        piece = p.augment_waveform(wave[start:start + self.excerpt], rng, epoch)
-        piece = fit_length(piece, self.segment, self.policy)
-        # Gain and added noise can leave the PCM range that the (tanh) output covers.
-        target = np.clip(piece[:self.segment], -1.0, 1.0).astype(np.float32)
-        if not self.encoder_rate:
-            return target
-        return target, self.encoder_view(np.clip(piece, -1.0, 1.0), self.encoder_segment)
-
-    def collate(self, examples, keys, audio_seconds, bad) -> Batch:
-        dual = bool(self.encoder_rate)
-        targets = [e[0] for e in examples] if dual else examples
-        if examples:
-            audio, lengths = pad_sequences(targets)
-        else:
-            audio, lengths = np.zeros((0, self.segment), np.float32), np.zeros(0, np.int64)
-        tensors = {"audio": torch.from_numpy(audio),
-                   "lengths": torch.as_tensor(lengths, dtype=torch.int64)}
-        if dual:
-            if examples:
-                encoder_audio, encoder_lengths = pad_sequences([e[1] for e in examples])
-            else:
-                encoder_audio = np.zeros((0, self.encoder_segment), np.float32)
-                encoder_lengths = np.zeros(0, np.int64)
-            tensors["encoder_audio"] = torch.from_numpy(encoder_audio)
-            tensors["encoder_lengths"] = torch.as_tensor(encoder_lengths, dtype=torch.int64)
-        return Batch(list(keys), tensors, audio_seconds, bad)
-
-
 # --------------------------------------------------------------------------- the task
 
 @TASKS.register("codec")
 class CodecTask(Task):
     name = "codec"
-
-    @dataclass
-    class Config(TaskConfigBase):
-        # training excerpt per utterance in seconds (rounded up to whole code frames); DAC
-        # uses 0.38 s, EnCodec 1 s: long enough for the 2048-point mel window
-        segment_seconds: float = 1.0
-        # utterances shorter than the segment: pad (zeros after them, as silence is part of
-        # speech) or loop (repeated; the joins become clicks the codec has to code)
-        short_utterances: str = "pad"
-        # dev segment: the first eval_seconds of each dev utterance (all of a shorter one),
-        # fixed so that successive validations measure the same audio
-        eval_seconds: float = 3.0
-        # codebooks used by validation; 0: all (training draws 1..n by quantizer dropout)
-        eval_n_q: int = 0
-
+    Config = CodecTaskConfig          # the config sections: toolkit.tasks.codec.config
     sections = {"model": Section(schema=CodecConfig),
                 "discriminator": Section(schema=CodecDiscriminatorConfig),
                 "loss": Section(schema=CodecLossConfig),
                 "teachers": Section(schema=TeachersConfig)}
     optimizers = ("generator", "discriminator")
     needs_inventory = False
-    selection_metric = "mel_distance"
     export_module = "generator"
+    # metrics: set in __init__ (the teachers in use add theirs)
     # DAC's optimizer settings (AdamW, betas 0.8/0.99, per-step exponential LR decay,
     # generator clip 1e3, discriminator clip 10); the discriminator starts with the
     # adversarial loss weights.
@@ -293,83 +120,7 @@ class CodecTask(Task):
     # ---------------------------------------------------------------- config
     @classmethod
     def check_config(cls, cfg) -> None:
-        cfg.model.validate()
-        d = cfg.discriminator
-        for key, own, sub in (("mpd", "mpd", d.mpd), ("mrsd", "mstftd", d.mrsd)):
-            try:
-                sub.validate()
-            except ConfigError as err:
-                raise _wrap_sub_error(err, own, key) from None
-        if not (d.use_mpd or d.use_mrsd):
-            raise ConfigError("discriminator.use_mpd and discriminator.use_mrsd are both false: "
-                              "the discriminator optimizer needs at least one of them")
-        t = cfg.task
-        if t.segment_seconds <= 0 or t.eval_seconds <= 0:
-            raise ConfigError("task.segment_seconds and task.eval_seconds must be positive")
-        if t.short_utterances not in ("pad", "loop"):
-            raise ConfigError(f"task.short_utterances: expected pad or loop, got "
-                              f"{t.short_utterances!r}")
-        if not 0 <= t.eval_n_q <= cfg.model.n_codebooks:
-            raise ConfigError(f"task.eval_n_q={t.eval_n_q}: must lie in [0, model.n_codebooks="
-                              f"{cfg.model.n_codebooks}] (0: all)")
-        if cfg.dataset.sample_rate != cfg.model.sample_rate:
-            raise ConfigError(f"dataset.sample_rate={cfg.dataset.sample_rate} but "
-                              f"model.sample_rate={cfg.model.sample_rate}: the loader resamples "
-                              "to dataset.sample_rate, the rate the codec reconstructs, so set "
-                              "both to it (model.encoder_sample_rate sets the encoder's rate)")
-        ds = cfg.dataset
-        for key, on in (("spec_aug.enabled", ds.spec_aug.enabled), ("vtlp_range", ds.vtlp_range),
-                        ("voice_perturb.prob", ds.voice_perturb.prob > 0),
-                        ("feature.dither", ds.feature.dither > 0)):
-            if on:
-                raise ConfigError(f"dataset.{key} acts on fbank features; the codec trains on "
-                                  "waveforms (use speed_perturb, volume_range, noise, reverb)")
-        loss = cfg.loss
-        for key in WEIGHT_KEYS:
-            ramp = getattr(loss, key)
-            if ramp.initial < 0 or ramp.final < 0:
-                raise ConfigError(f"loss.{key}: weights must be >= 0")
-        if len(loss.mel_window_lengths) != len(loss.mel_n_mels) or not loss.mel_n_mels:
-            raise ConfigError("loss.mel_window_lengths and loss.mel_n_mels need the same, "
-                              "non-zero number of entries")
-        if any(w < 4 for w in loss.mel_window_lengths) or any(m < 1 for m in loss.mel_n_mels):
-            raise ConfigError("loss.mel_window_lengths must be >= 4 and loss.mel_n_mels >= 1")
-        teachers = cfg.teachers
-        check_teacher_config(teachers.distillation, "distillation", _ever_on(loss.distillation),
-                             needs_gradient=False)
-        check_distillation_config(teachers.distillation)
-        check_teacher_config(teachers.perceptual, "perceptual", _ever_on(loss.perceptual),
-                             needs_gradient=True)
-        cls._check_phase(cfg)
-
-    @staticmethod
-    def _check_phase(cfg) -> None:
-        """The discriminator optimizer and the adversarial weights share one start: a
-        generator trained against a discriminator that has not started learns from noise,
-        and a discriminator trained with no adversarial term spends steps on nothing."""
-        starts = []
-        for key in ADVERSARIAL_KEYS:
-            ramp = getattr(cfg.loss, key)
-            begin = ramp.active_from()
-            if math.isinf(begin):
-                continue
-            if ramp.unit == "steps":
-                if not cfg.training.max_steps:
-                    raise ConfigError(f"loss.{key} ramps in steps: set training.max_steps (or "
-                                      "use unit: fraction) so that its start can be matched "
-                                      "with optim.discriminator.start_fraction")
-                begin = begin / cfg.training.max_steps
-            starts.append((begin, key))
-        if not starts:
-            return                     # no adversarial term: the discriminators never run
-        begin, key = min(starts)
-        d_start = cfg.optim["discriminator"].start_fraction
-        if abs(d_start - begin) > 1e-9:
-            when = "after" if d_start > begin else "before"
-            raise ConfigError(
-                f"optim.discriminator.start_fraction={d_start:g} starts the discriminator "
-                f"{when} loss.{key} switches on (at {begin:g} of max_steps): set both to the "
-                "same fraction (the adversarial phase)")
+        check_codec_config(cfg)
 
     def __init__(self, cfg, inventory=None):
         super().__init__(cfg, inventory)
@@ -380,8 +131,13 @@ class CodecTask(Task):
         self.segment = frames * m.decoder_hop             # target-rate samples
         self.encoder_segment = frames * self.hop          # encoder-rate samples
         self.segment_frames = frames
-        self.distill_on = _ever_on(cfg.loss.distillation)
-        self.perceptual_on = _ever_on(cfg.loss.perceptual)
+        self.distill_on = ever_on(cfg.loss.distillation)
+        self.perceptual_on = ever_on(cfg.loss.perceptual)
+        teachers = (("distill",) if self.distill_on else ()) + \
+            (("perceptual",) if self.perceptual_on else ())
+        self.metrics = Metrics(
+            train=("total", "mel", "commit", "codebook", "adv_g", "fm", "d_loss") + teachers,
+            eval=("mel_distance", "stft_distance", "si_sdr"), select="mel_distance")
         self._teachers: Dict[Tuple[str, str], FrozenTeacher] = {}
         self.eval_samples = max(1, int(round(cfg.task.eval_seconds * m.sample_rate)))
         self.eval_n_q = cfg.task.eval_n_q or m.n_codebooks
@@ -481,12 +237,6 @@ class CodecTask(Task):
 
     def example_frames(self, durations: np.ndarray) -> np.ndarray:
         return np.full(len(durations), self.segment_frames, dtype=np.int64)
-
-    def dummy_batch(self) -> Batch:
-        # A quiet tone, not zeros: feature matching divides by the real activations' scale.
-        t = np.arange(self.segment) / self.cfg.model.sample_rate
-        wave = (0.1 * np.sin(2 * np.pi * 220.0 * t)).astype(np.float32)
-        return self.batch_of(wave[None], ["<empty>"])
 
     def batch_of(self, waves: np.ndarray, keys: List[str]) -> Batch:
         """A training batch of (B, segment) target-rate waveforms, as the loader builds it
@@ -607,7 +357,7 @@ class CodecTask(Task):
         from toolkit.tasks.codec.metrics import si_sdr
         generator = ctx.module("generator")
         self.eval_mel.to(ctx.device)
-        sums = {k: 0.0 for k in self.eval_metric_names()}
+        sums = {k: 0.0 for k in self.metrics.eval}
         encoder_audio = batch.get("encoder_audio")
         for i in range(len(batch)):        # each utterance at its own length: no padding
             ref = batch.audio[i:i + 1, :int(batch.lengths[i])].to(ctx.device).unsqueeze(1)
@@ -622,14 +372,6 @@ class CodecTask(Task):
                 sums["stft_distance"] += float(sc + mag)
             sums["si_sdr"] += si_sdr(ref[0, 0].cpu().numpy(), decoded[0, 0].cpu().numpy())
         return {k: v / max(1, len(batch)) for k, v in sums.items()}
-
-    def train_metric_names(self) -> Tuple[str, ...]:
-        teachers = (("distill",) if self.distill_on else ()) + \
-            (("perceptual",) if self.perceptual_on else ())
-        return ("total", "mel", "commit", "codebook", "adv_g", "fm", "d_loss") + teachers
-
-    def eval_metric_names(self) -> Tuple[str, ...]:
-        return ("mel_distance", "stft_distance", "si_sdr")
 
     # ---------------------------------------------------------------- export
     def export(self, checkpoint: str, out_dir: str, test_data: str, num_check: int = 20,

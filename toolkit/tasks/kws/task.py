@@ -1,7 +1,7 @@
 """Keyword spotting as a task of the generic trainer: wake words (max-pooling detectors,
 optionally with a CTC head) and command words (utterance classifiers)."""
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -11,8 +11,8 @@ from toolkit.config import ConfigError, Section, TaskConfigBase
 from toolkit.data.cmvn import read_cmvn
 from toolkit.data.features import FEATURES, build_extractor
 from toolkit.data.pipeline import evaluation_pipeline
-from toolkit.task import TASKS, DataRequirements, Task, TaskInput
-from toolkit.tasks.kws.data import KwsExampleBuilder, collate
+from toolkit.task import TASKS, DataRequirements, Metrics, Task, TaskInput
+from toolkit.tasks.kws.data import KwsExampleBuilder
 from toolkit.tasks.kws.losses import LOSSES, WeightedSumLoss, build_loss, uses_ctc_head
 from toolkit.tasks.kws.models import MODELS, build_model
 from toolkit.tasks.kws.tokens import read_units
@@ -104,6 +104,11 @@ class KwsTask(Task):
         self.loss_fn = build_loss(cfg.loss)
         self.use_ctc = uses_ctc_head(self.loss_fn)
         self.part_names = list(getattr(self.loss_fn, "names", []))
+        self.metrics = Metrics(train=("loss", "acc", *self.part_names), eval=("loss", "acc"),
+                               select="loss")
+        if isinstance(self.loss_fn, WeightedSumLoss) and self.loss_fn.switches_parts():
+            # A component switched on later (e.g. the CTC head) gets no gradient before then.
+            self.modules_with_unused_parameters = ("model",)
 
     # ---------------------------------------------------------------- modules
     def build_modules(self) -> Dict[str, nn.Module]:
@@ -113,10 +118,6 @@ class KwsTask(Task):
 
     def training_view(self, name: str, module: nn.Module) -> nn.Module:
         return WithCTCHead(module) if self.use_ctc else module
-
-    def find_unused_parameters(self, module: str) -> bool:
-        # A component switched on later (e.g. the CTC head) gets no gradient before then.
-        return isinstance(self.loss_fn, WeightedSumLoss) and self.loss_fn.switches_parts()
 
     # ---------------------------------------------------------------- data
     def data_requirements(self, split: str = "train") -> DataRequirements:
@@ -133,13 +134,6 @@ class KwsTask(Task):
             return super().example_frames(durations)
         samples = np.round(np.asarray(durations, dtype=np.float64) * d.sample_rate)
         return build_extractor(d.feature, d.sample_rate).frames_for_samples(samples.astype(np.int64))
-
-    def dummy_batch(self):
-        from toolkit.data.datalist import BadCounter
-        dim = self.cfg.model.input_dim
-        # Two frames: BatchNorm in training mode needs more than one value per channel.
-        return collate(["<empty>"], [np.zeros((2, dim), np.float32)], [-1], 0.0, BadCounter(),
-                       dim, [[]] if self.use_ctc else None, [-1])
 
     # ---------------------------------------------------------------- steps
     def _loss(self, out, batch, device, step: int, total: int):
@@ -197,9 +191,3 @@ class KwsTask(Task):
             worst["frontend_stream"] = check_frontend_parity(metadata["feature"], extractor,
                                                              waves, tolerance)
         return worst
-
-    def train_metric_names(self) -> Tuple[str, ...]:
-        return ("loss", "acc", *self.part_names)
-
-    def eval_metric_names(self) -> Tuple[str, ...]:
-        return ("loss", "acc")

@@ -4,16 +4,15 @@ inventory; validation by EER on trials among dev utterances (unseen speakers wel
 export of the embedding network alone."""
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from torch import nn
 
 from toolkit.config import ConfigError, Section, TaskConfigBase
 from toolkit.errors import DataError
-from toolkit.task import TASKS, Batch, DataRequirements, Task
+from toolkit.task import TASKS, DataRequirements, Metrics, Task
 from toolkit.tasks.speaker import scoring
 from toolkit.tasks.speaker.data import ChunkBuilder, TrialError, make_trials, trial_problem
 from toolkit.tasks.speaker.heads import SPEAKER_HEADS, build_speaker_head
@@ -37,7 +36,8 @@ class SpeakerTask(Task):
     sections = {"model": Section(registry=SPEAKER_MODELS),
                 "head": Section(registry=SPEAKER_HEADS, default_type="aam_softmax")}
     optimizers = ("model",)
-    selection_metric = "eer"
+    # EER in %; the margin is the head's, ramped over training.
+    metrics = Metrics(train=("loss", "acc", "margin"), eval=("eer", "min_dcf_0.01"), select="eer")
     export_module = "model"
 
     # ---------------------------------------------------------------- config
@@ -125,12 +125,6 @@ class SpeakerTask(Task):
     def example_frames(self, durations: np.ndarray) -> np.ndarray:
         return np.full(len(durations), self.cfg.task.chunk_frames, dtype=np.int64)
 
-    def dummy_batch(self) -> Batch:
-        n, d = self.cfg.task.chunk_frames, self.cfg.model.input_dim
-        # Two chunks: BatchNorm after pooling needs more than one value per channel.
-        return Batch(["<empty>"] * 2, {"feats": torch.zeros(2, n, d),
-                                       "labels": torch.zeros(2, dtype=torch.int64)})
-
     # ---------------------------------------------------------------- steps
     def train_step(self, batch, ctx) -> Dict[str, float]:
         feats = batch.feats.to(ctx.device, non_blocking=True)
@@ -144,12 +138,6 @@ class SpeakerTask(Task):
         ctx.step("model")
         acc = (logits.detach().argmax(dim=1) == labels).float().mean()
         return {"loss": float(loss.detach()), "acc": float(acc), "margin": margin}
-
-    def train_metric_names(self) -> Tuple[str, ...]:
-        return ("loss", "acc", "margin")
-
-    def eval_metric_names(self) -> Tuple[str, ...]:
-        return ("eer", "min_dcf_0.01")      # EER in %
 
     def eval_begin(self) -> Any:
         return {"keys": [], "speakers": [], "embeddings": []}

@@ -1,11 +1,24 @@
-"""A second task for the trainer tests, loaded through TOOLKIT_PLUGINS: two modules
-with their own optimizers stepped alternately (a critic on the detached output, then
-the generator through the frozen critic), a critic that switches on at a fraction of
-max_steps, and an adversarial weight ramped over progress. It is small enough to train
-in seconds on real fbank features, and exercises every multi-optimizer path of the
-trainer that the codec family uses."""
+"""The worked example of a task (`task.type: example`), small enough to read in one go and
+to copy as the start of a family: a generator that reconstructs fbank frames, and a critic
+that learns to tell its output from real frames, with their own optimizers. The critic's
+optimizer starts at a fraction of training (`optim.critic.start_fraction`, a phase), and
+the adversarial term that trains the generator through it is a Ramp of training progress.
+Every hook of toolkit.task.Task it implements is one the trainer calls; the others keep
+their single-module defaults. docs/architecture.md walks it hook by hook; the trainer
+tests train it for every multi-optimizer path (the codec family's, in miniature).
+
+A config (with `--train-data` / `--dev-data` lists of utterances, no inventory):
+
+    task: {type: example}
+    dataset: {feature: {num_mel_bins: 20}, batch_size: 6}
+    model: {hidden: 16}
+    optim:
+      generator: {lr: 0.003}
+      critic: {lr: 0.001, start_fraction: 0.3}
+    training: {max_epoch: 3}
+"""
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Dict
 
 import numpy as np
 import torch
@@ -13,17 +26,28 @@ from torch import nn
 
 from toolkit.config import Ramp, Section, TaskConfigBase
 from toolkit.data.pipeline import FeaturePipeline
-from toolkit.task import TASKS, Batch, DataRequirements, ExampleBuilder, Task, pad_sequences
+from toolkit.task import (TASKS, Batch, DataRequirements, ExampleBuilder, Metrics, StepContext,
+                          Task, pad_sequences)
 
+
+# --------------------------------------------------------------------------- config
 
 @dataclass
-class NetConfig:
+class ExampleModelConfig:
+    """The `model:` section (a task-owned section; each comment is its line in
+    docs/config_reference.md)."""
     hidden: int = 16              # generator hidden units
     crop_frames: int = 12         # frames of each utterance per example
-    dropout: float = 0.1          # generator dropout: exercises each rank's torch RNG
+    dropout: float = 0.1          # generator dropout (each rank draws its own masks)
 
+
+# --------------------------------------------------------------------------- data
 
 class CropBuilder(ExampleBuilder):
+    """An utterance -> `frames` consecutive fbank frames at a random offset. It runs in
+    the loader workers; its randomness comes from the pipeline's per-utterance stream
+    (seed, epoch, key), so that a resumed run draws the same crops."""
+
     def __init__(self, pipeline: FeaturePipeline, frames: int):
         self.pipeline = pipeline
         self.frames = frames
@@ -37,13 +61,15 @@ class CropBuilder(ExampleBuilder):
     def collate(self, examples, keys, audio_seconds, bad) -> Batch:
         if examples:
             feats, _ = pad_sequences(examples)
-        else:
+        else:           # every utterance of the batch was bad: an empty batch, same layout
             feats = np.zeros((0, self.frames, self.pipeline.num_bins), np.float32)
         return Batch(list(keys), {"feats": torch.from_numpy(feats)}, audio_seconds, bad)
 
 
+# --------------------------------------------------------------------------- modules
+
 class Generator(nn.Module):
-    def __init__(self, dim: int, cfg: NetConfig):
+    def __init__(self, dim: int, cfg: ExampleModelConfig):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(dim, cfg.hidden), nn.ReLU(), nn.Dropout(cfg.dropout),
                                  nn.Linear(cfg.hidden, dim))
@@ -61,18 +87,23 @@ class Critic(nn.Module):
         return self.net(x).mean(dim=(1, 2))
 
 
-@TASKS.register("two_optimizer")
-class TwoOptimizerTask(Task):
-    name = "two_optimizer"
+# --------------------------------------------------------------------------- the task
+
+@TASKS.register("example")
+class ExampleTask(Task):
+    name = "example"
 
     @dataclass
     class Config(TaskConfigBase):
+        # weight of the generator's adversarial term; ramped in after the critic starts
         adversarial_weight: Ramp = field(default_factory=lambda: Ramp(
-            initial=0.0, final=0.5, start=0.3, end=0.6))   # ramped in after the critic starts
+            initial=0.0, final=0.5, start=0.3, end=0.6))
 
-    sections = {"model": Section(schema=NetConfig)}
+    sections = {"model": Section(schema=ExampleModelConfig)}
+    # In the order train_step steps them; each gets its LR schedule, clip and phase.
     optimizers = ("generator", "critic")
-    needs_inventory = False
+    needs_inventory = False           # no classes: the data lists need no labels
+    metrics = Metrics(train=("loss", "recon", "critic_loss"), eval=("loss",), select="loss")
     export_module = "generator"
 
     def build_modules(self) -> Dict[str, nn.Module]:
@@ -83,7 +114,7 @@ class TwoOptimizerTask(Task):
         return {"generator": ["generator"], "critic": ["critic"]}
 
     def init_modules(self, task_state=None):
-        return ["generator"]
+        return ["generator"]          # fine-tuning starts with a fresh critic
 
     def data_requirements(self, split="train"):
         return DataRequirements(require_label=False)
@@ -91,17 +122,14 @@ class TwoOptimizerTask(Task):
     def example_builder(self, pipeline):
         return CropBuilder(pipeline, self.cfg.model.crop_frames)
 
-    def dummy_batch(self):
-        dim = self.cfg.dataset.feature.num_mel_bins
-        return Batch(["<empty>"], {"feats": torch.zeros(1, self.cfg.model.crop_frames, dim)})
-
-    def train_step(self, batch, ctx) -> Dict[str, float]:
+    def train_step(self, batch: Batch, ctx: StepContext) -> Dict[str, float]:
         real = batch.feats.to(ctx.device)
         stats = {}
         with ctx.autocast():
             fake = ctx.module("generator")(real)
         if ctx.active("critic"):
-            # One forward per DDP module and backward: real and fake in one batch.
+            # The critic's step first, on the detached output: one forward of real and fake
+            # together (one forward per distributed module and backward).
             with ctx.autocast():
                 scores = ctx.module("critic")(torch.cat([real, fake.detach()])).float()
             d_real, d_fake = scores[:len(real)], scores[len(real):]
@@ -113,6 +141,8 @@ class TwoOptimizerTask(Task):
         loss_g = recon
         weight = ctx.value(self.cfg.task.adversarial_weight)
         if weight > 0:
+            # Then the generator through the just-updated critic: frozen, and bare (its
+            # parameters collect no gradient, so nothing of it is synchronised).
             with ctx.frozen("critic"), ctx.autocast():
                 adv = ((ctx.raw("critic")(fake).float() - 1) ** 2).mean()
             loss_g = loss_g + weight * adv
@@ -121,11 +151,8 @@ class TwoOptimizerTask(Task):
         stats.update(loss=float(loss_g.detach()), recon=float(recon.detach()))
         return stats
 
-    def eval_step(self, batch, ctx) -> Dict[str, float]:
+    def eval_step(self, batch: Batch, ctx: StepContext) -> Dict[str, float]:
         real = batch.feats.to(ctx.device)
         with ctx.autocast():
             fake = ctx.module("generator")(real)
         return {"loss": float(((fake.float() - real) ** 2).mean())}
-
-    def train_metric_names(self) -> Tuple[str, ...]:
-        return ("loss", "recon", "critic_loss")
