@@ -47,8 +47,6 @@ from typing import (TYPE_CHECKING, Any, ContextManager, Dict, List, Optional, Pr
 import numpy as np
 
 from toolkit.config.resolve import TASKS
-# Read by egs/wake_word/s0/run.sh from here; the resolution itself is toolkit.config's.
-from toolkit.config.resolve import load_config  # noqa: F401
 from toolkit.config.ramps import Ramp
 from toolkit.config.schema import Config, Section, TaskConfigBase
 from toolkit.data.datalist import BadCounter

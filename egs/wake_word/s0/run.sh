@@ -75,7 +75,7 @@ case "$frontend" in
     bash "$TOOLKIT_ROOT/tools/install_oww.sh" ;;
   *) echo "$0: --frontend must be fbank or speech_embedding, got '$frontend'" >&2; exit 1 ;;
 esac
-config_type=$(python -c 'import sys, toolkit.tasks; from toolkit.task import load_config
+config_type=$(python -c 'import sys, toolkit.tasks; from toolkit.config import load_config
 print(load_config(sys.argv[1]).dataset.feature.type)' "$config")
 if [ "$config_type" != "$frontend" ]; then
   echo "$0: $config computes dataset.feature.type $config_type, not --frontend $frontend" >&2
