@@ -213,9 +213,9 @@ def test_bad_input_counters_per_rank_after_resume(corpus, tmp_path):
 
 def test_feature_archive_change_under_the_same_path_is_refused(corpus, tmp_path):
     feats_dir = tmp_path / "fbank"
-    subprocess.run([sys.executable, "-m", "toolkit.bin.compute_feats", corpus.train, str(feats_dir),
-                    "--config", corpus.config, "--nj", "1"], check=True, env=env(),
-                   capture_output=True)
+    feats = run_train(["-m", "toolkit.bin.compute_feats", corpus.train, str(feats_dir),
+                       "--config", corpus.config, "--nj", "1"])
+    assert feats.returncode == 0, feats.stderr[-2000:]
     train = str(feats_dir / "data.list")
     exp = str(tmp_path / "exp")
     assert run_train(corpus.train_args(exp, *FAST, train=train)).returncode == 0
