@@ -7,8 +7,6 @@ either rate with `toolkit.bin.codec`."""
 import copy
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,7 +17,7 @@ from toolkit.data.pipeline import FeaturePipeline
 
 from speaker_data import speaker_list
 from test_codec_task import CONFIG, RecordingContext
-from train_utils import env, latest_payload, run_train
+from train_utils import latest_payload, run_train
 
 ENCODER_RATE = 16000
 # Encoder hop 160 (100 frames/s at 16 kHz); the decoder's strides multiply to the samples of
@@ -165,10 +163,9 @@ def dual_run(tmp_path_factory):
     assert result.returncode == 0, result.stderr[-3000:]
     out = os.path.join(root, "export")
     from toolkit.trainer.checkpoint import latest_valid
-    exported = subprocess.run([sys.executable, "-m", "toolkit.bin.export_model", "--checkpoint",
-                               latest_valid(exp).path, "--exp-dir", exp, "--out-dir", out,
-                               "--test-data", corpus.dev, "--num-check", "2"],
-                              capture_output=True, text=True, env=env(), timeout=300)
+    exported = run_train(["-m", "toolkit.bin.export_model", "--checkpoint",
+                          latest_valid(exp).path, "--exp-dir", exp, "--out-dir", out,
+                          "--test-data", corpus.dev, "--num-check", "2"])
     assert exported.returncode == 0, exported.stderr[-3000:]
     return corpus, exp, out, result.stderr
 
@@ -189,8 +186,7 @@ def test_dual_rate_training_validates_and_exports_both_rates(dual_run):
 
 
 def codec_cli(*args):
-    return subprocess.run([sys.executable, "-m", "toolkit.bin.codec", *args],
-                          capture_output=True, text=True, env=env(), timeout=300)
+    return run_train(["-m", "toolkit.bin.codec", *args])
 
 
 def test_codec_cli_round_trip_at_the_output_rate(dual_run, tmp_path):

@@ -11,7 +11,6 @@ import glob
 import json
 import os
 import random
-import subprocess
 import sys
 
 import numpy as np
@@ -22,7 +21,7 @@ import torch
 from speaker_data import speaker_list
 from tensorboard_reader import scalars
 from test_trainer_resume import assert_same_run, train_with_kills
-from train_utils import env, latest_payload, run_train
+from train_utils import latest_payload, run_train
 
 PHASE = {"initial": 0.0, "start": 0.5, "end": 0.5, "shape": "step"}
 CONFIG = {
@@ -400,10 +399,9 @@ def test_killed_codec_runs_end_bitwise_identical(corpus, tmp_path, case):
 def exported(corpus, phase_run, tmp_path_factory):
     exp, _ = phase_run
     out = str(tmp_path_factory.mktemp("export") / "export")
-    result = subprocess.run([sys.executable, "-m", "toolkit.bin.export_model", "--checkpoint",
-                             checkpoint_at(exp, 4), "--exp-dir", exp, "--out-dir", out,
-                             "--test-data", corpus.dev, "--num-check", "4"],
-                            capture_output=True, text=True, env=env(), timeout=300)
+    result = run_train(["-m", "toolkit.bin.export_model", "--checkpoint", checkpoint_at(exp, 4),
+                        "--exp-dir", exp, "--out-dir", out, "--test-data", corpus.dev,
+                        "--num-check", "4"])
     assert result.returncode == 0, result.stderr[-3000:]
     return out, result.stderr
 
@@ -488,8 +486,7 @@ def test_init_from_safetensors_export(corpus, phase_run, exported, tmp_path):
 # --------------------------------------------------------------------------- CLI
 
 def codec_cli(*args):
-    return subprocess.run([sys.executable, "-m", "toolkit.bin.codec", *args],
-                          capture_output=True, text=True, env=env(), timeout=300)
+    return run_train(["-m", "toolkit.bin.codec", *args])
 
 
 def test_codec_cli_round_trip_and_wrong_model(corpus, phase_run, exported, tmp_path, capsys):
@@ -536,10 +533,9 @@ def test_evaluate_codec_writes_table_with_baselines(corpus, exported, tmp_path, 
                                                     capsys):
     out, _ = exported
     report = str(tmp_path / "eval")
-    result = subprocess.run([sys.executable, "-m", "toolkit.bin.evaluate_codec", "--model", out,
-                             "--test-data", corpus.dev, "--out-dir", report, "--max-utts", "2",
-                             "--baseline", "mulaw:8000:8", "--baseline", "melgl:40:50:4"],
-                            capture_output=True, text=True, env=env(), timeout=300)
+    result = run_train(["-m", "toolkit.bin.evaluate_codec", "--model", out, "--test-data",
+                        corpus.dev, "--out-dir", report, "--max-utts", "2", "--baseline",
+                        "mulaw:8000:8", "--baseline", "melgl:40:50:4"])
     assert result.returncode == 0, result.stderr[-2000:]
     table = open(os.path.join(report, "results.md")).read()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]

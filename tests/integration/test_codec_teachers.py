@@ -10,7 +10,6 @@ import glob
 import os
 import re
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -271,10 +270,9 @@ def test_teachers_stay_out_of_checkpoints_optimizers_and_export(corpus, phases_r
     from safetensors.torch import load_file
     from toolkit.trainer.checkpoint import latest_valid
     out = str(tmp_path / "export")
-    result = subprocess.run([sys.executable, "-m", "toolkit.bin.export_model", "--checkpoint",
-                             latest_valid(exp).path, "--exp-dir", exp, "--out-dir", out,
-                             "--test-data", corpus.dev, "--num-check", "1"],
-                            capture_output=True, text=True, env=env(), timeout=300)
+    result = run_train(["-m", "toolkit.bin.export_model", "--checkpoint",
+                        latest_valid(exp).path, "--exp-dir", exp, "--out-dir", out,
+                        "--test-data", corpus.dev, "--num-check", "1"])
     assert result.returncode == 0, result.stderr[-3000:]
     weights = load_file(os.path.join(out, "model.safetensors"))
     assert not any(k.startswith("project") or k in teacher_names for k in weights)

@@ -5,8 +5,6 @@ import copy
 import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,10 +16,16 @@ from toolkit.tasks.kws.tokens import (BLANK, Tokenizer, char_lexicon, read_lexic
                                  units_of)
 from toolkit.tasks.kws.losses import CTCLoss, build_loss, uses_ctc_head
 from toolkit.tasks.kws.models import MODELS, build_model
-from train_utils import TINY_CONFIG, env, launcher, latest_payload, run_train
+from train_utils import TINY_CONFIG, launcher, latest_payload, run_train
 
 
 # ---------------------------------------------------------------- reference CTC
+
+def run_bin(module: str, *args: str) -> None:
+    """A toolkit binary in its own process (forked from the test zygote), which must succeed."""
+    result = run_train(["-m", module, *args])
+    assert result.returncode == 0, result.stderr[-2000:]
+
 
 def ctc_reference(log_probs: np.ndarray, target) -> float:
     """-log p(target | x) by the textbook alpha recursion over the blank-extended target,
@@ -152,9 +156,8 @@ def test_phone_lexicon_from_espeak_separates_near_homophones(tmp_path):
     data.mkdir()
     (data / "text").write_text("u1 hey snips\nu2 hey sneeps\nu3 hai snips\nu4 <noise>\n")
     lex, units = tmp_path / "lexicon.txt", tmp_path / "units.txt"
-    subprocess.run([sys.executable, "-m", "toolkit.bin.make_lexicon", "--unit", "phone",
-                    str(data), "--lexicon", str(lex), "--units", str(units)],
-                   check=True, capture_output=True, env=env())
+    run_bin("toolkit.bin.make_lexicon", "--unit", "phone", str(data), "--lexicon", str(lex),
+            "--units", str(units))
     lexicon = read_lexicon(str(lex))
     assert set(lexicon) == {"hey", "snips", "sneeps", "hai"}
     for word in lexicon.values():
@@ -255,16 +258,14 @@ def ctc_corpus(tmp_path_factory):
     dirs = {"train": make_kaldi_dir(root, "train", 8, 16, 1),
             "dev": make_kaldi_dir(root, "dev", 3, 3, 2)}
     lex, units = os.path.join(root, "lexicon.txt"), os.path.join(root, "units.txt")
-    subprocess.run([sys.executable, "-m", "toolkit.bin.make_lexicon", "--unit", "char",
-                    *dirs.values(), "--lexicon", lex, "--units", units],
-                   check=True, capture_output=True, env=env())
+    run_bin("toolkit.bin.make_lexicon", "--unit", "char", *dirs.values(), "--lexicon", lex,
+            "--units", units)
     inventory = write_keywords(root, ["hey chirp"])
     lists = {}
     for name, d in dirs.items():
         lists[name] = os.path.join(root, f"{name}.list")
-        subprocess.run([sys.executable, "-m", "toolkit.bin.make_datalist", d, lists[name],
-                        "--inventory", inventory, "--lexicon", lex, "--units", units],
-                       check=True, capture_output=True, env=env())
+        run_bin("toolkit.bin.make_datalist", d, lists[name], "--inventory", inventory,
+                "--lexicon", lex, "--units", units)
     cfg = copy.deepcopy(TINY_CONFIG)
     cfg["loss"] = {"type": "weighted_sum", "components": [
         {"type": "max_pooling", "weight": 1.0, "min_duration": 5},
@@ -347,8 +348,7 @@ def test_train_with_ctc_from_shards(ctc_corpus, tmp_path):
     """Tar shards carry the tokens (in each utterance's JSON): a CTC loss trains from
     them, and shards made from a list without tokens fail the bad-input check."""
     def shard(data_list, out):
-        subprocess.run([sys.executable, "-m", "toolkit.bin.make_shards", data_list, str(out),
-                        "--utts-per-shard", "6"], check=True, capture_output=True, env=env())
+        run_bin("toolkit.bin.make_shards", data_list, str(out), "--utts-per-shard", "6")
         return str(out / "shards.list")
 
     args = ctc_args(ctc_corpus, str(tmp_path / "exp"), "training.max_epoch=1")

@@ -2,14 +2,12 @@
 max-pooling loss's end window, and a training run that uses them."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from kws_data import make_datalist, make_kaldi_dir, write_keywords
-from train_utils import Corpus, env, run_train
+from train_utils import Corpus, run_train
 from toolkit.config import DatasetConfig
 from toolkit.data.datalist import DataList
 from toolkit.data.pipeline import FeaturePipeline
@@ -19,8 +17,7 @@ from pipeline_utils import kws_builder, plan_batches
 
 
 def make_list(data_dir, out, inventory):
-    return subprocess.run([sys.executable, "-m", "toolkit.bin.make_datalist", data_dir, out,
-                           "--inventory", inventory], capture_output=True, text=True, env=env())
+    return run_train(["-m", "toolkit.bin.make_datalist", data_dir, out, "--inventory", inventory])
 
 
 def test_make_datalist_carries_kw_times_and_names_bad_lines(tmp_path):

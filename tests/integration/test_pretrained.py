@@ -7,8 +7,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ import soundfile as sf
 import torch
 
 from speaker_data import RATE, SpeakerCorpus, speaker_params, voice_wave
-from train_utils import env, run_train
+from train_utils import run_train
 from toolkit import pretrained
 from toolkit.errors import ConfigError, DataError, MissingInputError
 from toolkit.pretrained.package import AUTO_FIELDS, MAX_BYTES, package
@@ -26,8 +24,7 @@ SPEAKER_ENCODER = "ecapa-voicebank-v1"
 
 
 def _run(*args, timeout=300):
-    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                          env=env(), timeout=timeout, cwd=ROOT)
+    proc = run_train(["-m", *args], timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 

@@ -1,8 +1,8 @@
 """The speech_embedding feature type (openWakeWord's ONNX front end) and what it touches:
 windowing arithmetic and frame end times, streamed vs whole-utterance features and
 detector outputs, export of an embedding-input head, exact keyword end frames, the
-festival test-only rule of the corpus generator, and the recipe's stages 1-6 with
-frontend=speech_embedding.
+festival test-only rule of the corpus generator (the wake-word recipe with
+frontend=speech_embedding runs in tests/recipes/test_recipe_speech_embedding.py).
 
 Tests marked `needs_oww` run the real models (openwakeword 0.5.1, which tools/test.sh
 installs; they fail without it); the rest use a stand-in for the two ONNX models."""
@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -21,7 +20,6 @@ from toolkit.config import validate
 from toolkit.data import features as F
 from toolkit.tasks.kws.data import keyword_end_frame
 from installed import INSTALL_HINT, require_engine
-from test_recipe_wake_word import tiny_corpus_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "wake_word", "s0")
@@ -449,47 +447,3 @@ def test_killed_training_on_embeddings_resumes_bitwise(tmp_path):
     points = sorted(rng.sample(range(1, max(4, ref["step"] * 2 // 3)), 2))
     assert train_with_kills(corpus.train_args(exp), 0, points, exp, rng) == 2
     assert_same_run(ref, latest_payload(exp))
-
-
-# ----------------------------------------------------------------------------- recipe
-
-TINY = ["--num-procs", "1", "--average-num", "2", "--train-overrides",
-        "training.max_epoch=3 dataset.max_frames_in_batch=300 training.log_interval=2"]
-
-
-@needs_oww
-def test_recipe_stages_with_speech_embedding_frontend(tmp_path):
-    data, exp = tmp_path / "data", tmp_path / "exp"
-    cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--keyword", "hey jarvis", "--data",
-           str(data), "--exp", str(exp), "--frontend", "speech_embedding",
-           "--corpus-config", tiny_corpus_config(tmp_path / "corpus.yaml"), *TINY]
-    t0 = time.time()
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    for split in ("train", "dev", "test"):
-        assert (data / split / "speech_embedding" / "feats.scp").exists()
-        assert not (data / split / "fbank").exists()
-    cmvn = json.loads((data / "train" / "global_cmvn_speech_embedding.json").read_text())
-    assert len(cmvn["mean"]) == 96
-    from toolkit.export import read_metadata
-    meta = read_metadata(str(exp / "export" / "model.onnx"))
-    assert meta["feature"]["type"] == "speech_embedding" and meta["model_config"]["input_dim"] == 96
-    assert "parity streamed front end vs whole utterance" in result.stderr
-    det = json.loads((exp / "score" / "det.json").read_text())
-    assert det["config"]["frame_shift_ms"] == 80.0 and det["config"]["refractory_frames"] == 12
-    assert (exp / "score" / "summary.txt").read_text().startswith("hey_jarvis: FRR")
-    # The precomputed embeddings are the ones the exported front end gives on the audio.
-    with open(data / "test" / "speech_embedding" / "data.list") as f:
-        entry = json.loads(f.readline())
-    from toolkit.data.augment import load_mono
-    from toolkit.data.pipeline import FeaturePipeline
-    stored = FeaturePipeline(DatasetConfig(), 0, False).read_features(entry)
-    live = F.streaming_extractor(meta["feature"]).accept(load_mono(entry["wav"], RATE))
-    assert np.array_equal(stored, live)
-    # A config of the other front end is refused before any work.
-    bad = subprocess.run(["bash", os.path.join(RECIPE, "run.sh"), "--frontend",
-                          "speech_embedding", "--config", "conf/ds_tcn.yaml", "--data",
-                          str(data), "--stage", "1", "--stop-stage", "1"],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "not --frontend speech_embedding" in bad.stderr
-    assert time.time() - t0 < 900

@@ -25,6 +25,21 @@ def corpus(tmp_path_factory):
     return Corpus(str(tmp_path_factory.mktemp("faults")), num_train=42, num_dev=6)
 
 
+@pytest.fixture(scope="module")
+def fast_run(corpus, tmp_path_factory):
+    """One finished FAST run (one process, OMP_NUM_THREADS=1): tests that only need a
+    finished run or its checkpoint start from a copy of it instead of training again."""
+    exp = str(tmp_path_factory.mktemp("fast_run") / "exp")
+    result = run_train(corpus.train_args(exp, *FAST))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return exp
+
+
+def copy_of(fast_run, exp):
+    shutil.copytree(fast_run, exp)
+    return exp
+
+
 def keys_of(corpus):
     return sorted(json.loads(line)["key"] for line in open(corpus.train))
 
@@ -96,9 +111,8 @@ def test_sigkilled_two_ranks_resume_on_one(corpus, tmp_path):
         assert sorted(k for e, _, keys in rows if e == epoch for k in keys) == expected, epoch
 
 
-def test_allowed_optimizer_change_is_applied(corpus, tmp_path):
-    exp = str(tmp_path / "exp")
-    assert run_train(corpus.train_args(exp, *FAST)).returncode == 0
+def test_allowed_optimizer_change_is_applied(corpus, fast_run, tmp_path):
+    exp = copy_of(fast_run, str(tmp_path / "exp"))
     result = run_train(corpus.train_args(exp, "training.max_epoch=2", "optim.weight_decay=0.1"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "allowed configuration change on resume: optim.weight_decay: 0.0 -> 0.1" in result.stderr
@@ -106,12 +120,10 @@ def test_allowed_optimizer_change_is_applied(corpus, tmp_path):
     assert all(g["weight_decay"] == 0.1 for g in groups)
 
 
-def test_resume_only_from_a_valid_checkpoint_else_init(corpus, tmp_path):
+def test_resume_only_from_a_valid_checkpoint_else_init(corpus, fast_run, tmp_path):
     """Checkpoint files that are all unusable (a kill between .pt and .json, a corrupt
     file) are not a resume: init_checkpoint is used, and the log says so."""
-    src = str(tmp_path / "src")
-    assert run_train(corpus.train_args(src, *FAST)).returncode == 0
-    init = sorted(glob.glob(os.path.join(src, "ckpt-*.pt")))[-1]
+    init = sorted(glob.glob(os.path.join(fast_run, "ckpt-*.pt")))[-1]
     exp = tmp_path / "exp"
     exp.mkdir()
     (exp / "ckpt-000000004.pt").write_bytes(b"killed before its .json")
@@ -129,10 +141,8 @@ def test_resume_only_from_a_valid_checkpoint_else_init(corpus, tmp_path):
     assert torch.equal(start["classifier.weight"], src_state["classifier.weight"])
 
 
-def test_init_onto_another_inventory_size(corpus, tmp_path):
-    src = str(tmp_path / "src")
-    assert run_train(corpus.train_args(src, *FAST)).returncode == 0
-    init = sorted(glob.glob(os.path.join(src, "ckpt-*.pt")))[-1]
+def test_init_onto_another_inventory_size(corpus, fast_run, tmp_path):
+    init = sorted(glob.glob(os.path.join(fast_run, "ckpt-*.pt")))[-1]
     inv = tmp_path / "two.txt"
     inv.write_text("hey chirp\nsecond word\n")
     strict = run_train(corpus.train_args(str(tmp_path / "a"), *FAST, inventory=str(inv))
@@ -203,9 +213,9 @@ def test_bad_input_counters_per_rank_after_resume(corpus, tmp_path):
 
 def test_feature_archive_change_under_the_same_path_is_refused(corpus, tmp_path):
     feats_dir = tmp_path / "fbank"
-    subprocess.run([sys.executable, "-m", "toolkit.bin.compute_feats", corpus.train, str(feats_dir),
-                    "--config", corpus.config, "--nj", "1"], check=True, env=env(),
-                   capture_output=True)
+    feats = run_train(["-m", "toolkit.bin.compute_feats", corpus.train, str(feats_dir),
+                       "--config", corpus.config, "--nj", "1"])
+    assert feats.returncode == 0, feats.stderr[-2000:]
     train = str(feats_dir / "data.list")
     exp = str(tmp_path / "exp")
     assert run_train(corpus.train_args(exp, *FAST, train=train)).returncode == 0
@@ -247,10 +257,9 @@ def test_utterances_outside_duration_limits_are_named(corpus, tmp_path):
     assert "2 outside the duration limits" in result.stderr
 
 
-def test_identical_runs_save_identical_random_states(corpus, tmp_path):
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    for exp in (a, b):
-        assert run_train(corpus.train_args(exp, *FAST)).returncode == 0
+def test_identical_runs_save_identical_random_states(corpus, fast_run, tmp_path):
+    a, b = fast_run, str(tmp_path / "b")
+    assert run_train(corpus.train_args(b, *FAST)).returncode == 0
     pa, pb = latest_payload(a), latest_payload(b)
     # Python's generator too (the trainer seeds it): all three streams are equal.
     assert_states_identical({"r": pa["per_rank"]}, {"r": pb["per_rank"]}, "per_rank")
@@ -288,10 +297,9 @@ def test_uneven_data_and_accumulation_weight_real_batches(corpus, tmp_path):
         assert sums[0] == sums[1]
 
 
-def test_lock_records_removed_and_reused_pid_not_live(corpus, tmp_path):
+def test_lock_records_removed_and_reused_pid_not_live(corpus, fast_run, tmp_path):
     from toolkit.trainer.lock import ExpDirLock, _holders
-    exp = str(tmp_path / "exp")
-    assert run_train(corpus.train_args(exp, *FAST)).returncode == 0
+    exp = copy_of(fast_run, str(tmp_path / "exp"))
     assert os.listdir(os.path.join(exp, ".holders")) == []       # removed on exit
     # A record naming a live pid whose start time differs is a dead run's reused pid.
     import socket
@@ -351,17 +359,13 @@ def test_checkpoint_housekeeping(tmp_path):
     assert calls == ["ckpt-000000002.json", "ckpt-000000002.pt"]
 
 
-def test_resume_with_another_thread_count_is_said(corpus, tmp_path):
+def test_resume_with_another_thread_count_is_said(corpus, fast_run, tmp_path):
     """The CPU thread count is part of exactness: recorded, and a resume with another warns."""
-    exp = str(tmp_path / "exp")
-    def train(threads, epochs):
-        return subprocess.run([sys.executable, *corpus.train_args(exp, f"training.max_epoch={epochs}")],
-                              capture_output=True, text=True, timeout=300,
-                              env=env(OMP_NUM_THREADS=str(threads)))
-    first = train(1, 1)
-    assert first.returncode == 0, first.stderr[-2000:]
+    exp = copy_of(fast_run, str(tmp_path / "exp"))    # trained with OMP_NUM_THREADS=1
     assert latest_payload(exp)["num_threads"] == 1
-    second = train(2, 2)
+    second = subprocess.run([sys.executable, *corpus.train_args(exp, "training.max_epoch=2")],
+                            capture_output=True, text=True, timeout=300,
+                            env=env(OMP_NUM_THREADS="2"))
     assert second.returncode == 0, second.stderr[-2000:]
     assert "this run uses 2 CPU threads per process, the checkpoint's run 1" in second.stderr
 

@@ -3,7 +3,7 @@ uninterrupted run — modules, every optimizer, schedule and GradScaler, positio
 rank's random streams. Covered: the keyword task on one process (raw WAVs with dither,
 accumulation, bf16 autocast, two loader workers) and on two gloo ranks (fp16 with a
 GradScaler); and the two-optimizer test task (phase switch, ramped loss weight) on one
-process and two gloo ranks."""
+process."""
 import copy
 import os
 import random
@@ -78,8 +78,9 @@ CASES = {
                                               "training.amp_dtype=bfloat16"]),
     "kws-2ranks-dither-fp16-scaler": (2, None, ["dataset.feature.dither=1.0", "training.use_amp=true",
                                                 "training.amp_dtype=float16"]),
+    # Two optimizers on two ranks (with fp16 GradScalers) is the codec family's resume test
+    # (test_codec_task.py): here the test task's phase switch and ramped weight, on one process.
     "two-optimizers-1proc": (0, TWO_OPTIMIZER, []),
-    "two-optimizers-2ranks": (2, TWO_OPTIMIZER, []),
 }
 
 

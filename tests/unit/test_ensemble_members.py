@@ -2,8 +2,6 @@
 the others, the loss trains each as if alone, and the deployed score (the members'
 windowed posteriors averaged) streams and exports exactly."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from toolkit.tasks.kws.losses import MaxPoolingLoss
 from toolkit.tasks.kws.models import build_model
 from toolkit.tasks.kws.models.base import MemberCombiner
 from toolkit.tasks.kws.models.ds_tcn import DSTCN
-from train_utils import ROOT, Corpus, env
+from train_utils import ROOT, Corpus, run_train
 
 torch.set_num_threads(1)
 
@@ -153,8 +151,8 @@ def test_trainer_averaging_and_export_with_members(tmp_path):
     exp = str(tmp_path / "exp")
     args = corpus.train_args(exp, "model.members=2", "model.member_window=4",
                              "training.max_epoch=2", "dataset.num_workers=0")
-    run = lambda a: subprocess.run([sys.executable, *a], cwd=ROOT, env=env(),
-                                   capture_output=True, text=True, timeout=300)
+    # Each binary in its own process, forked from the pre-imported zygote (no import time).
+    run = lambda a: run_train(a, cwd=ROOT)
     res = run(args)
     assert res.returncode == 0, res.stderr[-3000:]
     res = run(["-m", "toolkit.bin.average_model", "--exp-dir", exp, "--output",
