@@ -3,6 +3,11 @@
 
   python -m toolkit.bin.codec encode --model exp/codec/export in.wav out.codes
   python -m toolkit.bin.codec decode --model exp/codec/export out.codes decoded.wav
+  python -m toolkit.bin.codec encode --pretrained codec-voicebank-v1 in.wav out.codes
+
+--pretrained NAME uses a codec shipped with the toolkit (toolkit/pretrained/NAME: weights
+and model card; its weights are checked against the card's sha256 first) instead of an
+export dir.
 
 The codes file is an .npz: codes int16 (n_codebooks, frames), the sample rate, hop and
 length of the decoded audio, and the fingerprint of the model's weights; decode refuses
@@ -27,11 +32,15 @@ def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", required=True,
-                        help="codec export dir (encoder/decoder .onnx and .zip)")
-    common.add_argument("--backend", choices=("onnx", "torch"), default="onnx",
-                        help="onnx: onnxruntime on the .onnx graphs; torch: the TorchScript "
-                        ".zip graphs (default: %(default)s)")
+    which = common.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="codec export dir (encoder/decoder .onnx and .zip)")
+    which.add_argument("--pretrained", metavar="NAME",
+                       help="a codec shipped with the toolkit (toolkit/pretrained/NAME)")
+    common.add_argument("--backend", choices=("onnx", "torch", "safetensors"), default="onnx",
+                        help="with --model: onnx: onnxruntime on the .onnx graphs; torch: the "
+                        "TorchScript .zip graphs; safetensors: PyTorch modules built from "
+                        "model.safetensors (default: %(default)s; --pretrained always uses "
+                        "safetensors)")
     common.add_argument("--chunk-seconds", type=float, default=1.0,
                         help="causal models: audio per processing step (rounded to whole "
                         "code frames; default: %(default)s)")
@@ -53,7 +62,8 @@ def main(argv=None):
     args = get_args(argv)
     setup_logging()
     from toolkit.tasks.codec.runtime import ExportedCodec, decode_file, encode_file
-    codec = ExportedCodec(args.model, args.backend, args.threads)
+    codec = (ExportedCodec.pretrained(args.pretrained, args.threads) if args.pretrained
+             else ExportedCodec(args.model, args.backend, args.threads))
     if args.command == "encode":
         info = encode_file(codec, args.input, args.output, args.chunk_seconds)
         logger.info("%s: %.2f s -> %d frames x %d codebooks (%g kbit/s) -> %s", args.input,

@@ -62,14 +62,16 @@ def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, epilog=_epilog(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="",
-                   help="codec export dir (toolkit.bin.export_model); without it only the "
-                   "baselines are evaluated")
+                   help="codec export dir (toolkit.bin.export_model) or pretrained:NAME (a "
+                   "codec shipped with the toolkit); without it only the baselines are "
+                   "evaluated")
     p.add_argument("--sample-rate", type=int, default=0,
                    help="evaluation rate without --model (with it: the model's rate)")
     p.add_argument("--test-data", required=True, help="data list (JSON lines with `wav`)")
     p.add_argument("--out-dir", required=True, help="where results.md/.json/.png go")
-    p.add_argument("--backend", choices=("onnx", "torch"), default="onnx",
-                   help="graphs to run: onnx (onnxruntime) or torch (TorchScript)")
+    p.add_argument("--backend", choices=("onnx", "torch", "safetensors"), default="onnx",
+                   help="graphs to run: onnx (onnxruntime), torch (TorchScript) or "
+                   "safetensors (PyTorch modules from the weights; a pretrained:NAME always)")
     p.add_argument("--baseline", action="append", default=[], type=_baseline,
                    metavar="SPEC", help="a reference codec, KIND:ARGS (listed below; "
                    "repeatable)")
@@ -106,8 +108,8 @@ def main(argv=None):
     import torch
     torch.set_num_threads(max(1, args.threads))
     from toolkit.tasks.codec.evaluate import evaluate_list, markdown_table, write_report
-    from toolkit.tasks.codec.runtime import ExportedCodec
-    codec = ExportedCodec(args.model, args.backend, args.threads) if args.model else None
+    from toolkit.tasks.codec.runtime import open_codec
+    codec = open_codec(args.model, args.backend, args.threads) if args.model else None
     result = evaluate_list(codec, args.test_data, args.baseline, args.max_utts, args.plot_key,
                            args.n_q, args.metrics, args.sample_rate or None,
                            args.calibration_utts, args.max_delay_ms, args.jobs)

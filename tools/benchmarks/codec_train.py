@@ -146,6 +146,7 @@ def main(argv=None):
     trainer.nonfinite_run = {n: 0 for n in task.optimizers}
     trainer.nonfinite_total = dict(trainer.nonfinite_run)
     trainer.total_steps, trainer.epoch = total_steps, 0
+    trainer.phase_starts, trainer.ramp_totals = {}, [(0, total_steps)]
     timers = Timers(device)
     frozen = [False]
     phase_of = lambda: "G step" if frozen[0] else "D step"

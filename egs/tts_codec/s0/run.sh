@@ -18,7 +18,12 @@
 #   4 averaging of the last $average_num checkpoints -> $exp/avg_${average_num}.pt
 #   5 export encoder/decoder ONNX + TorchScript + safetensors -> $exp/export/ (parity-checked)
 #   6 evaluation on each of eval_sets against the baselines -> $exp/eval/<set>/ (tables printed)
+#   7 (unused: the peers, Codec2 and Opus, are in stage 6's tables)
+#   8 packaging: $exp/export as the toolkit's pretrained codec toolkit/pretrained/$pretrained_name
+#     with its model card (conf/card.md; the tables of stage 6 quoted); only when asked for:
+#     bash run.sh --config conf/codec_bank.yaml ... --stage 0 --stop-stage 8 (conf/codec_bank.yaml)
 set -euo pipefail
+run_command="bash egs/tts_codec/s0/run.sh $*"    # quoted on the model card (stage 8)
 cd "$(dirname "$0")"
 . ./path.sh
 
@@ -68,6 +73,8 @@ eval_max_utts=0      # 0: the whole test set
 eval_sets=""   # reserved: data/reserved/test (needs test_engines=); test: data/$test_set
                # (held-out voices of the training engines); default: both, or test alone
                # when there is no outside test set
+
+pretrained_name=codec-voicebank-v1   # stage 8: toolkit/pretrained/<this>
 
 help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--config conf/codec_gpu.yaml] ..."
 . utils/parse_options.sh
@@ -167,4 +174,22 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
       --max-utts "$eval_max_utts" --threads "$nj" --jobs "$nj" "${eval_args[@]}"
     echo "table: $exp/eval/$name/results.md, spectrograms: $exp/eval/$name/spectrograms.png"
   done
+fi
+
+# Stage 7 is unused: the peers (Codec2, Opus) are evaluated beside the codec in stage 6.
+
+if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
+  echo "stage 8: packaging $exp/export as toolkit/pretrained/$pretrained_name"
+  card_tables=()
+  for name in "${eval_names[@]}"; do
+    card_tables+=(--set-file "eval_$name=$exp/eval/$name/results.md")
+  done
+  [ "${#eval_names[@]}" -eq 2 ] || {
+    echo "$0: stage 8 quotes the tables of both eval sets: run with --test-engines kokoro" >&2
+    exit 1
+  }
+  python -m toolkit.bin.package_pretrained --export-dir "$exp/export" \
+    --name "$pretrained_name" --card conf/card.md "${card_tables[@]}" \
+    --set "command=$run_command" --set "config=$config" \
+    --set "train_log=$(grep -h 'training finished' "$exp/log/train.rank0.log" | tail -1 | sed 's/.*training finished: //')"
 fi

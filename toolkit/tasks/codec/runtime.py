@@ -21,13 +21,17 @@ from toolkit.errors import DataError, MissingInputError, UserError
 from toolkit.tasks.codec.export import (EXPORT_FORMAT_VERSION, GRAPH_FILES, SAFETENSORS_NAME,
                                         pad_to_hop)
 
+# onnx: onnxruntime on the .onnx graphs; torch: the TorchScript .zip graphs; safetensors:
+# PyTorch modules built from model.safetensors + config.json (all a pretrained codec ships)
+BACKENDS = ("onnx", "torch", "safetensors")
 CODES_FORMAT = "toolkit-codec-codes"
 CODES_VERSION = 1
 
 
 class ExportedCodec:
     """Encodes and decodes with the graphs of an export dir (onnx: onnxruntime; torch:
-    the TorchScript files), whole signals or chunk by chunk (causal models). Codes of
+    the TorchScript files; safetensors: modules built from the weights, which is all a
+    shipped pretrained codec has, `ExportedCodec.pretrained(NAME)`), whole signals or chunk by chunk (causal models). Codes of
     fewer than all codebooks (the first n_q of the residual VQ: a lower bitrate, which
     quantizer dropout trains) decode through the export's safetensors generator, as the
     graphs take every codebook."""
@@ -35,27 +39,37 @@ class ExportedCodec:
     def __init__(self, export_dir: str, backend: str = "onnx", threads: int = 1):
         self.export_dir, self.threads = export_dir, threads
         self._generator = None
-        if backend not in GRAPH_FILES:
-            raise ConfigError(f"backend: expected onnx or torch, got {backend!r}")
-        enc, dec = (os.path.join(export_dir, name) for name in GRAPH_FILES[backend])
-        for path in (enc, dec):
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+        from toolkit.export import onnx_runner, read_metadata, torch_runner
+        if backend == "safetensors":
+            # A shipped pretrained model holds only the weights and config.json: the
+            # graphs are built from them (the same modules the export traces).
+            from toolkit.tasks.codec.export import DecoderGraph, EncoderGraph
+            path = os.path.join(export_dir, SAFETENSORS_NAME)
             if not os.path.exists(path):
                 raise MissingInputError(f"{path} not found: is {export_dir} a codec export "
-                                        "(toolkit.bin.export_model)?")
-        from toolkit.export import onnx_runner, read_metadata, torch_runner
-        self.metadata = read_metadata(enc)
-        if self.metadata.get("task") != "codec":
-            raise DataError(f"{enc} is a {self.metadata.get('task')} model, not a codec")
-        if backend == "onnx":
-            self._encode, self._decode = onnx_runner(enc, threads), onnx_runner(dec, threads)
+                                        "(toolkit.bin.export_model) or a pretrained codec?")
+            self.metadata = read_metadata(path)
+            self._check_task(path)
         else:
-            torch.set_num_threads(threads)
-            self._encode = torch_runner(torch.jit.load(enc).eval())
-            self._decode = torch_runner(torch.jit.load(dec).eval())
+            enc, dec = (os.path.join(export_dir, name) for name in GRAPH_FILES[backend])
+            for path in (enc, dec):
+                if not os.path.exists(path):
+                    raise MissingInputError(f"{path} not found: is {export_dir} a codec "
+                                            "export (toolkit.bin.export_model)?")
+            self.metadata = read_metadata(enc)
+            self._check_task(enc)
+            if backend == "onnx":
+                self._encode, self._decode = onnx_runner(enc, threads), onnx_runner(dec, threads)
+            else:
+                torch.set_num_threads(threads)
+                self._encode = torch_runner(torch.jit.load(enc).eval())
+                self._decode = torch_runner(torch.jit.load(dec).eval())
         m = self.metadata
         if int(m.get("format_version", 1)) > EXPORT_FORMAT_VERSION:
-            raise DataError(f"{enc}: codec export format {m['format_version']} is newer than "
-                            f"this toolkit's ({EXPORT_FORMAT_VERSION}): update the toolkit")
+            raise DataError(f"{export_dir}: codec export format {m['format_version']} is "
+                            f"newer than this toolkit's ({EXPORT_FORMAT_VERSION}): update the toolkit")
         # Output side (decoded audio) and encoder side; one rate in a format-1 export.
         self.sample_rate, self.hop = int(m["sample_rate"]), int(m["hop"])
         self.encoder_sample_rate = int(m.get("encoder_sample_rate") or self.sample_rate)
@@ -63,6 +77,22 @@ class ExportedCodec:
         self.n_codebooks, self.codebook_size = int(m["n_codebooks"]), int(m["codebook_size"])
         self.causal, self.fingerprint = bool(m["causal"]), str(m["fingerprint"])
         self.bitrate = float(m["bitrate"])
+        if backend == "safetensors":
+            generator = self.generator()
+            self._encode = torch_runner(EncoderGraph(generator).eval())
+            self._decode = torch_runner(DecoderGraph(generator).eval())
+
+    @classmethod
+    def pretrained(cls, name: str, threads: int = 1) -> "ExportedCodec":
+        """A codec shipped with the toolkit (toolkit/pretrained/NAME), its weights checked
+        against the sha256 on its model card first."""
+        from toolkit import pretrained
+        pretrained.weights(name)
+        return cls(pretrained.model_dir(name), "safetensors", threads)
+
+    def _check_task(self, path: str) -> None:
+        if self.metadata.get("task") != "codec":
+            raise DataError(f"{path} is a {self.metadata.get('task')} model, not a codec")
 
     def encode(self, wave: np.ndarray, rate: Optional[int] = None) -> np.ndarray:
         """Mono samples at `rate` (default: sample_rate, the rate decode returns) ->
@@ -167,6 +197,14 @@ class ExportedCodec:
             window = np.concatenate([kept, block], axis=1)
             yield self._decode(np.ascontiguousarray(window[None]))[0][0, 0, -new * self.hop:]
             kept = window[:, max(0, window.shape[1] - context):]
+
+
+def open_codec(model: str, backend: str = "onnx", threads: int = 1) -> ExportedCodec:
+    """An export dir, or `pretrained:NAME` for a codec shipped with the toolkit."""
+    from toolkit.pretrained import PREFIX
+    if model.startswith(PREFIX):
+        return ExportedCodec.pretrained(model[len(PREFIX):], threads)
+    return ExportedCodec(model, backend, threads)
 
 
 # --------------------------------------------------------------------------- codes files

@@ -1,0 +1,142 @@
+"""The shipped codec (toolkit/pretrained/codec-voicebank-v1): its card's sha256, the CLI's
+--pretrained round trip, chunked decoding equal to whole decoding, and speech that comes
+back recognisably (it learned); the safetensors backend that runs a shipped codec gives the
+ONNX graphs' codes and audio, and a packaged codec export loads through it."""
+import os
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from speaker_data import RATE, speaker_params, voice_wave
+from train_utils import run_train
+from toolkit import pretrained
+from toolkit.errors import DataError, MissingInputError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CODEC = "codec-voicebank-v1"
+
+
+def _speech(seconds=3.0, index=3, seed=0):
+    pitch, formants = speaker_params(index)
+    return voice_wave(np.random.default_rng(seed), pitch, formants, seconds).astype(np.float32)
+
+
+def _cli(*args):
+    proc = run_train(["-m", "toolkit.bin.codec", *args], timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+# --------------------------------------------------------------------------- shipped codec
+
+def test_the_codec_is_shipped_causal_within_its_card():
+    assert CODEC in pretrained.available()
+    meta = pretrained.metadata(CODEC)
+    assert meta["task"] == "codec" and meta["causal"] is True
+    assert (meta["sample_rate"], meta["n_codebooks"], meta["codebook_size"]) == (16000, 12, 1024)
+    assert meta["bitrate"] == 6000.0
+
+
+def test_pretrained_cli_round_trip_streams_like_whole_decoding(tmp_path):
+    from toolkit.tasks.codec.runtime import ExportedCodec, open_codec, read_codes
+    wave = _speech(4.0)
+    wav = str(tmp_path / "in.wav")
+    sf.write(wav, wave, RATE, subtype="FLOAT")
+    codes, decoded = str(tmp_path / "in.codes"), str(tmp_path / "out.wav")
+    _cli("encode", "--pretrained", CODEC, "--chunk-seconds", "0.3", wav, codes)
+    _cli("decode", "--pretrained", CODEC, "--chunk-seconds", "0.5", codes, decoded)
+    codec = ExportedCodec.pretrained(CODEC)
+    assert open_codec("pretrained:" + CODEC).fingerprint == codec.fingerprint
+    data = read_codes(codes, codec)
+    assert np.array_equal(data["codes"], codec.encode(wave))           # streamed = whole
+    out, rate = sf.read(decoded, dtype="float32")
+    assert rate == RATE and len(out) == len(wave) == data["length"]
+    whole = np.clip(codec.decode(data["codes"], len(wave)), -1, 1)
+    assert np.abs(out - whole).max() < 2e-4                              # 16-bit rounding
+    # The same chunking in memory, without the file layer.
+    pieces = np.concatenate(list(codec.decode_chunks(
+        data["codes"][:, i:i + 7] for i in range(0, data["codes"].shape[1], 7))))
+    assert np.abs(pieces[:len(wave)] - codec.decode(data["codes"], len(wave))).max() < 1e-4
+
+
+def test_the_shipped_codec_learned_speech():
+    """Decoded speech matches its input far better than an untrained codec of the same
+    architecture, and more codebooks bring it closer (the rates of one model)."""
+    from toolkit.tasks.codec.metrics import mel_distance, stoi
+    from toolkit.tasks.codec.model import CodecConfig, CodecModel, remove_weight_norm
+    from toolkit.tasks.codec.runtime import ExportedCodec
+    codec = ExportedCodec.pretrained(CODEC)
+    wave = _speech(3.0, index=11, seed=4)
+    codes = codec.encode(wave)
+    full = codec.decode(codes, len(wave))
+    low = codec.decode(codes[:4], len(wave))
+    config = pretrained.metadata(CODEC)["model"]
+    torch.manual_seed(0)
+    untrained = remove_weight_norm(CodecModel(CodecConfig(**config)).eval())
+    with torch.no_grad():
+        raw = untrained.decode(untrained.encode(torch.from_numpy(wave)[None, None]))
+    raw = raw[0, 0, :len(wave)].numpy()
+    d_full, d_low = mel_distance(wave, full, RATE), mel_distance(wave, low, RATE)
+    d_raw = mel_distance(wave, raw, RATE)
+    assert d_full < d_low < 0.6 * d_raw, (d_full, d_low, d_raw)
+    assert stoi(wave, full, RATE) > 0.6
+
+
+def test_damaged_shipped_codec_is_refused(tmp_path):
+    from toolkit.tasks.codec.runtime import ExportedCodec
+    root = str(tmp_path)
+    import shutil
+    shutil.copytree(pretrained.model_dir(CODEC), os.path.join(root, CODEC))
+    path = os.path.join(root, CODEC, "model.safetensors")
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 1
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(DataError, match="differs from its model card"):
+        pretrained.weights(CODEC, root=root)
+    with pytest.raises(MissingInputError, match="no pretrained model 'nope'"):
+        ExportedCodec.pretrained("nope")
+
+
+# --------------------------------------------------------------------------- the backend
+
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
+def test_safetensors_backend_matches_the_graphs_and_packages(tmp_path):
+    """A tiny causal codec: the safetensors backend (all a packaged codec has) gives the
+    ONNX graphs' codes and audio, streams like whole decoding, and works after packaging."""
+    from toolkit.pretrained.package import package
+    from toolkit.tasks.codec.export import export_codec
+    from toolkit.tasks.codec.model import CodecConfig, CodecModel, remove_weight_norm
+    from toolkit.tasks.codec.runtime import ExportedCodec
+    torch.manual_seed(0)
+    model = remove_weight_norm(CodecModel(CodecConfig(
+        channels=4, strides=[2, 4, 5, 4], dilations=[1, 3], kernel_size=5, causal=True,
+        n_codebooks=3, codebook_size=16, codebook_dim=4)).eval())
+    rng = np.random.default_rng(1)
+    cases = [(rng.uniform(-0.3, 0.3, (1, 1, n * 160)).astype(np.float32),) for n in (7, 31)]
+    export = str(tmp_path / "export")
+    export_codec(model, export, cases, tolerance=1e-4)
+    wave = _speech(1.3)
+    graphs, eager = ExportedCodec(export, "onnx"), ExportedCodec(export, "safetensors")
+    assert eager.fingerprint == graphs.fingerprint and eager.causal
+    codes = eager.encode(wave)
+    assert np.array_equal(codes, graphs.encode(wave))
+    whole = eager.decode(codes, len(wave))
+    assert np.abs(whole - graphs.decode(codes, len(wave))).max() < 1e-4
+    streamed = np.concatenate(list(eager.decode_chunks(
+        codes[:, i:i + 3] for i in range(0, codes.shape[1], 3))))[:len(wave)]
+    assert np.abs(streamed - whole).max() < 1e-4
+    chunked_codes = np.concatenate(list(eager.encode_chunks(
+        wave[i:i + 500] for i in range(0, len(wave), 500))), axis=1)
+    assert np.array_equal(chunked_codes, codes)
+    template = tmp_path / "card.md"
+    template.write_text("# {{name}}\nsha256 (model.safetensors): `{{sha256}}`\n")
+    root = str(tmp_path / "shipped")
+    os.makedirs(root)
+    out = package(export, "tiny-codec", str(template), {}, root=root)
+    assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors"]
+    shipped = ExportedCodec(out, "safetensors")
+    assert np.array_equal(shipped.encode(wave), codes)
+    with pytest.raises(MissingInputError, match="pretrained codec"):
+        ExportedCodec(str(tmp_path), "safetensors")
