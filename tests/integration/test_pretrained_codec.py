@@ -59,6 +59,14 @@ def test_pretrained_cli_round_trip_streams_like_whole_decoding(tmp_path):
     pieces = np.concatenate(list(codec.decode_chunks(
         data["codes"][:, i:i + 7] for i in range(0, data["codes"].shape[1], 7))))
     assert np.abs(pieces[:len(wave)] - codec.decode(data["codes"], len(wave))).max() < 1e-4
+    # ONNX and TorchScript graphs from the shipped weights give the same codes and audio.
+    out_dir = str(tmp_path / "onnx")
+    proc = run_train(["-m", "toolkit.bin.export_model", "--pretrained", CODEC, "--out-dir",
+                      out_dir, "--num-check", "2"], timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    graphs = ExportedCodec(out_dir, "onnx")
+    assert np.array_equal(graphs.encode(wave), data["codes"])
+    assert np.abs(graphs.decode(data["codes"], len(wave)) - whole).max() < 1e-4
 
 
 def test_the_shipped_codec_learned_speech():

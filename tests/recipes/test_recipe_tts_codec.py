@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from installed import require_engine
@@ -47,7 +48,9 @@ def run_recipe(tmp, *args, timeout=600):
 def recipe_run(tmp_path_factory):
     require_engine("kokoro")
     tmp = tmp_path_factory.mktemp("codec_recipe")
-    result = run_recipe(tmp)
+    (tmp / "shipped").mkdir()
+    result = run_recipe(tmp, "--stop-stage", "8", "--pretrained-root", str(tmp / "shipped"),
+                        "--pretrained-name", "tiny-codec")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return tmp, result
 
@@ -97,6 +100,19 @@ def test_every_stage_writes_its_outputs(recipe_run):
     from toolkit.export import read_metadata
     meta = read_metadata(str(export / "encoder.onnx"))
     assert meta["task"] == "codec" and meta["n_codebooks"] == 6 and meta["bitrate"] == 2400.0
+    # Stage 8 packaged the export with its card (both eval tables, the command quoted).
+    from toolkit import pretrained
+    from toolkit.tasks.codec.runtime import ExportedCodec
+    shipped = str(tmp / "shipped")
+    assert pretrained.available(shipped) == ["tiny-codec"]
+    card = (tmp / "shipped" / "tiny-codec" / "README.md").read_text()
+    assert "{{" not in card and "Codec2 2400" in card and "Opus 6" in card
+    assert "--stop-stage 8" in card and re.search(r"at commit [0-9a-f]{40}", card)
+    assert pretrained.card_sha256("tiny-codec", shipped) == pretrained.file_sha256(
+        pretrained.weights("tiny-codec", root=shipped))
+    wave = np.random.default_rng(0).uniform(-0.3, 0.3, 4000).astype(np.float32)
+    packed = ExportedCodec(os.path.join(shipped, "tiny-codec"), "safetensors")
+    assert np.array_equal(packed.encode(wave), ExportedCodec(str(export), "onnx").encode(wave))
     # Something was learned in 4 steps: on the fixed dev segments the decoded audio moved
     # towards the input (an untrained generator decodes them the same at every validation).
     dev = [dict((k, float(v)) for k, v in re.findall(r"(\w+) ([-0-9.]+)", line.split(" dev: ")[1]

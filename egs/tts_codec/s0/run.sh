@@ -23,7 +23,7 @@
 #     with its model card (conf/card.md; the tables of stage 6 quoted); only when asked for:
 #     bash run.sh --config conf/codec_bank.yaml ... --stage 0 --stop-stage 8 (conf/codec_bank.yaml)
 set -euo pipefail
-run_command="bash egs/tts_codec/s0/run.sh $*"    # quoted on the model card (stage 8)
+run_command="bash egs/tts_codec/s0/run.sh$(printf ' %q' "$@")"   # on the model card (stage 8)
 cd "$(dirname "$0")"
 . ./path.sh
 
@@ -75,6 +75,7 @@ eval_sets=""   # reserved: data/reserved/test (needs test_engines=); test: data/
                # when there is no outside test set
 
 pretrained_name=codec-voicebank-v1   # stage 8: toolkit/pretrained/<this>
+pretrained_root=""                   # stage 8: where it goes (empty: the installed toolkit/pretrained)
 
 help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--config conf/codec_gpu.yaml] ..."
 . utils/parse_options.sh
@@ -180,16 +181,18 @@ fi
 
 if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
   echo "stage 8: packaging $exp/export as toolkit/pretrained/$pretrained_name"
-  card_tables=()
-  for name in "${eval_names[@]}"; do
-    card_tables+=(--set-file "eval_$name=$exp/eval/$name/results.md")
+  # The card quotes stage 6's tables of both eval sets (the reserved voices: test_engines=).
+  for name in reserved test; do
+    [ -f "$exp/eval/$name/results.md" ] || {
+      echo "$0: stage 8 quotes $exp/eval/$name/results.md, which stage 6 has not written" \
+        "(both eval sets: --test-engines kokoro, eval_sets empty or 'reserved test')" >&2
+      exit 1
+    }
   done
-  [ "${#eval_names[@]}" -eq 2 ] || {
-    echo "$0: stage 8 quotes the tables of both eval sets: run with --test-engines kokoro" >&2
-    exit 1
-  }
   python -m toolkit.bin.package_pretrained --export-dir "$exp/export" \
-    --name "$pretrained_name" --card conf/card.md "${card_tables[@]}" \
+    --name "$pretrained_name" ${pretrained_root:+--out-root "$pretrained_root"} \
+    --card conf/card.md --set-file "eval_reserved=$exp/eval/reserved/results.md" \
+    --set-file "eval_test=$exp/eval/test/results.md" \
     --set "command=$run_command" --set "config=$config" \
     --set "train_log=$(grep -h 'training finished' "$exp/log/train.rank0.log" | tail -1 | sed 's/.*training finished: //')"
 fi

@@ -400,3 +400,25 @@ class CodecTask(Task):
             return (pad_to_hop(wave, model.hop)[None, None],)
         cases = parity_inputs(test_data, make, num_check)
         return export_codec(model, out_dir, cases, tolerance)
+
+    @classmethod
+    def export_weights(cls, weights: str, out_dir: str, test_data: Optional[str] = None,
+                       num_check: int = 20, tolerance: float = 1e-4) -> Dict[str, float]:
+        """The ONNX and TorchScript graphs of a shipped codec's safetensors (toolkit.
+        pretrained), checked on the test list's audio, or on seeded noise of 1-4 s."""
+        from toolkit.data.augment import load_mono
+        from toolkit.export import parity_inputs
+        from toolkit.tasks.codec.export import load_safetensors_model
+        model = load_safetensors_model(weights)
+        rate, enc_rate = model.config.sample_rate, model.encoder_sample_rate
+        if test_data:
+            def make(entry):
+                wave = resample(load_mono(entry["wav"], rate)[:10 * rate], rate, enc_rate)
+                return (pad_to_hop(wave, model.hop)[None, None],)
+            cases = parity_inputs(test_data, make, num_check)
+        else:
+            rng = np.random.default_rng(0)
+            cases = [(pad_to_hop(rng.uniform(-0.3, 0.3, int(s * enc_rate)).astype(np.float32),
+                                 model.hop)[None, None],)
+                     for s in np.linspace(1.0, 4.0, max(1, min(num_check, 4)))]
+        return export_codec(model, out_dir, cases, tolerance)
