@@ -181,11 +181,12 @@ def check_finite_reference(outputs: Sequence[np.ndarray], what: str) -> None:
 
 def compare(reference: Callable, candidates: Dict[str, Callable],
             cases: Sequence[Tuple[np.ndarray, ...]], tolerance: float,
-            what: str = "exported model") -> Dict[str, float]:
-    """Max |diff| of each candidate's outputs against the reference over `cases` (tuples
-    of input arrays). Raises ParityError when any exceeds `tolerance`, when outputs are
-    missing, shaped differently or not finite, and when the reference's own outputs are
-    not finite."""
+            what: str = "exported model", difference: Callable = output_difference,
+            measure: str = "max abs diff") -> Dict[str, float]:
+    """The worst `difference` (default: max |diff|) of each candidate's outputs against the
+    reference over `cases` (tuples of input arrays). Raises ParityError when any exceeds
+    `tolerance`, when outputs are missing, shaped differently or not finite, and when the
+    reference's own outputs are not finite."""
     worst = {name: 0.0 for name in candidates}
     problems: Dict[str, str] = {}
     for case in cases:
@@ -195,13 +196,13 @@ def compare(reference: Callable, candidates: Dict[str, Callable],
         check_finite_reference(expected, what)
         for name, fn in candidates.items():
             got = fn(*case)
-            diff, problem = output_difference(expected, (got,) if isinstance(got, np.ndarray)
-                                              else got)
+            diff, problem = difference(expected, (got,) if isinstance(got, np.ndarray)
+                                       else got)
             worst[name] = max(worst[name], diff)
             if problem and name not in problems:
                 problems[name] = problem
     for name, diff in worst.items():
-        logger.info("parity %s vs PyTorch: max abs diff %.3g over %d inputs", name, diff,
+        logger.info("parity %s vs PyTorch: %s %.3g over %d inputs", name, measure, diff,
                     len(cases))
     failed = {k: v for k, v in worst.items() if not v <= tolerance}
     if failed:

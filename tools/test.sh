@@ -18,7 +18,9 @@ set +e
 # of their time waiting (process start-up, rendezvous, a kill's aftermath): with one worker
 # per core the cores idle meanwhile, so there is one worker more than cores.
 workers=$(( $(nproc 2>/dev/null || echo 2) + 1 ))
-"$root/tools/venv/bin/python" -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@" tests
+# The slowest tests are listed at the end: the suite's budget is 15 minutes on 2 cores.
+"$root/tools/venv/bin/python" -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile \
+  --durations=20 "$@" tests
 rc=$?
 set -e
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.

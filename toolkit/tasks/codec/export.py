@@ -15,7 +15,7 @@ import hashlib
 import logging
 import math
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -223,6 +223,31 @@ def pad_to_hop(wave: np.ndarray, hop: int) -> np.ndarray:
     return np.pad(wave, (0, extra)) if extra else wave
 
 
+# Share of frames whose codes may differ from PyTorch's. Another runtime's convolutions
+# round differently, and where a residual lies almost as near two codebook entries the
+# nearest one flips, and with it the later codebooks' residuals in that frame: measured on
+# the shipped 12 x 1024 codec, ONNX Runtime against PyTorch on 60 utterances, a few frames
+# in a thousand. A wrong graph (weights, padding, a missing layer) changes most frames.
+CODE_FRAME_TOLERANCE = 0.01
+
+
+def differing_frames(expected, got) -> Tuple[float, Optional[str]]:
+    """Share of frames (over codebooks, batch and outputs) where `got`'s codes are not
+    `expected`'s: 1.0 and the reason when shapes or counts disagree."""
+    expected, got = tuple(expected), tuple(got)
+    if len(got) != len(expected):
+        return 1.0, f"{len(got)} outputs, PyTorch {len(expected)}"
+    differing = total = 0
+    for i, (e, g) in enumerate(zip(expected, got)):
+        e, g = np.asarray(e), np.asarray(g)
+        if g.shape != e.shape:
+            return 1.0, f"output {i} has shape {g.shape}, PyTorch {e.shape}"
+        frames = (e != g).any(axis=-2) if e.ndim >= 2 else e != g
+        differing += int(frames.sum())
+        total += int(frames.size)
+    return (differing / total if total else 0.0), None
+
+
 def export_codec(model: CodecModel, out_dir: str, cases: List[Tuple[np.ndarray]],
                  tolerance: float) -> Dict[str, float]:
     """Writes every format of `model` (eval mode, weight norm removed) to `out_dir` and
@@ -261,8 +286,10 @@ def export_codec(model: CodecModel, out_dir: str, cases: List[Tuple[np.ndarray]]
     got = compare(run_encode(model), {
         "onnx": onnx_runner(paths["onnx"][0]),
         "torchscript": torch_runner(torch.jit.load(paths["torch"][0]).eval()),
-        "safetensors": run_encode(reloaded)}, cases, 0.0, "exported codec encoder (codes)")
-    worst.update({f"encoder_{k}": v for k, v in got.items()})
+        "safetensors": run_encode(reloaded)}, cases, CODE_FRAME_TOLERANCE,
+        "exported codec encoder (codes)", difference=differing_frames,
+        measure="share of frames with other codes")
+    worst.update({f"encoder_{k}_other_frames": v for k, v in got.items()})
     code_cases = [run_encode(model)(*case) for case in cases]
     got = compare(run_decode(model), {
         "onnx": onnx_runner(paths["onnx"][1]),
