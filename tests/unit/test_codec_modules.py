@@ -657,3 +657,26 @@ def test_ema_codebooks_with_a_stand_in_rank_stay_in_sync(tmp_path):
     expected = (((n * decay + 2 * n * (1 - decay)) * decay + n * (1 - decay)) * decay
                 + n * (1 - decay))
     assert total == pytest.approx(expected, rel=1e-4)
+
+
+def test_code_parity_counts_frames_and_tolerates_only_near_tie_flips():
+    """Export parity of codes: the share of frames whose codes differ (a flip in one
+    codebook carries into the later ones of that frame, which counts once); a graph that
+    changes more than CODE_FRAME_TOLERANCE of the frames is refused."""
+    from toolkit.export import ParityError, compare
+    from toolkit.tasks.codec.export import CODE_FRAME_TOLERANCE, differing_frames
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 1024, (1, 12, 500))
+    flipped = codes.copy()
+    flipped[0, 3:, 17] = (flipped[0, 3:, 17] + 1) % 1024      # one near-tie, carried on
+    assert differing_frames((codes,), (codes,)) == (0.0, None)
+    assert differing_frames((codes,), (flipped,)) == (1 / 500, None)
+    share, why = differing_frames((codes,), (codes[:, :, :-1],))
+    assert share == 1.0 and "shape" in why
+    shuffled = rng.integers(0, 1024, codes.shape)               # a wrong graph
+    case = [(np.zeros(1, np.float32),)]
+    assert compare(lambda _: codes, {"onnx": lambda _: flipped}, case, CODE_FRAME_TOLERANCE,
+                   difference=differing_frames)["onnx"] == 1 / 500
+    with pytest.raises(ParityError, match="onnx 1"):
+        compare(lambda _: codes, {"onnx": lambda _: shuffled}, case, CODE_FRAME_TOLERANCE,
+                difference=differing_frames)
