@@ -23,7 +23,17 @@
 #     with its model card (conf/card.md; the tables of stage 6 quoted); only when asked for:
 #     bash run.sh --config conf/codec_bank.yaml ... --stage 0 --stop-stage 8 (conf/codec_bank.yaml)
 set -euo pipefail
-run_command="bash egs/tts_codec/s0/run.sh$(printf ' %q' "$@")"   # on the model card (stage 8)
+# The model card's command (stage 8): this call's options from stage 0 to 8; where the
+# files go (--pretrained-root) does not change them.
+card_command="bash egs/tts_codec/s0/run.sh"
+skip_value=false
+for arg in "$@"; do
+  if [ "$skip_value" = true ]; then skip_value=false; continue; fi
+  case $arg in --stage|--stop-stage|--pretrained-root) skip_value=true; continue ;; esac
+  if [[ $arg =~ ^[A-Za-z0-9_./:=,+-]+$ ]]; then card_command+=" $arg"
+  else card_command+=" '${arg//\'/\'\\\'\'}'"; fi
+done
+card_command+=" --stage 0 --stop-stage 8"
 cd "$(dirname "$0")"
 . ./path.sh
 
@@ -193,6 +203,6 @@ if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
     --name "$pretrained_name" ${pretrained_root:+--out-root "$pretrained_root"} \
     --card conf/card.md --set-file "eval_reserved=$exp/eval/reserved/results.md" \
     --set-file "eval_test=$exp/eval/test/results.md" \
-    --set "command=$run_command" --set "config=$config" \
+    --set "command=$card_command" --set "config=$config" \
     --set "train_log=$(grep -h 'training finished' "$exp/log/train.rank0.log" | tail -1 | sed 's/.*training finished: //')"
 fi
