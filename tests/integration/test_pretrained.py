@@ -61,15 +61,16 @@ def test_each_shipped_model_matches_its_card(name):
         assert word in card, word
 
 
-def test_damaged_weights_are_refused(tmp_path):
+@pytest.mark.parametrize("name", pretrained.available())
+def test_damaged_weights_are_refused(tmp_path, name):
     root = str(tmp_path)
-    shutil.copytree(pretrained.model_dir(SPEAKER_ENCODER), os.path.join(root, SPEAKER_ENCODER))
-    path = os.path.join(root, SPEAKER_ENCODER, "model.safetensors")
+    shutil.copytree(pretrained.model_dir(name), os.path.join(root, name))
+    path = os.path.join(root, name, "model.safetensors")
     data = bytearray(open(path, "rb").read())
     data[-1] ^= 1
     open(path, "wb").write(bytes(data))
     with pytest.raises(DataError, match="differs from its model card"):
-        pretrained.weights(SPEAKER_ENCODER, root=root)
+        pretrained.weights(name, root=root)
     with pytest.raises(MissingInputError, match="no pretrained model 'nope'"):
         pretrained.weights("nope", root=root)
 

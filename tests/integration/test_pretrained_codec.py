@@ -1,5 +1,6 @@
-"""The shipped codec (toolkit/pretrained/codec-voicebank-v1): its card's sha256, the CLI's
---pretrained round trip, chunked decoding equal to whole decoding, and speech that comes
+"""The shipped codec (toolkit/pretrained/codec-voicebank-v1; its card's sha256 and damaged
+weights: test_pretrained.py): its card's rates, the CLI's --pretrained round trip (an unknown
+name refused), chunked decoding equal to whole decoding, and speech that comes
 back recognisably (it learned); the safetensors backend that runs a shipped codec gives the
 ONNX graphs' codes and audio, and a packaged codec export loads through it."""
 import os
@@ -12,7 +13,7 @@ import torch
 from speaker_data import RATE, speaker_params, voice_wave
 from train_utils import run_train
 from toolkit import pretrained
-from toolkit.errors import DataError, MissingInputError
+from toolkit.errors import MissingInputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CODEC = "codec-voicebank-v1"
@@ -103,19 +104,14 @@ def test_the_shipped_codec_learned_speech():
     assert stoi(wave, raw, RATE) < 0.6
 
 
-def test_damaged_shipped_codec_is_refused(tmp_path):
+def test_an_unknown_codec_name_is_refused():
+    # Damaged weights: test_pretrained.py::test_damaged_weights_are_refused, for every model.
     from toolkit.tasks.codec.runtime import ExportedCodec
-    root = str(tmp_path)
-    import shutil
-    shutil.copytree(pretrained.model_dir(CODEC), os.path.join(root, CODEC))
-    path = os.path.join(root, CODEC, "model.safetensors")
-    data = bytearray(open(path, "rb").read())
-    data[-1] ^= 1
-    open(path, "wb").write(bytes(data))
-    with pytest.raises(DataError, match="differs from its model card"):
-        pretrained.weights(CODEC, root=root)
     with pytest.raises(MissingInputError, match="no pretrained model 'nope'"):
         ExportedCodec.pretrained("nope")
+    proc = run_train(["-m", "toolkit.bin.codec", "encode", "--pretrained", "nope", "a.wav",
+                      "a.codes"], timeout=120, cwd=ROOT)
+    assert proc.returncode != 0 and "no pretrained model 'nope'" in proc.stderr
 
 
 # --------------------------------------------------------------------------- the backend
