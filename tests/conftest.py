@@ -22,7 +22,7 @@ for _dir in [TESTS] + [os.path.join(TESTS, g) for g in GROUPS]:
 # -m "not recipe" tests` on 2 cores, the recipes' from a whole-suite run (`tools/test.sh`
 # lists the slowest) scaled to the same load. Files not listed keep their order after these.
 # Except the codec recipe (about 130 s): started beside the other long recipes (each two
-# ranks on the 2 cores) the suite took 867 s, started late 737 s (one run each).
+# ranks on the 2 cores) the suite took 867 s, started late 737 s and 828 s.
 SLOWEST_FIRST = [
     "test_recipe_tts_speakers.py", "test_trainer_faults.py", "test_recipe_wake_word.py",
     "test_codec_task.py", "test_trainer_behaviour.py", "test_hf_datasets.py",
