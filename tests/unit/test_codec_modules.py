@@ -6,10 +6,12 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from toolkit.config import ConfigError
 from toolkit.nn.spectral import (empty_mel_filters, hz_to_mel, log_mel_spectrogram,
-                                 mel_band_edges, mel_filterbank, mel_to_hz, stft_magnitude)
+                                 mel_band_edges, mel_filterbank, mel_to_hz, reflect_pad, stft,
+                                 stft_magnitude)
 from toolkit.tasks.codec.baselines import mulaw_codec, mulaw_decode, mulaw_encode, melgl_codec
 from toolkit.tasks.codec.discriminators import (MultiPeriodDiscriminator,
                                                 MultiPeriodDiscriminatorConfig,
@@ -462,6 +464,59 @@ def test_one_gan_step_under_bf16_autocast():
     assert torch.isfinite(gen) and torch.isfinite(disc)
     gen.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in generator.parameters())
+
+
+# Backward ops that PyTorch documents as nondeterministic on CUDA: under
+# training.deterministic each is an error there at the first step (CPU only warns).
+CUDA_NONDETERMINISTIC_BACKWARD = ("ReflectionPad", "ReplicationPad", "Upsample",
+                                  "AdaptiveAvgPool", "AdaptiveMaxPool", "EmbeddingBag")
+
+
+def backward_op_names(tensor):
+    seen, stack, names = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(next_fn for next_fn, _ in node.next_functions)
+    return names
+
+
+def test_reflect_padding_and_stft_match_torch_bitwise():
+    x = torch.randn(3, 1, 101)
+    for left, right in [(7, 7), (0, 9), (100, 0), (50, 100)]:
+        assert torch.equal(reflect_pad(x, left, right), F.pad(x, (left, right), mode="reflect"))
+    with pytest.raises(ValueError, match="needs more than 101 samples"):
+        reflect_pad(x, 101, 0)
+    window = torch.hann_window(256, periodic=True)
+    for length in (1000, 129, 128, 40):           # 128 and below: too short, zero padded
+        wave = torch.randn(2, length)
+        mode = "reflect" if length > 128 else "constant"
+        expected = torch.stft(wave, 256, 64, 256, window, center=True, pad_mode=mode,
+                              return_complex=True)
+        assert torch.equal(stft(wave, 256, 64), expected)
+
+
+def test_gan_losses_backward_has_no_op_nondeterministic_on_cuda():
+    # The codec's STFTs and the MPD's padding reflect; CUDA's reflection_pad backward is
+    # nondeterministic, which stopped every codec config at its first step on a GPU.
+    generator = CodecModel(tiny_config(channels=4, n_codebooks=2, codebook_size=16))
+    mpd = MultiPeriodDiscriminator(MultiPeriodDiscriminatorConfig(channels_scale=1 / 32))
+    mstftd = MultiResolutionSTFTDiscriminator(MultiResolutionSTFTDiscriminatorConfig(filters=4))
+    real = 0.1 * torch.randn(2, 1, 3205)          # not a multiple of any MPD period
+    out = generator(real)
+    fake_logits, fake_feats = [a + b for a, b in zip(mpd(out["audio"]), mstftd(out["audio"]))]
+    _, real_feats = [a + b for a, b in zip(mpd(real), mstftd(real))]
+    loss = (MultiResolutionMelLoss(SR)(out["audio"], real)
+            + sum(MultiResolutionSTFTLoss()(out["audio"], real))
+            + generator_adversarial_loss(fake_logits)
+            + feature_matching_loss(real_feats, fake_feats))
+    names = backward_op_names(loss)
+    assert any(n.startswith("FftR2C") for n in names)    # the walk reached the STFTs
+    flagged = sorted(n for n in names if n.startswith(CUDA_NONDETERMINISTIC_BACKWARD))
+    assert flagged == []
 
 
 # --------------------------------------------------------------------------- metrics

@@ -92,6 +92,21 @@ def _as_batch(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def reflect_pad(x: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """F.pad(x, (left, right), mode="reflect") on the last dimension, built from slices and
+    flips: CUDA's reflection_pad1d backward accumulates with atomics, which is an error
+    under torch.use_deterministic_algorithms (training.deterministic); this one's is not."""
+    length = x.shape[-1]
+    if left >= length or right >= length:
+        raise ValueError(f"reflect padding ({left}, {right}) needs more than "
+                         f"{max(left, right)} samples, got {length}")
+    parts = [x[..., 1:left + 1].flip(-1)] if left else []
+    parts.append(x)
+    if right:
+        parts.append(x[..., length - right - 1:length - 1].flip(-1))
+    return torch.cat(parts, dim=-1)
+
+
 def stft(x: torch.Tensor, n_fft: int, hop: int, win: Optional[int] = None) -> torch.Tensor:
     """Complex STFT (B, n_fft // 2 + 1, frames), fp32 island.
 
@@ -104,9 +119,13 @@ def stft(x: torch.Tensor, n_fft: int, hop: int, win: Optional[int] = None) -> to
     with torch.autocast(device_type=x.device.type, enabled=False):
         wave = _as_batch(x).float()
         window = torch.hann_window(win, periodic=True, device=wave.device, dtype=torch.float32)
-        mode = "reflect" if wave.shape[-1] > n_fft // 2 else "constant"
+        half = n_fft // 2
+        if wave.shape[-1] > half:
+            wave = reflect_pad(wave, half, half)
+        else:
+            wave = torch.nn.functional.pad(wave, (half, half))
         return torch.stft(wave, n_fft=n_fft, hop_length=hop, win_length=win, window=window,
-                          center=True, pad_mode=mode, return_complex=True)
+                          center=False, return_complex=True)
 
 
 def stft_magnitude(x: torch.Tensor, n_fft: int, hop: int, win: Optional[int] = None,

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.utils.parametrizations import weight_norm as _weight_norm
 
 from toolkit.config import ConfigError
-from toolkit.nn.spectral import stft
+from toolkit.nn.spectral import reflect_pad, stft
 
 DiscriminatorOutput = Tuple[List[torch.Tensor], List[List[torch.Tensor]]]
 
@@ -89,8 +89,7 @@ class PeriodDiscriminator(nn.Module):
         extra = (-length) % self.period
         if extra:
             # Reflect where the signal is long enough, zeros for a very short one.
-            mode = "reflect" if length > extra else "constant"
-            x = F.pad(x, (0, extra), mode=mode)
+            x = reflect_pad(x, 0, extra) if length > extra else F.pad(x, (0, extra))
         h = x.view(batch, 1, -1, self.period)
         features = []
         for conv in self.convs:
