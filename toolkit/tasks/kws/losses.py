@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.config import ConfigError, Ramp, build_dataclass
+from toolkit.nn.ctc import ctc_loss
 from toolkit.registry import Registry
 
 LOSSES: Registry = Registry("loss")
@@ -152,8 +153,8 @@ class CTCLoss(nn.Module):
         log_probs = F.log_softmax(ctc_logits.float(), dim=-1).transpose(0, 1)   # (T, B, U)
         # Summed per utterance, averaged over the batch; an utterance too short for its
         # targets contributes zero instead of infinity.
-        per_utt = F.ctc_loss(log_probs, tokens, lengths, token_lengths, blank=0,
-                             reduction="none", zero_infinity=True)
+        per_utt = ctc_loss(log_probs, tokens, lengths, token_lengths, blank=0,
+                           zero_infinity=True)
         loss = per_utt.sum() / max(1, ctc_logits.size(0))
         return loss, {"ctc_per_unit": (per_utt.sum() / token_lengths.sum().clamp(min=1)).detach()}
 
