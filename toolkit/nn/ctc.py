@@ -9,6 +9,8 @@ it runs only where the fused kernel would fail, and the fused kernel everywhere 
 Unreachable states hold a large finite negative number instead of -inf: log-sum-exp over
 -inf alone has a NaN gradient, which a zero upstream gradient does not cancel.
 """
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +22,8 @@ def _padded_targets(targets: torch.Tensor, target_lengths: torch.Tensor) -> torc
     """(B, S) targets from either of F.ctc_loss's layouts (padded or concatenated)."""
     if targets.dim() == 2:
         return targets
-    batch, longest = target_lengths.numel(), int(target_lengths.max().item()) if target_lengths.numel() else 0
+    batch = target_lengths.numel()
+    longest = int(target_lengths.max().item()) if batch else 0
     out = targets.new_zeros(batch, max(longest, 1))
     start = 0
     for b, n in enumerate(target_lengths.tolist()):
@@ -75,7 +78,7 @@ def ctc_loss_by_recursion(log_probs: torch.Tensor, targets: torch.Tensor,
 
 def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
              target_lengths: torch.Tensor, blank: int = 0, zero_infinity: bool = False,
-             deterministic: bool = None) -> torch.Tensor:
+             deterministic: Optional[bool] = None) -> torch.Tensor:
     """Per-utterance CTC loss (B,). `deterministic` (default: on CUDA with deterministic
     algorithms on) selects the recursion above instead of the fused kernel."""
     if deterministic is None:
