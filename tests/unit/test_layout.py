@@ -382,7 +382,7 @@ def test_data_stages_check_the_dataset_section(tmp_path):
         load_dataset_config(str(bad))
     bad.write_text("task: {type: nosuch}\ndataset: {}\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: task.type: expected one of codec, example, "
-                                          r"kws, speaker, got 'nosuch'"):
+                                          r"kws, phone_ctc, speaker, got 'nosuch'"):
         load_dataset_config(str(bad))
 
 

@@ -6,7 +6,8 @@ utterances: the max-pooling loss can then score a keyword where it ends.
 Labels come from the inventory: `--label-mode keyword` gives the index of the keyword
 whose words occur in the transcript (else -1, filler); `--label-mode class` needs the
 transcript to be a class name; `--label-mode speaker` takes the utterance's speaker
-(utt2spk). Utterances whose label cannot be resolved are reported.
+(utt2spk); `--label-mode none` labels nothing (-1 everywhere: phone recognition, whose
+targets are the `tokens`). Utterances whose label cannot be resolved are reported.
 
 Several DATA_DIR OUTPUT pairs in one call share one start-up (a recipe's train, dev and
 test sets).
@@ -35,7 +36,8 @@ def get_args(argv=None):
     p.add_argument("pairs", nargs="+", metavar="DATA_DIR OUTPUT",
                    help="Kaldi data dir with wav.scp and text, then the data list to write "
                    "(repeatable as pairs)")
-    p.add_argument("--inventory", required=True, help="keyword/class inventory, one per line")
+    p.add_argument("--inventory", help="keyword/class inventory, one per line (required "
+                   "unless --label-mode none)")
     p.add_argument("--label-mode", default="keyword", choices=LABELERS.names())
     p.add_argument("--nj", type=int, default=2, help="parallel jobs for missing durations")
     p.add_argument("--feats-scp", help="Kaldi feats.scp (e.g. <data_dir>/feats.scp): entries get "
@@ -43,6 +45,8 @@ def get_args(argv=None):
     p.add_argument("--lexicon", help="lexicon (word unit ...) for CTC targets; needs --units")
     p.add_argument("--units", help="unit list (<blank> first) from toolkit.bin.make_lexicon")
     args = p.parse_args(argv)
+    if not args.inventory and args.label_mode != "none":
+        p.error(f"--label-mode {args.label_mode} needs --inventory")
     if bool(args.lexicon) != bool(args.units):
         p.error("--lexicon and --units go together")
     args.pairs = path_pairs(p, args.pairs, "DATA_DIR OUTPUT")
@@ -55,8 +59,10 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     setup_logging()
+    inventory = []
     try:
-        inventory = read_inventory(args.inventory)
+        if args.inventory:
+            inventory = read_inventory(args.inventory)
     except ValueError as err:
         raise DataError(str(err)) from None
     labeler = LABELERS.get(args.label_mode)(inventory)

@@ -12,7 +12,7 @@ from toolkit.registry import Registry
 
 @dataclass
 class FeatureConfig:
-    type: str = "fbank"           # fbank | speech_embedding (openWakeWord's ONNX front end, opt-in)
+    type: str = "fbank"           # fbank | phone_frontend (this toolkit's pretrained phone front end) | speech_embedding (openWakeWord's ONNX front end, opt-in)
     num_mel_bins: int = 40        # fbank bins; 40 for wake words, 80 for speakers
     frame_length_ms: float = 25.0  # Kaldi's default window
     frame_shift_ms: float = 10.0  # 100 frames per second
@@ -21,6 +21,8 @@ class FeatureConfig:
     dither: float = 0.0
     mel_model: str = ""           # speech_embedding: melspectrogram.onnx; empty: the installed openwakeword's
     embedding_model: str = ""     # speech_embedding: embedding_model.onnx; empty: the installed openwakeword's
+    frontend_model: str = ""      # phone_frontend: pretrained:NAME or a phone_ctc export's model.safetensors; empty: pretrained:phone-voicebank-v1
+    frontend_output: str = "posteriors"  # phone_frontend: posteriors (log phone posteriors) | hidden (the encoder's last layer)
 
 
 @dataclass

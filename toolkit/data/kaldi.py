@@ -192,6 +192,13 @@ def speaker_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
     return lambda entry: index.get(entry.get("spk", ""))
 
 
+@LABELERS.register("none")
+def no_labeler(inventory: Optional[List[str]]) -> Callable[[dict], Optional[int]]:
+    """No class at all: every utterance is kept with label -1 (phone recognition, whose
+    targets are the transcript's units, `tokens`)."""
+    return lambda entry: -1
+
+
 def labelled_entries(data_dir: str, labeler: Callable[[dict], Optional[int]], nj: int = 2,
                      feats: Optional[Dict[str, str]] = None,
                      before: Optional[Callable[[dict], None]] = None,

@@ -88,3 +88,25 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torc
                                      blank=blank, zero_infinity=zero_infinity)
     return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=blank,
                       reduction="none", zero_infinity=zero_infinity)
+
+
+def greedy_decode(log_probs, length: Optional[int] = None, blank: int = 0) -> list:
+    """Best-path CTC decoding of one utterance: (T, U) scores -> unit ids, repeats merged
+    and blanks dropped."""
+    best = torch.as_tensor(log_probs)[:length].argmax(dim=-1).tolist()
+    out, previous = [], blank
+    for unit in best:
+        if unit != blank and unit != previous:
+            out.append(unit)
+        previous = unit
+    return out
+
+
+def edit_distance(hyp, ref) -> int:
+    """Levenshtein distance between two sequences (substitutions, insertions, deletions)."""
+    row = list(range(len(ref) + 1))
+    for i, h in enumerate(hyp, 1):
+        diagonal, row[0] = row[0], i
+        for j, r in enumerate(ref, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (h != r))
+    return row[-1]

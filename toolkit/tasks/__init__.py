@@ -10,11 +10,16 @@ import importlib
 import os
 
 from toolkit.config import TASKS
+from toolkit.data.features import FEATURES
 from toolkit.errors import UserError
 from toolkit.tasks.kws import labels  # noqa: F401  (registers the "keyword" label mode)
 
 for _name in ("codec", "kws", "speaker"):
     TASKS.register_lazy(_name, f"toolkit.tasks.{_name}.task")
+# The keyword family's phone front end (CTC on espeak-ng phones).
+TASKS.register_lazy("phone_ctc", "toolkit.tasks.kws.phones")
+# Its frozen outputs as features of a wake-word head.
+FEATURES.register_lazy("phone_frontend", "toolkit.tasks.kws.frontend")
 # The worked example of the contract (docs/architecture.md walks it).
 TASKS.register_lazy("example", "toolkit.tasks.example")
 

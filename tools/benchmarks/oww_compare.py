@@ -12,7 +12,10 @@ training list or blend holds) a test set is generated with
       run with ONNX Runtime, see toolkit/data/features.py) gives an embedding every 80 ms;
       the model scores each step from the last 16 embeddings -> one score per 80 ms;
   (b) each recipe model given with --exp (its export/model.onnx, with the front end its
-      metadata names: fbank every 10 ms or speech embeddings every 80 ms).
+      metadata names: fbank or the toolkit's phone front end every 10 ms, or speech
+      embeddings every 80 ms);
+  (c) with --zero-shot FRONTEND, the keyword's espeak-ng phones searched in that phone
+      front end's posteriors, untrained on the keyword (toolkit.tasks.kws.search).
 
 Common rule, identical for every system:
   * each clip is played after --lead-s (2 s) and followed by --tail-s (0.5 s) of white
@@ -43,7 +46,7 @@ import multiprocessing as mp
 import os
 import sys
 import zlib
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -68,6 +71,9 @@ def get_args(argv=None):
     p.add_argument("--exp", action="append", default=[], metavar="DIR",
                    help="a trained recipe exp dir (with export/model.onnx); repeat. Its "
                         "keyword and front end come from the model's metadata")
+    p.add_argument("--zero-shot", action="append", default=[], metavar="FRONTEND",
+                   help="also score zero-shot CTC keyword search in this phone front end's "
+                        "posteriors (pretrained:NAME or a phone_ctc export); repeat")
     p.add_argument("--keywords", default="hey jarvis,alexa",
                    help=f"comma list, of {', '.join(OWW_MODELS)} (default %(default)s)")
     p.add_argument("--engines", default=",".join(ENGINES),
@@ -176,6 +182,25 @@ class RecipeSystem:
         return self.backend.step(feats)
 
 
+class ZeroShotSystem:
+    """The keyword's espeak-ng phones searched in a phone front end's posteriors (no
+    training on the keyword; toolkit.tasks.kws.search)."""
+
+    def __init__(self, keyword: str, frontend: str):
+        from toolkit.data.features import extractor_from_metadata
+        from toolkit.tasks.kws.search import ZeroShotBackend
+        self.backend = ZeroShotBackend([keyword], frontend)
+        self.feature = self.backend.metadata["feature"]
+        self.extractor = extractor_from_metadata(self.feature)
+        self.name = f"zero-shot CTC keyword search ({frontend})"
+
+    frame_end_s = RecipeSystem.frame_end_s
+
+    def scores(self, feats: np.ndarray) -> np.ndarray:
+        self.backend.reset()
+        return self.backend.step(feats)
+
+
 def feature_key(feature: dict) -> str:
     return json.dumps(feature, sort_keys=True)
 
@@ -195,8 +220,9 @@ def _score_chunk(job) -> List[Tuple[str, List[np.ndarray]]]:
     """Worker: kept frames' scores of every system for some clips."""
     clips, spec, lead_s, tail_s = job
     if _WORKER.get("spec") != spec:          # systems built once per process (sessions too)
-        keyword, exps, model_dir = spec
-        _WORKER["systems"] = [OwwSystem(keyword, model_dir)] + [RecipeSystem(e) for e in exps]
+        keyword, exps, model_dir, zero_shot = spec
+        _WORKER["systems"] = [OwwSystem(keyword, model_dir)] + [RecipeSystem(e) for e in exps] \
+            + [ZeroShotSystem(keyword, f) for f in zero_shot]
         _WORKER["spec"] = spec
     systems = _WORKER["systems"]
     import soundfile as sf
@@ -221,9 +247,10 @@ def _score_chunk(job) -> List[Tuple[str, List[np.ndarray]]]:
 
 
 def score_clips(clips: List[dict], keyword: str, exps: List[str], model_dir: str,
-                lead_s: float, tail_s: float, nj: int) -> List[List[np.ndarray]]:
+                lead_s: float, tail_s: float, nj: int, zero_shot: Sequence[str] = ()
+                ) -> List[List[np.ndarray]]:
     """Per system, the kept-frame scores of every clip (in `clips` order)."""
-    spec = (keyword, tuple(exps), model_dir)
+    spec = (keyword, tuple(exps), model_dir, tuple(zero_shot))
     chunks = [clips[i::max(1, nj)] for i in range(max(1, nj))]
     jobs = [(c, spec, lead_s, tail_s) for c in chunks if c]
     if len(jobs) == 1:
@@ -331,11 +358,12 @@ def main(argv=None) -> int:
             clips = read_test_set(make_test_set(keyword, engine, data, args.num_pos,
                                                 args.num_neg, args.seed, args.nj))
             logger.info("%s / %s: %d clips; scoring %d systems", keyword, engine, len(clips),
-                        1 + len(exps_of[keyword]))
+                        1 + len(exps_of[keyword]) + len(args.zero_shot))
             names = [f"openWakeWord {OWW_MODELS[keyword]}"] + \
-                [RecipeSystem(e).name for e in exps_of[keyword]]
+                [RecipeSystem(e).name for e in exps_of[keyword]] + \
+                [f"zero-shot CTC keyword search ({f})" for f in args.zero_shot]
             per_system = score_clips(clips, keyword, exps_of[keyword], model_dir,
-                                     args.lead_s, args.tail_s, args.nj)
+                                     args.lead_s, args.tail_s, args.nj, args.zero_shot)
             for name, probs in zip(names, per_system):
                 rows.append({"keyword": keyword, "engine": engine, "system": name,
                              "all": frr_at_targets(probs, clips, True),

@@ -46,9 +46,11 @@ engines=espeak
 outside_engines=""
 nj=2
 
-# Front end: fbank (kaldi-native-fbank) or speech_embedding (openWakeWord 0.5.1's frozen
-# ONNX front end, installed on demand; its models are CC BY-NC-SA 4.0, non-commercial:
-# README.md, "Front ends"). It picks the default config and exp dir and where features go.
+# Front end: fbank (kaldi-native-fbank), phone_frontend (the toolkit's own pretrained phone
+# front end, frozen: toolkit/pretrained/phone-voicebank-v1) or speech_embedding (openWakeWord
+# 0.5.1's frozen ONNX front end, installed on demand; its models are CC BY-NC-SA 4.0,
+# non-commercial: README.md, "Front ends"). It picks the default config and exp dir and
+# where features go.
 frontend=fbank
 config=""              # default: conf/ds_tcn.yaml (fbank), conf/oww_ds_tcn.yaml (speech_embedding)
 data=data
@@ -69,11 +71,15 @@ case "$frontend" in
   fbank)
     config=${config:-conf/ds_tcn.yaml}; exp=${exp:-exp/ds_tcn}
     feat_dir=fbank; cmvn=global_cmvn ;;
+  phone_frontend)
+    config=${config:-conf/phone_ds_tcn.yaml}; exp=${exp:-exp/phone_ds_tcn}
+    feat_dir=phone_frontend; cmvn=global_cmvn_phone_frontend ;;
   speech_embedding)
     config=${config:-conf/oww_ds_tcn.yaml}; exp=${exp:-exp/oww_ds_tcn}
     feat_dir=speech_embedding; cmvn=global_cmvn_speech_embedding
     bash "$TOOLKIT_ROOT/tools/install_oww.sh" ;;
-  *) echo "$0: --frontend must be fbank or speech_embedding, got '$frontend'" >&2; exit 1 ;;
+  *) echo "$0: --frontend must be fbank, phone_frontend or speech_embedding, got '$frontend'" >&2
+     exit 1 ;;
 esac
 config_type=$(python -c 'import sys, toolkit.tasks; from toolkit.config import load_config
 print(load_config(sys.argv[1]).dataset.feature.type)' "$config")

@@ -8,7 +8,8 @@
 Features (the streaming extractor of the model's feature type: kaldi-native-fbank, or
 openWakeWord's speech embeddings), model caches and the decision state are carried
 across calls, so feeding audio in pieces gives what the whole file gives.
-Backends: ONNX Runtime, TorchScript, or a training checkpoint, chosen by extension.
+Backends: ONNX Runtime, TorchScript, or a training checkpoint, chosen by extension;
+`Detector.zero_shot(["hey jarvis"])` needs no model of the keyword at all.
 """
 import json
 import os
@@ -184,6 +185,15 @@ class Detector:
     def from_path(cls, path: str, threshold: Optional[float] = None, threads: int = 1,
                   **kwargs) -> "Detector":
         return cls(load_backend(path, threads), threshold, **kwargs)
+
+    @classmethod
+    def zero_shot(cls, keywords: Sequence[str], frontend: str = "",
+                  threshold: Optional[float] = None, **kwargs) -> "Detector":
+        """Keywords with no training: their espeak-ng phones searched in the posteriors of
+        a phone front end (default pretrained:phone-voicebank-v1; toolkit.tasks.kws.search)."""
+        from toolkit.tasks.kws.search import ZERO_SHOT_THRESHOLD, ZeroShotBackend
+        return cls(ZeroShotBackend(keywords, frontend),
+                   ZERO_SHOT_THRESHOLD if threshold is None else threshold, **kwargs)
 
     def reset(self) -> None:
         self.backend.reset()

@@ -22,20 +22,30 @@ from toolkit.trainer.checkpoint import load_payload, module_states_from_file
 logger = logging.getLogger(__name__)
 
 
+ACTIVATIONS = ("sigmoid", "softmax", "log_softmax")
+
+
 class StreamingScorer(nn.Module):
     """Deployment graph: raw feature chunk + cache -> keyword posteriors + new cache."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, activation: str = ""):
         super().__init__()
         self.model = model
         # Keyword detectors score each keyword independently (sigmoid); utterance
-        # classifiers choose one class (softmax).
-        self.classify = not getattr(model, "streaming", True)
+        # classifiers choose one class (softmax); a phone front end gives log posteriors
+        # over its units (log_softmax), what CTC keyword search adds up.
+        if not activation:
+            activation = "sigmoid" if getattr(model, "streaming", True) else "softmax"
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"output activation {activation!r}: one of {ACTIVATIONS}")
+        self.activation = activation
 
     def forward(self, feats: torch.Tensor, cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         logits, new_cache = self.model(feats, cache)
-        if self.classify:
+        if self.activation == "softmax":
             return torch.softmax(logits, dim=-1), new_cache
+        if self.activation == "log_softmax":
+            return torch.log_softmax(logits.float(), dim=-1), new_cache
         return torch.sigmoid(logits), new_cache
 
 
@@ -76,15 +86,16 @@ def build_metadata(model: nn.Module, feature: dict, keywords: Sequence[str],
 
 
 def export_torchscript(model: nn.Module, path: str, metadata: dict) -> None:
-    writers.export_torchscript(StreamingScorer(model), path, metadata)
+    writers.export_torchscript(StreamingScorer(model, metadata.get("activation", "")), path,
+                                metadata)
 
 
 def export_onnx(model: nn.Module, path: str, metadata: dict, opset: int = 17) -> None:
     """The streaming graph with dynamic batch and frame axes: feats (B, T, D) and cache
     (B, cache_size) -> probs (B, T, K) and new_cache."""
     example = (torch.zeros(1, 20, model.config.input_dim), torch.zeros(1, model.cache_size))
-    writers.export_onnx(StreamingScorer(model), example, path, ["feats", "cache"],
-                        ["probs", "new_cache"],
+    scorer = StreamingScorer(model, metadata.get("activation", ""))
+    writers.export_onnx(scorer, example, path, ["feats", "cache"], ["probs", "new_cache"],
                         {"feats": {0: "batch", 1: "frames"}, "cache": {0: "batch"},
                          "probs": {0: "batch", 1: "frames"}, "new_cache": {0: "batch"}},
                         metadata, opset)
@@ -117,12 +128,13 @@ def run_chunked(fn, feats: np.ndarray, cache_size: int, chunk: int) -> np.ndarra
 
 
 def check_parity(model: nn.Module, paths: Dict[str, str], features: List[np.ndarray],
-                 tolerance: float = 1e-4, chunks: Sequence[int] = (0, 1, 16)) -> Dict[str, float]:
+                 tolerance: float = 1e-4, chunks: Sequence[int] = (0, 1, 16),
+                 activation: str = "") -> Dict[str, float]:
     """Max |diff| of every exported format against PyTorch, whole-utterance (chunk 0)
     and streamed in chunks. Raises when any exceeds `tolerance`."""
     if not getattr(model, "streaming", True):
         chunks = (0,)      # a classifier sees whole clips only
-    reference = torch_runner(StreamingScorer(model).eval())
+    reference = torch_runner(StreamingScorer(model, activation).eval())
     runners = {}
     if "torchscript" in paths:
         runners["torchscript"] = torch_runner(torch.jit.load(paths["torchscript"]).eval())
@@ -130,7 +142,7 @@ def check_parity(model: nn.Module, paths: Dict[str, str], features: List[np.ndar
         runners["onnx"] = onnx_runner(paths["onnx"])
     if "safetensors" in paths:
         runners["safetensors"] = torch_runner(StreamingScorer(
-            model_from_safetensors(paths["safetensors"])).eval())
+            model_from_safetensors(paths["safetensors"]), activation).eval())
     worst: Dict[str, float] = {name: 0.0 for name in runners}
     problems: Dict[str, str] = {}
     for i, feats in enumerate(features):

@@ -89,8 +89,18 @@ def char_lexicon(words: Iterable[str], voice: str = "") -> Lexicon:
     return {w: list(w) for w in words}
 
 
-# espeak's ASCII phoneme names carry stress and syllable marks; the phone is the same.
-_PHONE_MARKS = str.maketrans("", "", "',%=")
+# espeak's ASCII phoneme names carry stress and syllable marks (the phone is the same) and
+# ";" for palatalisation.
+_PHONE_MARKS = str.maketrans("", "", "',%=;")
+
+
+def base_phone(phone: str) -> str:
+    """espeak-ng's contextual variants ("t#", "t2", "@2", "aI3": a flap, a weak vowel) as
+    their phone: which variant is spoken depends on context a CTC target cannot see, so
+    keeping them apart only splits one sound over several units. Single-character phones
+    that are digits ("0", "3") are phones themselves."""
+    trimmed = phone.rstrip("0123456789#") if len(phone) > 1 else phone
+    return trimmed or phone
 
 
 @LEXICON_BUILDERS.register("phone")
@@ -101,7 +111,7 @@ def espeak_lexicon(words: Iterable[str], voice: str = "en-us") -> Lexicon:
     lexicon: Lexicon = {}
     for w in words:
         raw = engine.phonemes(w, voice, separator="_")
-        phones = [p.translate(_PHONE_MARKS) for p in raw.replace(" ", "_").split("_")]
+        phones = [base_phone(p.translate(_PHONE_MARKS)) for p in raw.replace(" ", "_").split("_")]
         phones = [p for p in phones if p]
         if not phones:
             logger.warning("espeak-ng gave no phonemes for %r; left out of the lexicon", w)

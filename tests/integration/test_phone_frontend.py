@@ -1,0 +1,143 @@
+"""The phone front end, end to end on real espeak-ng speech: the corpus writer's sentences,
+espeak-ng phone targets in unlabelled data lists, phone_ctc training through the generic
+trainer (its loss falls, its dev PER is logged), export with log-posterior parity, the
+front end streaming like the whole utterance, its PER binary, the `phone_frontend` feature
+type (fingerprinted) and zero-shot keyword search through `toolkit.bin.kws`."""
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from train_utils import run_train
+from toolkit.errors import DataError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CONFIG = {
+    "task": {"type": "phone_ctc"},
+    "dataset": {"sample_rate": 16000, "feature": {"num_mel_bins": 40}, "batch_size": 8,
+                "num_workers": 0, "spec_aug": {"enabled": False}},
+    "model": {"type": "ds_tcn", "hidden_dim": 48, "num_layers": 2, "kernel_size": 3,
+              "dilations": [1, 2], "dropout": 0.0},
+    "optim": {"type": "adam", "lr": 0.01, "scheduler": {"type": "constant"}},
+    "training": {"seed": 3, "max_epoch": 12, "log_interval": 3, "save_interval_steps": 10,
+                 "keep_last": 2, "keep_best": 2},
+}
+
+
+def _run(*args, timeout=300):
+    proc = run_train(["-m", *args], timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("phone_frontend")
+    data = root / "data"
+    _run("toolkit.bin.synth_codec_data", "--out-dir", str(data), "--num-train", "24",
+         "--num-dev", "4", "--num-test", "4", "--max-voices", "10", "--sentences", "1,1",
+         "--no-noisy", "--nj", "2")
+    dirs = [str(data / s) for s in ("train", "dev", "test")]
+    dict_dir = data / "dict"
+    _run("toolkit.bin.make_lexicon", "--unit", "phone", *dirs, "--lexicon",
+         str(dict_dir / "lexicon.txt"), "--units", str(dict_dir / "units.txt"))
+    pairs = [x for d in dirs for x in (d, d + "/data.list")]
+    _run("toolkit.bin.make_datalist", *pairs, "--label-mode", "none", "--lexicon",
+         str(dict_dir / "lexicon.txt"), "--units", str(dict_dir / "units.txt"))
+    _run("toolkit.bin.compute_cmvn", dirs[0] + "/data.list", str(data / "cmvn.json"))
+    config = root / "conf.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    exp = root / "exp"
+    train = _run("toolkit.bin.train", "--config", str(config), "--exp-dir", str(exp),
+                 "--train-data", dirs[0] + "/data.list", "--dev-data", dirs[1] + "/data.list",
+                 "--inventory", str(dict_dir / "units.txt"), "--cmvn", str(data / "cmvn.json"))
+    _run("toolkit.bin.average_model", "--exp-dir", str(exp), "--output", str(exp / "avg.pt"),
+         "--num", "2", "--mode", "best")
+    _run("toolkit.bin.export_model", "--checkpoint", str(exp / "avg.pt"), "--exp-dir", str(exp),
+         "--out-dir", str(exp / "export"), "--test-data", dirs[2] + "/data.list")
+    return {"root": root, "data": data, "dirs": dirs, "exp": exp, "log": train.stderr,
+            "units": (dict_dir / "units.txt").read_text().split()}
+
+
+def test_unlabelled_lists_carry_phone_targets(trained):
+    rows = [json.loads(x) for x in open(trained["dirs"][0] + "/data.list")]
+    assert len(rows) == 24 and {r["label"] for r in rows} == {-1}
+    assert all(r["tokens"] and 0 < min(r["tokens"]) and max(r["tokens"]) < len(trained["units"])
+               for r in rows)
+    assert trained["units"][0] == "<blank>"
+    assert not any(u.endswith(("#", "2")) or u == ";" for u in trained["units"])
+
+
+def test_training_learns_and_reports_the_phone_error_rate(trained):
+    losses = [float(line.split(" loss ")[1].split()[0]) for line in trained["log"].splitlines()
+              if " step " in line and " loss " in line and "dev:" not in line]
+    assert len(losses) >= 4
+    assert losses[-1] < 0.6 * losses[0], losses
+    dev = [line for line in trained["log"].splitlines() if " dev: " in line]
+    assert dev and all(" per " in line for line in dev)
+
+
+def test_export_streams_like_the_whole_utterance_and_evaluates(trained):
+    from toolkit.data.augment import load_mono
+    from toolkit.tasks.kws.frontend import PhoneFrontEnd
+    export = trained["exp"] / "export"
+    meta = json.loads((export / "config.json").read_text())
+    assert meta["task"] == "phone_ctc" and meta["units"] == trained["units"]
+    assert meta["activation"] == "log_softmax"
+    front = PhoneFrontEnd(str(export))
+    wav = json.loads(open(trained["dirs"][2] + "/data.list").readline())["wav"]
+    wave = load_mono(wav, 16000)
+    whole = front.compute(wave)
+    assert whole.shape[1] == len(trained["units"])
+    assert np.allclose(np.exp(whole).sum(axis=1), 1.0, atol=1e-4)
+    stream = front.stream()
+    parts, start = [], 0
+    for i, n in enumerate([1, 37, 160, 999, 4000] * 100):
+        if start >= len(wave):
+            break
+        parts.append(stream.accept(wave[start:start + n]))
+        start += n
+    assert np.abs(np.concatenate(parts) - whole).max() < 1e-4
+    out = trained["root"] / "eval"
+    proc = _run("toolkit.bin.evaluate_frontend", "--frontend", str(export), "--data",
+                f"held out={trained['dirs'][2]}/data.list", "--out-dir", str(out),
+                "--rtf-seconds", "3")
+    result = json.loads((out / "results.json").read_text())
+    assert result["rows"][0]["utterances"] == 4 and 0.0 <= result["rows"][0]["per"] <= 2.0
+    assert 0 < result["rtf"] < 1.0
+    assert "PER %" in proc.stdout
+
+
+def test_phone_frontend_features_are_fingerprinted(trained):
+    from toolkit.config import FeatureConfig
+    from toolkit.data.features import build_extractor, extractor_from_metadata
+    from toolkit.tasks.kws.export import stream_in_chunks
+    export = str(trained["exp"] / "export" / "model.safetensors")
+    extractor = build_extractor(FeatureConfig(type="phone_frontend", frontend_model=export,
+                                              frontend_output="hidden"), 16000)
+    wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
+    feats = extractor.compute(wave)
+    assert feats.shape == (98, 48)                        # hidden_dim of the tiny model
+    meta = extractor.metadata()
+    again = extractor_from_metadata(meta)
+    assert np.abs(stream_in_chunks(again.streaming(), wave) - feats).max() < 1e-4
+    meta["frontend"]["sha256"] = "0" * 64
+    with pytest.raises(DataError, match="not the phone front end this model was trained on"):
+        extractor_from_metadata(meta)
+
+
+def test_zero_shot_cli_detects_and_calibrates(trained, tmp_path):
+    export = str(trained["exp"] / "export")
+    wav = json.loads(open(trained["dirs"][2] + "/data.list").readline())["wav"]
+    proc = _run("toolkit.bin.kws", "--keywords", "hello there", "--frontend", export,
+                "--threshold", "0.0001", wav)
+    assert "hello there" in proc.stdout               # a threshold this low fires on anything
+    proc = _run("toolkit.bin.kws", "--keywords", "hello there", "--frontend", export,
+                "--calibrate", trained["dirs"][2] + "/data.list", "--fa-per-hour", "1")
+    assert "threshold" in proc.stdout and "4 utterances" in proc.stdout
+    bad = run_train(["-m", "toolkit.bin.kws", "--keywords", "hello", "--frontend",
+                     str(tmp_path / "missing"), wav], cwd=ROOT)
+    assert bad.returncode == 2 and "not found" in bad.stderr

@@ -1,0 +1,230 @@
+"""A trained phone front end (task phone_ctc) as a frozen streaming feature extractor.
+
+`PhoneFrontEnd("pretrained:phone-voicebank-v1")` (or an export's model.safetensors) loads
+the model with its fbank options and unit list. `stream()` turns audio chunks of any size
+into log phone posteriors (or the encoder's hidden features) frame by frame; whole-
+utterance and streamed outputs are the same, because the fbank and the causal model both
+carry their state across chunks.
+
+It is also the feature type `phone_frontend` (dataset.feature.type): a wake-word head
+trains on these frames, computed once per corpus by toolkit.bin.compute_feats, and its
+export names the front end (pretrained name or file, sha256) instead of including it.
+"""
+import os
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from toolkit.data.features import (FEATURES, FeatureExtractor, StreamingFbank,
+                                   extractor_from_metadata, sha256_of)
+from toolkit.errors import DataError, MissingInputError
+
+OUTPUTS = ("posteriors", "hidden")      # log phone posteriors, or the encoder's last layer
+DEFAULT_FRONTEND = "pretrained:phone-voicebank-v1"
+
+
+def _weights_path(source: str) -> str:
+    from toolkit.pretrained import PREFIX, weights
+    if source.startswith(PREFIX):
+        return weights(source[len(PREFIX):])
+    if os.path.isdir(source):
+        source = os.path.join(source, "model.safetensors")
+    if not os.path.isfile(source):
+        raise MissingInputError(f"phone front end {source} not found (give pretrained:NAME, "
+                                "an export dir or its model.safetensors)")
+    return source
+
+
+class PhoneFrontEnd:
+    """The model of a phone_ctc export, eval mode, one thread per process by default
+    (feature jobs and loader workers already run in parallel)."""
+
+    def __init__(self, source: str = DEFAULT_FRONTEND, output: str = "posteriors"):
+        from toolkit.export import read_metadata
+        from toolkit.tasks.kws.export import model_from_safetensors
+        if output not in OUTPUTS:
+            raise ValueError(f"front end output {output!r}: one of {', '.join(OUTPUTS)}")
+        self.source, self.output = source, output
+        self.path = _weights_path(source)
+        self.metadata = read_metadata(self.path)
+        if self.metadata.get("task") != "phone_ctc":
+            raise DataError(f"{self.path}: a {self.metadata.get('task')!r} export, not a phone "
+                            "front end (task phone_ctc)")
+        self.units: List[str] = list(self.metadata["units"])
+        self.fbank_metadata: dict = self.metadata["feature"]
+        self.fbank = extractor_from_metadata(self.fbank_metadata)
+        self.model = model_from_safetensors(self.path)
+        self.dim = len(self.units) if output == "posteriors" else int(
+            self.model.classifier.in_features)
+        self.sha256 = sha256_of(self.path)
+
+    @torch.no_grad()
+    def run(self, feats: np.ndarray, cache: Optional[torch.Tensor] = None):
+        """(T, bins) fbank -> ((T, dim) float32 outputs, new model cache)."""
+        x = torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32))[None]
+        hidden, cache = self.model.encode(x, cache)
+        if self.output == "hidden":
+            return hidden[0].numpy(), cache
+        return torch.log_softmax(self.model.classifier(hidden)[0], dim=-1).numpy(), cache
+
+    def compute(self, wave: np.ndarray) -> np.ndarray:
+        """A whole utterance (float samples in [-1, 1]) -> (frames, dim)."""
+        feats = self.fbank.compute(wave)
+        if len(feats) == 0:
+            return np.zeros((0, self.dim), np.float32)
+        return self.run(feats)[0]
+
+    def stream(self) -> "PhoneStream":
+        return PhoneStream(self)
+
+
+class PhoneStream:
+    """accept(samples) -> the output frames completed by them; reset() starts a stream."""
+
+    def __init__(self, frontend: PhoneFrontEnd):
+        self.frontend = frontend
+        self.fbank = StreamingFbank(frontend.fbank_metadata)
+        self.reset()
+
+    def reset(self) -> None:
+        self.fbank.reset()
+        self.cache = self.frontend.model.zero_cache(1)
+
+    def accept(self, samples: np.ndarray) -> np.ndarray:
+        feats = self.fbank.accept(np.asarray(samples, dtype=np.float32).reshape(-1))
+        if len(feats) == 0:
+            return np.zeros((0, self.frontend.dim), np.float32)
+        out, self.cache = self.frontend.run(feats, self.cache)
+        return out
+
+
+@FEATURES.register("phone_frontend")
+class PhoneFrontEndFeatures(FeatureExtractor):
+    """Feature type `phone_frontend`: the frozen front end's outputs every 10 ms
+    (dataset.feature.frontend_model, .frontend_output). The model is loaded on first use
+    in each process (loader workers are forked)."""
+    metadata_type = "phone_frontend"
+
+    def __init__(self, source: str, output: str, sha256: str = ""):
+        self.source, self.output = source, output
+        self._frontend: Optional[PhoneFrontEnd] = None
+        front = self.frontend
+        if sha256 and front.sha256 != sha256:
+            raise DataError(f"{front.path} is not the phone front end this model was trained "
+                            f"on (sha256 {front.sha256[:12]}..., expected {sha256[:12]}...)")
+        self.dim = front.dim
+        self.sample_rate = int(front.fbank_metadata["sample_rate"])
+        self.frame_shift_ms = float(front.fbank_metadata["frame_shift_ms"])
+
+    @property
+    def frontend(self) -> PhoneFrontEnd:
+        if self._frontend is None:
+            torch.set_num_threads(1)
+            self._frontend = PhoneFrontEnd(self.source, self.output)
+        return self._frontend
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_frontend"] = None
+        return state
+
+    @classmethod
+    def check_config(cls, dataset_cfg) -> Optional[str]:
+        if dataset_cfg.vtlp_range or dataset_cfg.voice_perturb.prob > 0:
+            return ("dataset.vtlp_range and dataset.voice_perturb warp mel bins: they do not "
+                    "apply to dataset.feature.type phone_frontend (set vtlp_range: [] and "
+                    "voice_perturb.prob: 0)")
+        if dataset_cfg.feature.frontend_output not in OUTPUTS:
+            return (f"dataset.feature.frontend_output {dataset_cfg.feature.frontend_output!r}: "
+                    f"one of {', '.join(OUTPUTS)}")
+        return None
+
+    @classmethod
+    def from_config(cls, feature_cfg, sample_rate: int) -> "PhoneFrontEndFeatures":
+        out = cls(feature_cfg.frontend_model or DEFAULT_FRONTEND, feature_cfg.frontend_output)
+        if sample_rate != out.sample_rate:
+            raise DataError(f"phone front end {out.source} works at {out.sample_rate} Hz, not "
+                            f"dataset.sample_rate={sample_rate}")
+        return out
+
+    @classmethod
+    def _source(cls, meta: dict, frontend_model: str = "") -> str:
+        return frontend_model or meta["frontend"]["source"]
+
+    @classmethod
+    def from_metadata(cls, meta: dict, frontend_model: str = "", **_) -> "PhoneFrontEndFeatures":
+        front = meta["frontend"]
+        return cls(cls._source(meta, frontend_model), front["output"], front.get("sha256", ""))
+
+    @classmethod
+    def config_fields(cls, meta: dict, frontend_model: str = "", **_) -> dict:
+        return {"type": "phone_frontend", "frontend_model": cls._source(meta, frontend_model),
+                "frontend_output": meta["frontend"]["output"]}
+
+    def compute(self, wave: np.ndarray) -> np.ndarray:
+        return self.frontend.compute(wave)
+
+    def frames_for_samples(self, num_samples: np.ndarray) -> np.ndarray:
+        return self.frontend.fbank.frames_for_samples(num_samples)
+
+    def metadata(self) -> dict:
+        front = self.frontend
+        return {"type": self.metadata_type, "sample_rate": self.sample_rate,
+                "frame_shift_ms": self.frame_shift_ms, "dim": self.dim,
+                # frame t's input ends at t shift + length, as the fbank's under it
+                "frame_length_ms": float(front.fbank_metadata["frame_length_ms"]),
+                "input_scale": front.fbank_metadata.get("input_scale", 32768.0),
+                # Named and fingerprinted, never included: a runtime loads it by name.
+                "frontend": {"source": self.source, "output": self.output,
+                             "sha256": front.sha256, "fbank": front.fbank_metadata,
+                             "units": front.units}}
+
+    def streaming(self) -> PhoneStream:
+        return self.frontend.stream()
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def phone_error_rate(frontend: PhoneFrontEnd, entries, chunk_ms: float = 0.0) -> dict:
+    """Greedy-decoding phone error rate of `entries` (data-list dicts with `wav` and
+    `tokens`, ids into the front end's units): errors, reference phones, utterances and
+    seconds. With `chunk_ms` the audio is streamed in chunks of that length."""
+    from toolkit.data.augment import load_mono
+    from toolkit.nn.ctc import edit_distance, greedy_decode
+    rate = int(frontend.fbank_metadata["sample_rate"])
+    errors = reference = count = 0
+    seconds = 0.0
+    for entry in entries:
+        tokens = entry.get("tokens")
+        if not isinstance(tokens, list):
+            raise DataError(f"{entry.get('key')}: no `tokens` (make_datalist --lexicon --units "
+                            "with the front end's unit list)")
+        if any(not 0 < t < len(frontend.units) for t in tokens):
+            raise DataError(f"{entry.get('key')}: token ids outside the front end's "
+                            f"{len(frontend.units)} units: the list was made with another unit list")
+        wave = load_mono(entry["wav"], rate)
+        if chunk_ms > 0:
+            stream, step = frontend.stream(), max(1, int(rate * chunk_ms / 1000))
+            out = [stream.accept(wave[i:i + step]) for i in range(0, len(wave), step)]
+            log_post = np.concatenate(out) if out else np.zeros((0, frontend.dim), np.float32)
+        else:
+            log_post = frontend.compute(wave)
+        errors += edit_distance(greedy_decode(torch.from_numpy(log_post)), tokens)
+        reference += len(tokens)
+        count += 1
+        seconds += len(wave) / rate
+    return {"errors": errors, "reference": reference, "utterances": count, "seconds": seconds,
+            "per": errors / max(1, reference)}
+
+
+def streaming_rtf(frontend: PhoneFrontEnd, wave: np.ndarray, chunk_ms: float = 100.0) -> float:
+    """Seconds of compute per second of audio, streaming `wave` in `chunk_ms` chunks
+    (features included), on the threads torch is set to."""
+    import time
+    rate = int(frontend.fbank_metadata["sample_rate"])
+    stream, step = frontend.stream(), max(1, int(rate * chunk_ms / 1000))
+    begin = time.perf_counter()
+    for i in range(0, len(wave), step):
+        stream.accept(wave[i:i + step])
+    return (time.perf_counter() - begin) / max(1e-9, len(wave) / rate)

@@ -1,0 +1,180 @@
+"""Zero-shot keyword spotting: a keyword's phones from espeak-ng, searched in the streaming
+log phone posteriors of a phone front end (toolkit.tasks.kws.frontend); no training.
+
+For each keyword a Viterbi pass over its CTC states (blank, p1, blank, p2, ..., pL, blank)
+runs frame by frame with a free start: at every frame a path may begin, so the best path
+ending at a frame is the tightest alignment of the keyword ending there. Each path also
+carries the highest posterior each of its phones reached inside its own segment; the
+keyword's score at a frame is the geometric mean of those peaks over the L phones, for the
+best path in the keyword's last phone or the blank after it. A confusable ("hey travis"
+for "hey jarvis") has one phone whose peak is low, which pulls the mean down even though
+every other phone matches.
+
+    searcher = KeywordSearch.for_words(["hey jarvis", "alexa"], units)
+    scores = searcher.step(log_posteriors)        # (T, K) in [0, 1], state kept across calls
+
+`ZeroShotBackend` puts front end and search behind the Backend interface of
+toolkit.tasks.kws.detector, so `Detector` runs a zero-shot keyword like a trained model.
+"""
+import logging
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from toolkit.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+_NEG = -1.0e30
+# The longest a keyword may take from its first phone to now, in 10 ms frames: bounds how
+# far apart its phones may lie and how long a finished keyword keeps its score.
+MAX_KEYWORD_FRAMES = 150
+# The default threshold of zero-shot detection (Detector.zero_shot, toolkit.bin.kws
+# --keywords), chosen on negative speech of the front end's test voices (RESULTS.md of
+# egs/voice_bank/phone_frontend); `toolkit.bin.kws --calibrate` picks one for your audio.
+ZERO_SHOT_THRESHOLD = 0.5
+
+
+def keyword_units(keyword: str, units: Sequence[str], voice: str = "en-us") -> List[int]:
+    """The unit ids of `keyword`'s espeak-ng phones (word by word); an error names a phone
+    the front end does not know."""
+    from toolkit.tasks.kws.tokens import espeak_lexicon
+    words = keyword.lower().split()
+    lexicon = espeak_lexicon(words, voice)
+    index = {u: i for i, u in enumerate(units)}
+    ids = []
+    for w in words:
+        if w not in lexicon:
+            raise DataError(f"keyword {keyword!r}: espeak-ng gives no phones for {w!r}")
+        for phone in lexicon[w]:
+            if phone not in index:
+                raise DataError(f"keyword {keyword!r}: phone {phone!r} of {w!r} is not among "
+                                f"the front end's units ({len(units)}: {' '.join(units[1:])})")
+            ids.append(index[phone])
+    return ids
+
+
+class _Keyword:
+    """Viterbi state of one keyword."""
+
+    def __init__(self, ids: Sequence[int], blank: int, max_frames: int):
+        self.max_frames = max_frames
+        if not ids:
+            raise ValueError("a keyword needs at least one unit")
+        self.length = len(ids)
+        ext = np.full(2 * len(ids) + 1, blank, dtype=np.int64)
+        ext[1::2] = ids
+        self.ext = ext
+        self.is_phone = ext != blank
+        states = len(ext)
+        prev2 = np.concatenate([[blank, blank], ext[:-2]])
+        self.may_skip = self.is_phone & (ext != prev2) & (np.arange(states) >= 2)
+        self.reset()
+
+    def reset(self) -> None:
+        n = len(self.ext)
+        self.score = np.full(n, _NEG)       # Viterbi log-probability of the best path
+        self.peaks = np.zeros(n)            # sum of its phones' peak log-posteriors
+        self.current = np.zeros(n)          # peak of the phone the state is in
+        self.age = np.zeros(n, dtype=np.int64)   # frames since the path started
+
+    def step(self, frame: np.ndarray) -> float:
+        e = frame[self.ext].astype(np.float64)
+        n = len(self.ext)
+        # Candidate predecessors of each state: stay, advance one state, skip a blank.
+        score = np.full((3, n), _NEG)
+        peaks = np.zeros((3, n))
+        score[0], peaks[0] = self.score, self.peaks
+        score[1, 1:], peaks[1, 1:] = self.score[:-1], self.peaks[:-1]
+        score[2, 2:] = np.where(self.may_skip[2:], self.score[:-2], _NEG)
+        peaks[2, 2:] = self.peaks[:-2]
+        age = np.zeros((3, n), dtype=np.int64)
+        age[0], age[1, 1:], age[2, 2:] = self.age, self.age[:-1], self.age[:-2]
+        # A fresh start, in the leading blank or straight in the first phone, costs nothing
+        # (every path's score is a sum of log-probabilities, at most 0).
+        score[1, 0], peaks[1, 0] = 0.0, 0.0
+        if score[1, 1] < 0.0:
+            score[1, 1], peaks[1, 1], age[1, 1] = 0.0, 0.0, 0
+        age[1, 0] = 0
+        # A path longer than a keyword can last is no keyword (nor words far apart).
+        score[age >= self.max_frames] = _NEG
+        best = np.argmax(score, axis=0)
+        cols = np.arange(n)
+        entering = best > 0
+        base = peaks[best, cols]
+        current = np.where(entering, e, np.maximum(self.current, e))
+        self.peaks = np.where(self.is_phone,
+                              np.where(entering, base + e, base - self.current + current), base)
+        self.current = np.where(self.is_phone, current, 0.0)
+        self.score = np.maximum(score[best, cols] + e, _NEG)
+        self.age = age[best, cols] + 1
+        # Done: the best path in the last phone or the blank after it.
+        last = n - 2 + int(self.score[n - 1] > self.score[n - 2])
+        if self.score[last] <= _NEG / 2:
+            return 0.0
+        return float(np.exp(self.peaks[last] / self.length))
+
+
+class KeywordSearch:
+    """Streaming CTC keyword search over (T, units) log posteriors -> (T, K) scores."""
+
+    def __init__(self, keywords: Sequence[Sequence[int]], names: Sequence[str], blank: int = 0,
+                 max_frames: int = MAX_KEYWORD_FRAMES):
+        self.names = list(names)
+        self._keywords = [_Keyword(ids, blank, max_frames) for ids in keywords]
+
+    @classmethod
+    def for_words(cls, keywords: Sequence[str], units: Sequence[str], voice: str = "en-us",
+                  max_frames: int = MAX_KEYWORD_FRAMES) -> "KeywordSearch":
+        return cls([keyword_units(k, units, voice) for k in keywords], keywords,
+                   max_frames=max_frames)
+
+    def reset(self) -> None:
+        for k in self._keywords:
+            k.reset()
+
+    def step(self, log_posteriors: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(log_posteriors), len(self._keywords)), np.float32)
+        for t, frame in enumerate(np.asarray(log_posteriors)):
+            for j, k in enumerate(self._keywords):
+                out[t, j] = k.step(frame)
+        return out
+
+
+class ZeroShotBackend:
+    """A Detector backend: fbank features of the front end in, keyword scores out."""
+
+    def __init__(self, keywords: Sequence[str], frontend: str = "", voice: str = "en-us"):
+        from toolkit.tasks.kws.frontend import DEFAULT_FRONTEND, PhoneFrontEnd
+        self.frontend = PhoneFrontEnd(frontend or DEFAULT_FRONTEND)
+        self.search = KeywordSearch.for_words(list(keywords), self.frontend.units, voice)
+        self.metadata: Dict = {"task": "kws_zero_shot", "keywords": list(keywords),
+                               "feature": self.frontend.fbank_metadata,
+                               "frontend": {"source": self.frontend.source,
+                                            "sha256": self.frontend.sha256},
+                               "threshold": None}
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = self.frontend.model.zero_cache(1)
+        self.search.reset()
+
+    def step(self, feats: np.ndarray) -> np.ndarray:
+        if len(feats) == 0:
+            return np.zeros((0, len(self.search.names)), np.float32)
+        log_post, self.cache = self.frontend.run(feats, self.cache)
+        return self.search.step(log_post)
+
+
+def calibrate_threshold(scores: Sequence[np.ndarray], hours: float, fa_per_hour: float,
+                        keyword: int = 0) -> Optional[float]:
+    """The lowest threshold at which the negatives' clips (one alarm per clip at most)
+    give at most `fa_per_hour` false alarms per hour: just above the (n+1)-th highest
+    clip maximum, n = floor(fa_per_hour * hours). None without negatives."""
+    peaks = np.sort([float(np.max(s[:, keyword])) if len(s) else 0.0 for s in scores])[::-1]
+    if not len(peaks) or hours <= 0:
+        return None
+    allowed = int(np.floor(fa_per_hour * hours))
+    if allowed >= len(peaks):
+        return 0.0
+    return float(np.nextafter(np.float32(peaks[allowed]), np.float32(1.0)))
