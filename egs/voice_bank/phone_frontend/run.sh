@@ -24,12 +24,13 @@
 #   7 (unused)
 #   8 packaging: $exp/export as toolkit/pretrained/$pretrained_name with its card (conf/card.md)
 set -euo pipefail
-# The model card's command (stage 8): this call's options from stage 0 to 8.
+# The model card's command (stage 8): this call's options from stage 0 to 8; where the
+# files go (--data, --exp, --pretrained-root) does not change them.
 card_command="bash egs/voice_bank/phone_frontend/run.sh"
 skip_value=false
 for arg in "$@"; do
   if [ "$skip_value" = true ]; then skip_value=false; continue; fi
-  case $arg in --stage|--stop-stage|--pretrained-root) skip_value=true; continue ;; esac
+  case $arg in --stage|--stop-stage|--pretrained-root|--data|--exp) skip_value=true; continue ;; esac
   if [[ $arg =~ ^[A-Za-z0-9_./:=,+-]+$ ]]; then card_command+=" $arg"
   else card_command+=" '${arg//\'/\'\\\'\'}'"; fi
 done
