@@ -30,9 +30,10 @@ _NEG = -1.0e30
 # far apart its phones may lie and how long a finished keyword keeps its score.
 MAX_KEYWORD_FRAMES = 150
 # The default threshold of zero-shot detection (Detector.zero_shot, toolkit.bin.kws
-# --keywords), chosen on negative speech of the front end's test voices (RESULTS.md of
-# egs/voice_bank/phone_frontend); `toolkit.bin.kws --calibrate` picks one for your audio.
-ZERO_SHOT_THRESHOLD = 0.5
+# --keywords) with phone-voicebank-v1: its keywords in espeak-ng speech score 0.3-0.7, their
+# one-phone confusables and other speech below 0.15 (egs/voice_bank/phone_frontend/
+# RESULTS.md); `toolkit.bin.kws --calibrate` picks one for your audio and false-alarm rate.
+ZERO_SHOT_THRESHOLD = 0.3
 
 
 def keyword_units(keyword: str, units: Sequence[str], voice: str = "en-us") -> List[int]:
