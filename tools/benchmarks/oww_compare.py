@@ -167,7 +167,8 @@ class RecipeSystem:
             raise SystemExit(f"{exp_dir}: one keyword per model expected, got {meta['keywords']}")
         self.keyword = meta["keywords"][0]
         self.extractor = extractor_from_metadata(self.feature)
-        kind = "speech_embedding" if self.feature["type"] == "speech_embedding" else "fbank"
+        kind = {"speech_embedding": "speech_embedding", "phone_frontend": "phone_frontend"}.get(
+            self.feature["type"], "fbank")
         self.name = f"recipe {meta['model_type']} on {kind} ({os.path.basename(os.path.normpath(exp_dir))})"
 
     def frame_end_s(self, n: int) -> np.ndarray:

@@ -22,7 +22,10 @@ def feature_dim(dataset_cfg) -> int:
     f = dataset_cfg.feature
     if f.type == "fbank":
         return int(f.num_mel_bins)
-    return int(FEATURES.get(f.type).dim)
+    dim = getattr(FEATURES.get(f.type), "dim", None)
+    if dim is None:     # set by the configured model (phone_frontend's output)
+        dim = build_extractor(f, dataset_cfg.sample_rate).dim
+    return int(dim)
 
 
 class WithCTCHead(nn.Module):

@@ -1,0 +1,51 @@
+"""The wake-word recipe on the shipped phone front end (--frontend phone_frontend) at a
+tiny size: stages 0-6 through the real run.sh, features computed once per corpus with the
+front end the export names (fingerprinted), and a head that learned something: test
+positives score above test negatives. The front-end recipe itself is checked for its
+stages and card fields by tests/unit/test_layout.py and test_pretrained.py; its task, PER
+binary and export by tests/integration/test_phone_frontend.py."""
+import json
+import os
+import subprocess
+
+import numpy as np
+
+from test_recipe_wake_word import RECIPE, tiny_corpus_config
+
+TINY = ["--num-procs", "1", "--average-num", "2", "--train-overrides",
+        "training.max_epoch=8 dataset.max_frames_in_batch=3000 training.log_interval=5 "
+        "optim.scheduler.warmup_steps=5"]
+
+
+def test_recipe_stages_with_the_phone_frontend(tmp_path):
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--keyword", "hey jarvis", "--data",
+           str(data), "--exp", str(exp), "--frontend", "phone_frontend",
+           "--corpus-config", tiny_corpus_config(tmp_path / "corpus.yaml"), *TINY]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    for split in ("train", "dev", "test"):
+        assert (data / split / "phone_frontend" / "feats.scp").exists()
+        assert not (data / split / "fbank").exists()
+    from toolkit import pretrained
+    from toolkit.export import read_metadata
+    meta = read_metadata(str(exp / "export" / "model.onnx"))
+    front = meta["feature"]["frontend"]
+    assert meta["feature"]["type"] == "phone_frontend"
+    assert front["source"] == "pretrained:phone-voicebank-v1"
+    assert front["sha256"] == pretrained.card_sha256("phone-voicebank-v1")
+    assert meta["model_config"]["input_dim"] == len(front["units"])
+    assert "parity streamed front end vs whole utterance" in result.stderr
+    assert (exp / "score" / "summary.txt").read_text().startswith("hey_jarvis: FRR")
+    # Learned: the exported head, streaming from audio, scores positives above negatives.
+    from toolkit.data.augment import load_mono
+    from toolkit.tasks.kws.detector import Detector
+    detector = Detector.from_path(str(exp / "export" / "model.onnx"), threshold=0.5)
+    peaks = {0: [], -1: []}
+    with open(data / "test" / "data.list") as f:
+        for entry in map(json.loads, f):
+            detector.reset()
+            probs = detector.backend.step(detector.frontend.accept(load_mono(entry["wav"], 16000)))
+            peaks[0 if entry["label"] == 0 else -1].append(float(probs.max()))
+    assert peaks[0] and peaks[-1]
+    assert np.mean(peaks[0]) > np.mean(peaks[-1]) + 0.1, peaks       # 0.43 vs 0.23 here
