@@ -20,7 +20,7 @@ from toolkit.nn.ctc import ctc_loss, edit_distance, greedy_decode
 from toolkit.task import TASKS, DataRequirements, Metrics, Task, TaskInput
 from toolkit.tasks.kws.data import KwsExampleBuilder
 from toolkit.tasks.kws.models import MODELS, build_model
-from toolkit.tasks.kws.task import feature_dim
+from toolkit.tasks.kws.task import model_values
 from toolkit.tasks.kws.tokens import BLANK
 
 # What the exported graph outputs: log posteriors over the units, frame by frame.
@@ -62,21 +62,10 @@ class PhoneCtcTask(Task):
 
     @classmethod
     def derived_values(cls, draft, inventory, inputs) -> Dict[str, object]:
-        m = draft.model
         if inventory is None or inventory[0] != BLANK:
             raise ConfigError(f"--inventory {inputs.get('inventory')}: a phone_ctc inventory is "
                               f"a unit list with {BLANK} first (toolkit.bin.make_lexicon --units)")
-        out: Dict[str, object] = {}
-        if inputs.get("cmvn"):
-            out["model.cmvn_file"] = inputs["cmvn"]
-        if m.input_dim <= 0:
-            out["model.input_dim"] = feature_dim(draft.dataset)
-        if m.num_outputs <= 0:
-            out["model.num_outputs"] = len(inventory)
-        elif m.num_outputs != len(inventory):
-            raise ConfigError(f"model.num_outputs={m.num_outputs} but the unit list "
-                              f"{inputs.get('inventory')} has {len(inventory)} entries")
-        return out
+        return model_values(draft, inventory, inputs, "the unit list")
 
     # ---------------------------------------------------------------- modules
     def build_modules(self) -> Dict[str, nn.Module]:

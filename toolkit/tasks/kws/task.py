@@ -42,6 +42,23 @@ class WithCTCHead(nn.Module):
         return self.model.classifier(hidden), self.model.ctc_head(hidden)
 
 
+def model_values(draft, inventory, inputs, listed: str = "the inventory") -> Dict[str, object]:
+    """The model values every keyword-family task derives: the CMVN file, the input dim
+    from the features, the output count from `inventory` (`listed` names it in errors)."""
+    m = draft.model
+    out: Dict[str, object] = {}
+    if inputs.get("cmvn"):
+        out["model.cmvn_file"] = inputs["cmvn"]
+    if m.input_dim <= 0:
+        out["model.input_dim"] = feature_dim(draft.dataset)
+    if m.num_outputs <= 0:
+        out["model.num_outputs"] = len(inventory)
+    elif m.num_outputs != len(inventory):
+        raise ConfigError(f"model.num_outputs={m.num_outputs} but {listed} "
+                          f"{inputs.get('inventory')} has {len(inventory)} entries")
+    return out
+
+
 @TASKS.register("kws")
 class KwsTask(Task):
     name = "kws"
@@ -73,16 +90,7 @@ class KwsTask(Task):
     @classmethod
     def derived_values(cls, draft, inventory, inputs) -> Dict[str, object]:
         m = draft.model
-        out: Dict[str, object] = {}
-        if inputs.get("cmvn"):
-            out["model.cmvn_file"] = inputs["cmvn"]
-        if m.input_dim <= 0:
-            out["model.input_dim"] = feature_dim(draft.dataset)
-        if m.num_outputs <= 0:
-            out["model.num_outputs"] = len(inventory)
-        elif m.num_outputs != len(inventory):
-            raise ConfigError(f"model.num_outputs={m.num_outputs} but the inventory "
-                              f"{inputs.get('inventory')} has {len(inventory)} entries")
+        out = model_values(draft, inventory, inputs)
         if not uses_ctc_head(build_loss(draft.loss)):
             return out          # a unit list given for another config changes nothing
         units_path = inputs.get("units")
