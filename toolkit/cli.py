@@ -36,9 +36,13 @@ def task_input_options(parser: argparse.ArgumentParser, argv: Optional[Sequence[
         tasks = [TASKS.get(name) for name in TASKS.names()]
     seen: Dict[str, str] = {}          # flag name -> argparse dest
     for task in tasks:
-        group = parser.add_argument_group(
-            f"inputs of task {task.name}",
-            None if task.inputs else "none beyond the options above")
+        shared = [f"--{spec.name}" for spec in task.inputs if spec.name in seen]
+        note = None
+        if not task.inputs:
+            note = "none beyond the options above"
+        elif len(shared) == len(task.inputs):   # every flag already listed by another task
+            note = f"{', '.join(shared)}, as above"
+        group = parser.add_argument_group(f"inputs of task {task.name}", note)
         for spec in task.inputs:
             if spec.name in seen:       # another task declared the flag first
                 continue
