@@ -28,6 +28,7 @@ SLOWEST_FIRST = [
     "test_codec_task.py", "test_trainer_behaviour.py", "test_hf_datasets.py",
     "test_speaker_task.py", "test_recipe_speech_embedding.py", "test_recipe_voxceleb.py",
     "test_trainer_resume.py", "test_recipe_corpora.py", "test_recipe_libritts.py",
+    "test_phone_frontend.py", "test_recipe_phone_frontend.py",
     "test_tts_corpus.py", "test_trainer_restarts.py", "test_shards.py",
     "test_benchmark_tools.py", "test_new_corpus_guide.py", "test_synth.py",
     "test_speech_embedding_frontend.py", "test_data_robustness.py", "test_ctc.py",
@@ -35,7 +36,7 @@ SLOWEST_FIRST = [
     "test_bins_help.py", "test_expected_errors.py", "test_codec_evaluation.py",
     "test_resemblyzer_compare.py", "test_codec_modules.py", "test_classification.py",
     "test_installers.py", "test_export_detector.py", "test_voicebank.py",
-    "test_pretrained.py", "test_models.py", "test_keyword_alignment.py",
+    "test_pretrained.py", "test_pretrained_phone.py", "test_models.py", "test_keyword_alignment.py",
     "test_speaker_models.py", "test_recipe_tts_codec.py", "test_datalist_dataset.py",
     "test_ensemble_members.py", "test_memory.py",
 ]

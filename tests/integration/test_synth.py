@@ -235,6 +235,35 @@ def test_train_mix_shifts_confusables_to_whole_keyword_homophones():
     assert texts("test") != base
 
 
+def test_other_engines_speak_only_the_kinds_given():
+    """--other-kinds pos: the neural engine's share goes to positives alone, and every other
+    utterance is planned exactly as in a corpus the other engine never speaks in."""
+    from toolkit.voicebank.kokoro import kokoro_voices
+    voices = S.split_voices(E.espeak_voices(), 5)["train"] + kokoro_voices()[:4]
+    filt = T.TextFilter([KW], {})
+    cats = {KW: T.confusable_categories(KW)}
+
+    def plan(**kw):
+        groups = S.plan_split("train", 200, 400, [KW], voices, filt, cats, 7, (5.0, 30.0), **kw)
+        return [s for g in groups for s in g.specs]
+
+    only_pos = plan(other_share=0.5, other_kinds=("pos",))
+    every_kind = plan(other_share=0.5)
+    espeak_only = plan(other_share=0.0)
+    kokoro = [s for s in only_pos if s.voice is not None and s.voice.engine == "kokoro"]
+    assert {s.kind for s in kokoro} == {"pos"} and 70 <= len(kokoro) <= 130
+    assert {s.kind for s in every_kind if s.voice and s.voice.engine == "kokoro"} == \
+        {"pos", "conf", "neg"}
+    # the same texts in the same order; non-positives keep their espeak-ng voices
+    assert [(s.kind, s.text) for s in only_pos] == [(s.kind, s.text) for s in espeak_only]
+    assert [s for s in only_pos if s.kind != "pos"] == \
+        [s for s in espeak_only if s.kind != "pos"]
+    assert S.check_other_kinds(["neg", "pos"]) == ("pos", "neg")
+    for bad in ([], ["pos", "noise"]):
+        with pytest.raises(S.SynthError, match="other-engine kinds"):
+            S.check_other_kinds(bad)
+
+
 def test_determinism_across_nj_and_seed(corpus, corpus_nj1, tmp_path):
     a, b = _digest(corpus), _digest(corpus_nj1)
     # WAVs, 7 tables per split, dict/keywords.txt, dict/tts_engines, voices.tsv, the stamp

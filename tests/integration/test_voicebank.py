@@ -463,6 +463,37 @@ def test_kokoro_phonemes_match_kokoro_onnx(kokoro_engine):
         assert engine.phonemes(text, lang) == engine._kokoro.tokenizer.phonemize(text, lang)
 
 
+def test_kokoro_device_choice(kokoro_engine, monkeypatch):
+    """TOOLKIT_KOKORO_PROVIDER: cpu by default; cuda only where onnxruntime offers it, else
+    an error naming the fix; auto falls back to the CPU, with the very same clips."""
+    import onnxruntime as ort
+    from toolkit.voicebank import kokoro as K
+    monkeypatch.setenv("TOOLKIT_TTS_CACHE", "off")
+    has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    monkeypatch.delenv(K.PROVIDER_ENV, raising=False)
+    assert K.session_device() == "cpu" and kokoro_engine.device == "cpu"
+    cpu_fingerprint = K.KokoroEngine.fingerprint()
+    monkeypatch.setenv(K.PROVIDER_ENV, "tpu")
+    with pytest.raises(SynthError, match="TOOLKIT_KOKORO_PROVIDER='tpu': one of cpu, cuda"):
+        K.session_device()
+    monkeypatch.setenv(K.PROVIDER_ENV, "cuda")
+    if has_cuda:
+        assert K.session_device() == "cuda"
+        assert K.graph_name() == "float32"
+        assert K.KokoroEngine.fingerprint().endswith("device=cuda")
+    else:
+        with pytest.raises(SynthError, match="install onnxruntime-gpu"):
+            K.session_device()
+    monkeypatch.setenv(K.PROVIDER_ENV, "auto")
+    auto = K.KokoroEngine(kokoro_engine.work_dir)
+    assert auto.device == ("cuda" if has_cuda else "cpu")
+    if not has_cuda:
+        bella = K.kokoro_voice("af_bella")
+        assert K.KokoroEngine.fingerprint() == cpu_fingerprint
+        assert np.array_equal(auto.synth("hey jarvis", bella).audio,
+                              kokoro_engine.synth("hey jarvis", bella).audio)
+
+
 # --------------------------------------------------------------------------------------
 # Debian engines (tools/test.sh installs them)
 # --------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import sys
 
 from toolkit.cli import parse_with_options_file
 from toolkit.errors import cli
-from toolkit.tasks.kws.corpus import (TRAIN_CONF_SHARE, TRAIN_HARD_SHARE, Sizes,
-                                      generate_corpus)
+from toolkit.tasks.kws.corpus import (SPOKEN_KINDS, TRAIN_CONF_SHARE, TRAIN_HARD_SHARE,
+                                      Sizes, generate_corpus)
 from toolkit.voicebank.corpus import add_voice_bank_arguments
 
 _DEFAULTS = Sizes()
@@ -64,6 +64,11 @@ def get_args(argv=None):
         p, engines_note="those besides espeak share --other-share of the utterances",
         blends_note="the blends are split across train/dev/test like other voices",
         test_only_note=" (and dict/), sized by --num-test-pos/--num-test-neg")
+    p.add_argument("--other-kinds", default=",".join(SPOKEN_KINDS), metavar="LIST",
+                   help="utterance kinds the engines besides espeak-ng may speak, of "
+                        f"{','.join(SPOKEN_KINDS)} (positives, confusables, random words): "
+                        "'pos' spends a neural engine's synthesis time on short keyword clips "
+                        "alone (default %(default)s)")
     return parse_with_options_file(p, argv)
 
 
@@ -82,7 +87,8 @@ def main(argv=None):
                               train_conf_share=args.train_conf_share,
                               train_hard_share=args.train_hard_share,
                               other_share=args.other_share, blends=args.blends,
-                              test_only=args.test_only)
+                              test_only=args.test_only,
+                              other_kinds=args.other_kinds.split(","))
     for split, info in summary.items():
         kinds = ", ".join(f"{k} {h:.2f} h" for k, h in info["hours_by_kind"].items())
         logging.info("%s: %d utterances, %.2f h (%s)", split, info["utts"], info["hours"], kinds)

@@ -30,6 +30,14 @@ second 0.49 (int8, 1 thread), 0.51 (float32, 1 thread), 0.51 / 0.55 with 2 threa
 0.75 / 0.83 when idle threads spin; so int8, which is also bit-identical whatever the
 thread count (float32 is not) and a quarter of the size, with one thread, not spinning.
 The graph takes one utterance at a time (its inputs are declared with batch 1).
+
+GPU: TOOLKIT_KOKORO_PROVIDER=cuda runs the sessions on ONNX Runtime's CUDA provider; it
+needs onnxruntime-gpu in place of onnxruntime, and takes the float32 graph unless
+TOOLKIT_KOKORO_GRAPH says otherwise (`install_kokoro --graphs int8,float32`): the int8 graph
+is quantized for CPU kernels. No GPU speed is measured here. `auto` takes CUDA when this
+onnxruntime offers it. CUDA output differs from the CPU's in the last bits, so its clips
+are cached apart. The default is `cpu`: a corpus does not change with what happens to be
+installed.
 """
 import hashlib
 import importlib.util
@@ -53,6 +61,10 @@ SAMPLE_RATE = 24000
 SPEED_RANGE = (0.5, 2.0)          # what kokoro-onnx accepts
 THREADS_ENV = "TOOLKIT_KOKORO_THREADS"
 GRAPH_ENV = "TOOLKIT_KOKORO_GRAPH"
+PROVIDER_ENV = "TOOLKIT_KOKORO_PROVIDER"
+PROVIDER_CHOICES = ("cpu", "cuda", "auto")
+_CUDA = "CUDAExecutionProvider"
+GPU_GRAPH = "float32"   # the int8 graph's quantized nodes are tuned for CPU kernels
 # Bump when this module's rendering changes (pitch shift, quantization, pauses):
 # cached clips then miss.
 RENDER_VERSION = 1
@@ -170,7 +182,9 @@ def pitch_step(pitch: float) -> int:
 
 
 def graph_name() -> str:
-    name = os.environ.get(GRAPH_ENV, "").strip() or assets.DEFAULT_GRAPH
+    """TOOLKIT_KOKORO_GRAPH, else the float32 graph on CUDA and the default one on the CPU."""
+    name = os.environ.get(GRAPH_ENV, "").strip() or (
+        GPU_GRAPH if session_device() == "cuda" else assets.DEFAULT_GRAPH)
     if name not in assets.GRAPHS:
         raise SynthError(f"{GRAPH_ENV}={name!r}: known graphs {', '.join(assets.GRAPHS)}")
     return name
@@ -187,10 +201,30 @@ def session_threads() -> int:
     return threads
 
 
-def make_session(path: str, threads: int):
-    """An ONNX Runtime CPU session tuned for one renderer process: `threads` intra-op
+def session_device() -> str:
+    """`cpu` or `cuda`: where the sessions run, from TOOLKIT_KOKORO_PROVIDER (see the module
+    docstring); SynthError for an unknown value or for cuda where onnxruntime has no CUDA."""
+    value = os.environ.get(PROVIDER_ENV, "").strip().lower() or "cpu"
+    if value not in PROVIDER_CHOICES:
+        raise SynthError(f"{PROVIDER_ENV}={value!r}: one of {', '.join(PROVIDER_CHOICES)}")
+    if value == "cpu":
+        return "cpu"
+    import onnxruntime as ort
+    available = ort.get_available_providers()
+    if _CUDA in available:
+        return "cuda"
+    if value == "cuda":
+        raise SynthError(f"{PROVIDER_ENV}=cuda: this onnxruntime {ort.__version__} offers only "
+                         f"{', '.join(available)}; install onnxruntime-gpu in its place "
+                         f"(pip uninstall onnxruntime; pip install onnxruntime-gpu)")
+    return "cpu"
+
+
+def make_session(path: str, threads: int, device: str = "cpu"):
+    """An ONNX Runtime session tuned for one renderer process: `threads` intra-op
     threads that do not spin when idle (forked siblings want the cores), sequential
-    execution, all graph optimisations."""
+    execution, all graph optimisations; on `device` cuda, the CUDA provider first (nodes
+    it lacks fall back to the CPU)."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -199,7 +233,8 @@ def make_session(path: str, threads: int):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.log_severity_level = 3
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    providers = ([_CUDA] if device == "cuda" else []) + ["CPUExecutionProvider"]
+    return ort.InferenceSession(path, so, providers=providers)
 
 
 @lru_cache(maxsize=None)
@@ -227,6 +262,7 @@ class KokoroEngine(Engine):
             raise SynthError(f"unknown Kokoro graph {self.graph!r}; known: "
                              f"{', '.join(assets.GRAPHS)}")
         self.threads = threads or session_threads()
+        self.device = session_device()
         self._kokoro = None            # loaded on the first synth, in the rendering process
         self._tables = None
         self._phonemizers: Dict[str, object] = {}
@@ -253,7 +289,8 @@ class KokoroEngine(Engine):
         """Model, voices and graph hashes from the manifest, the runtime packages
         (kokoro-onnx, onnxruntime, and espeak-ng's phonemes through phonemizer and
         espeakng-loader), and this module's RENDER_VERSION."""
-        return _fingerprint(graph_name())
+        device = session_device()
+        return _fingerprint(graph_name()) + ("" if device == "cpu" else f",device={device}")
 
     def effective_args(self, rate, pitch, prange, seed, time_words):
         # The graph is in the fingerprint of the class default; an engine made with
@@ -266,6 +303,8 @@ class KokoroEngine(Engine):
         if assets.GRAPHS[self.graph][1]:
             # float32 sums in a thread-dependent order (1-LSB differences); int8 does not
             args["threads"] = self.threads
+        if self.device != "cpu":
+            args["device"] = self.device
         return args
 
     # ----------------------------------------------------------------------------------
@@ -277,7 +316,11 @@ class KokoroEngine(Engine):
         from kokoro_onnx import Kokoro
         directory = assets.kokoro_dir()
         graph_path = os.path.join(directory, assets.GRAPHS[self.graph][0])
-        session = make_session(graph_path, self.threads)
+        session = make_session(graph_path, self.threads, self.device)
+        if self.device == "cuda" and _CUDA not in session.get_providers():
+            raise SynthError(f"kokoro: {PROVIDER_ENV} asks for CUDA, but ONNX Runtime could "
+                             f"not start it (no GPU visible, or its CUDA libraries missing): "
+                             f"providers {session.get_providers()}")
         voices_path = os.path.join(directory, assets.VOICES_FILE)
         self._kokoro = Kokoro.from_session(session, voices_path)
         self._tables = self._kokoro.voices

@@ -71,6 +71,11 @@ test_sets="$data/test $data/reserved/test $data/festival/test"
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing read speech into $data"
   case ",$engines," in *,kokoro,*) bash "$TOOLKIT_ROOT/tools/install_voices.sh" kokoro ;; esac
+  if [ -n "$gpus" ] && [ "$gpus" != -1 ]; then
+    # Kokoro on the GPU too, where onnxruntime offers CUDA (onnxruntime-gpu), in float32.
+    export TOOLKIT_KOKORO_PROVIDER=${TOOLKIT_KOKORO_PROVIDER:-auto}
+    python -m toolkit.bin.install_kokoro --graphs int8,float32
+  fi
   bash "$TOOLKIT_ROOT/tools/install_voices.sh" festival
   # $corpus_opts is split into separate options on purpose.
   # shellcheck disable=SC2086

@@ -69,6 +69,10 @@ SILENCE_S = (0.1, 1.0)       # leading and trailing, filled with the same noise
 NOISE_ONLY_S = (1.0, 4.0)
 BABBLE_POOL = 6              # babble sentences synthesized per group
 NEG_MIX = {"noise": 0.1, "conf": 0.3}     # rest of the negatives: random word sequences
+# Utterance kinds the engines besides espeak-ng may speak (noise has no voice). Fewer kinds
+# buy their voices where they pay: a neural engine's second per clip spent on short keyword
+# clips rather than on long random-word negatives, which espeak-ng speaks in a millisecond.
+SPOKEN_KINDS = ("pos", "conf", "neg")
 # Train split only: the share of confusables among negatives, and the share of those that
 # are near-homophones of the whole keyword (category `substitute`, or `similar` for a
 # one-word keyword). Categories taken in turn give each of the ~90 "hey snips" substitutes
@@ -136,9 +140,11 @@ def _sample_params(rng: np.random.Generator, voices: Sequence[Voice], snr: Tuple
 def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
                voices: Sequence[Voice], filt: TextFilter, cats, seed: int,
                snr: Tuple[float, float], other_share: float = OTHER_ENGINES_SHARE,
-               conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0) -> List[Group]:
+               conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0,
+               other_kinds: Sequence[str] = SPOKEN_KINDS) -> List[Group]:
     """All utterances of one split, in fixed groups of GROUP_SIZE. `conf_share` of the
-    negatives are confusables, `hard_share` of those near-homophones of a whole keyword."""
+    negatives are confusables, `hard_share` of those near-homophones of a whole keyword;
+    `other_share` of the utterances of `other_kinds` go to the engines besides espeak-ng."""
     si = SPLITS.index(split)
     rng = seeded_rng(seed, 1, si)
     n_noise = int(round(NEG_MIX["noise"] * n_neg))
@@ -151,7 +157,8 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
     specs: List[UttSpec] = []
     n_seen = {"pos": 0, "conf": 0, "hard": 0}
     for i, kind in enumerate(kinds):
-        p = _sample_params(rng, voices, snr, other_share)
+        # A share of 0 draws the same numbers: the plan of the other kinds stays as it was.
+        p = _sample_params(rng, voices, snr, other_share if kind in other_kinds else 0.0)
         kw_words = None
         counter = kind
         if kind == "pos":
@@ -332,12 +339,14 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     train_conf_share: float = TRAIN_CONF_SHARE,
                     train_hard_share: float = TRAIN_HARD_SHARE,
                     other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
-                    test_only: bool = False) -> dict:
+                    test_only: bool = False,
+                    other_kinds: Sequence[str] = SPOKEN_KINDS) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
     `train_conf_share` and `train_hard_share` shape the training negatives only (see
     TRAIN_CONF_SHARE). `engines`: the TTS engines that speak (toolkit.voicebank.engines names;
-    `other_share` of the utterances go to those besides espeak-ng). `blends`: that many
+    `other_share` of the utterances of `other_kinds` go to those besides espeak-ng; see
+    SPOKEN_KINDS). `blends`: that many
     blended voices of each engine that mixes voices (Kokoro) join the voices; the voices
     they are made of then all train, the blends are shared out like other voices.
     `test_only` writes the test split alone: the same held-out
@@ -368,6 +377,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
         raise SynthError(f"other-engine share {other_share} is outside [0, 1]")
     if blends < 0:
         raise SynthError(f"blends must be >= 0, got {blends}")
+    other_kinds = check_other_kinds(other_kinds)
     splits = ("test",) if test_only else SPLITS
     named = open_engines(engines, test_only, needs_espeak=True)
     settings = {"keywords": list(keywords), "seed": int(seed), "sizes": asdict(sizes),
@@ -375,6 +385,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                 "engine_shares": engine_shares(named.names, other_share), "blends": int(blends),
                 "train_conf_share": float(train_conf_share),
                 "train_hard_share": float(train_hard_share)}
+    if other_kinds != SPOKEN_KINDS:     # absent by default: older stamps stay valid
+        settings["other_kinds"] = list(other_kinds)
     config = corpus_stamp(FORMAT_VERSION, settings, named, tools=("espeak",))
     out = corpus_dir(out_dir)
     required = {**{s: DATA_FILES for s in splits}, "dict": DICT_FILES}
@@ -386,7 +398,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     with out.workspace(config) as tmp_dir:
         groups, by_split = plan_corpus(keywords, seed, sizes, snr_db, named, tmp_dir,
                                        TrainMix(train_conf_share, train_hard_share), splits,
-                                       other_share, blends)
+                                       other_share, blends, other_kinds)
         logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
                     sum(len(g.specs) for g in groups), len(groups), time.time() - t0, nj)
         results = out.render(groups, lambda g, tts, rng: _render_group(
@@ -412,7 +424,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
 def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[float, float],
                 engines: Engines, tmp_dir: str,
                 train_mix: TrainMix = TrainMix(), splits: Sequence[str] = SPLITS,
-                other_share: float = OTHER_ENGINES_SHARE, blends: int = 0
+                other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
+                other_kinds: Sequence[str] = SPOKEN_KINDS
                 ) -> Tuple[List[Group], Dict[str, List[Voice]]]:
     """Every group of `splits` and the voices of every split. The speakers: espeak-ng's
     fixed voices when it speaks, and the other engines' voices; reserved voices join the
@@ -439,8 +452,17 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     for split in splits:
         mix = asdict(train_mix) if split == "train" else {}
         groups += plan_split(split, *sizes.of(split), keywords, by_split[split], filt, cats,
-                             seed, snr_db, other_share, **mix)
+                             seed, snr_db, other_share, other_kinds=other_kinds, **mix)
     return groups, by_split
+
+
+def check_other_kinds(kinds: Sequence[str]) -> Tuple[str, ...]:
+    """The kinds in SPOKEN_KINDS order; SynthError for an unknown or missing one."""
+    unknown = sorted(set(kinds) - set(SPOKEN_KINDS))
+    if unknown or not kinds:
+        raise SynthError(f"other-engine kinds {list(kinds)}: each must be one of "
+                         f"{','.join(SPOKEN_KINDS)}, at least one")
+    return tuple(k for k in SPOKEN_KINDS if k in kinds)
 
 
 def summarize(out_dir: str, splits: Sequence[str] = SPLITS) -> dict:
