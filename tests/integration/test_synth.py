@@ -553,6 +553,13 @@ def test_engine_asked_for_but_missing_is_one_error_line(tmp_path):
     assert "Traceback" not in res.stderr and not (tmp_path / "out").exists()
 
 
+def test_an_unknown_other_kind_is_one_error_line(tmp_path):
+    res = _run_synth(tmp_path / "out", os.environ["PATH"], "--other-kinds", "pos,noise")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "error: other-engine kinds ['pos', 'noise']: each must be one of pos,conf,neg" \
+        in res.stderr and not (tmp_path / "out").exists()
+
+
 def test_engine_registry(monkeypatch, tmp_path):
     assert {"espeak", "flite", "festival"} <= set(ENGINES.names())
     assert engine_class("espeak").available()
