@@ -12,10 +12,13 @@
 #   bash run.sh --stage 0 --stop-stage 8         # also package toolkit/pretrained/$pretrained_name
 #
 # Stages (each rerunnable; outputs under $data and $exp):
-#   0 synthesize $data/{train,dev,test} (sizes: conf/corpus.yaml) and the outside test sets
-#     $data/reserved/test (Kokoro's reserved voices) and $data/festival/test
+#   0 synthesize $data/{train,dev,test} (sizes: conf/corpus.yaml), each also in noise
+#     ({train,dev,test}_noisy: white/pink/brown/babble at 5-25 dB SNR, as wake-word audio
+#     is), and the outside test sets $data/reserved/test (Kokoro's reserved voices) and
+#     $data/festival/test, with their _noisy copies
 #   1 lexicon and phone list $data/dict/{lexicon,units}.txt (espeak-ng, en-us), data lists
-#     with phone targets $data/*/data.list
+#     with phone targets $data/*/data.list; training and dev read clean and noisy copies
+#     together ($data/{train,dev}/both.list)
 #   2 global CMVN $data/train/global_cmvn.json
 #   3 training through torchrun into $exp (resumes when rerun)
 #   4 average of the best $average_num checkpoints by dev PER -> $exp/avg_$average_num.pt
@@ -60,13 +63,14 @@ exp=exp/ds_tcn_phone
 train_overrides=""   # extra config overrides, e.g. "training.max_epoch=40"
 average_num=5
 
-pretrained_name=phone-voicebank-v1   # stage 8: toolkit/pretrained/<this>
+pretrained_name=phone-voicebank-v2   # stage 8: toolkit/pretrained/<this>
 pretrained_root=""                   # stage 8: where it goes (empty: the installed toolkit/pretrained)
 
 help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--engines espeak,kokoro] ..."
 . utils/parse_options.sh
 
 test_sets="$data/test $data/reserved/test $data/festival/test"
+noisy_sets="$data/train_noisy $data/dev_noisy $data/test_noisy $data/reserved/test_noisy $data/festival/test_noisy"
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing read speech into $data"
@@ -80,12 +84,12 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   # $corpus_opts is split into separate options on purpose.
   # shellcheck disable=SC2086
   python -m toolkit.bin.synth_codec_data --config "$corpus_config" $corpus_opts \
-    --out-dir "$data" --seed "$seed" --engines "$engines" --nj "$nj" --no-noisy
+    --out-dir "$data" --seed "$seed" --engines "$engines" --nj "$nj"
   # Voices reserved for evaluation: Kokoro's seven and all of festival's.
   python -m toolkit.bin.synth_codec_data --test-only --out-dir "$data/reserved" --seed "$seed" \
-    --num-test 40 --engines kokoro --nj "$nj" --no-noisy
+    --num-test 40 --engines kokoro --nj "$nj"
   python -m toolkit.bin.synth_codec_data --test-only --out-dir "$data/festival" --seed "$seed" \
-    --num-test "$num_test_outside" --engines festival --nj "$nj" --no-noisy
+    --num-test "$num_test_outside" --engines festival --nj "$nj"
 fi
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
@@ -94,14 +98,17 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   python -m toolkit.bin.make_lexicon --unit phone "$data/train" "$data/dev" $test_sets \
     --lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt"
   pairs=()
-  for x in "$data/train" "$data/dev" $test_sets; do pairs+=("$x" "$x/data.list"); done
+  for x in "$data/train" "$data/dev" $test_sets $noisy_sets; do pairs+=("$x" "$x/data.list"); done
   python -m toolkit.bin.make_datalist "${pairs[@]}" --label-mode none \
     --lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt" --nj "$nj"
+  for x in train dev; do
+    cat "$data/$x/data.list" "$data/${x}_noisy/data.list" > "$data/$x/both.list"
+  done
 fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   echo "stage 2: global CMVN"
-  python -m toolkit.bin.compute_cmvn "$data/train/data.list" "$data/train/global_cmvn.json" \
+  python -m toolkit.bin.compute_cmvn "$data/train/both.list" "$data/train/global_cmvn.json" \
     --config "$config" --nj "$nj"
 fi
 
@@ -112,7 +119,7 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   utils/torchrun.sh ${master_port:+--master-port $master_port} \
     "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
     -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
-    --train-data "$data/train/data.list" --dev-data "$data/dev/data.list" \
+    --train-data "$data/train/both.list" --dev-data "$data/dev/both.list" \
     --inventory "$data/dict/units.txt" --cmvn "$data/train/global_cmvn.json" $train_overrides
 fi
 
@@ -133,7 +140,10 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   python -m toolkit.bin.evaluate_frontend --frontend "$exp/export" \
     --data "espeak-ng held out=$data/test/data.list" \
     --data "Kokoro reserved=$data/reserved/test/data.list" \
-    --data "festival=$data/festival/test/data.list" --out-dir "$exp/eval"
+    --data "festival=$data/festival/test/data.list" \
+    --data "espeak-ng held out, in noise=$data/test_noisy/data.list" \
+    --data "Kokoro reserved, in noise=$data/reserved/test_noisy/data.list" \
+    --data "festival, in noise=$data/festival/test_noisy/data.list" --out-dir "$exp/eval"
 fi
 
 # Stage 7 is unused.
