@@ -1,4 +1,4 @@
-"""The shipped phone front end (toolkit/pretrained/phone-voicebank-v1; its card's sha256
+"""The shipped phone front end (toolkit/pretrained/phone-voicebank-v2; its card's sha256
 and damaged weights: test_pretrained.py): it streams chunk by chunk as it runs whole, it
 learned phones (espeak-ng speech decoded far better than by the same network untrained),
 and zero-shot search in its posteriors finds "hey jarvis" and not "hey travis"."""
@@ -8,7 +8,7 @@ import torch
 
 from toolkit import pretrained
 
-NAME = "phone-voicebank-v1"
+NAME = "phone-voicebank-v2"
 RATE = 16000
 SENTENCES = ["hey jarvis, turn on the lights", "hey travis, turn on the lights",
              "good morning everyone, how are you", "the seventh train leaves at half past nine"]

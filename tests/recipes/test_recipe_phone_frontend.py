@@ -32,8 +32,8 @@ def test_recipe_stages_with_the_phone_frontend(tmp_path):
     meta = read_metadata(str(exp / "export" / "model.onnx"))
     front = meta["feature"]["frontend"]
     assert meta["feature"]["type"] == "phone_frontend"
-    assert front["source"] == "pretrained:phone-voicebank-v1"
-    assert front["sha256"] == pretrained.card_sha256("phone-voicebank-v1")
+    assert front["source"] == "pretrained:phone-voicebank-v2"
+    assert front["sha256"] == pretrained.card_sha256("phone-voicebank-v2")
     assert meta["model_config"]["input_dim"] == len(front["units"])
     assert "parity streamed front end vs whole utterance" in result.stderr
     assert (exp / "score" / "summary.txt").read_text().startswith("hey_jarvis: FRR")

@@ -28,7 +28,7 @@ def get_args(argv=None):
     src.add_argument("--keywords", help="zero-shot: comma-separated keywords (English words "
                      "espeak-ng pronounces), searched in the phone front end's posteriors")
     p.add_argument("--frontend", default="", help="zero-shot: the phone front end, "
-                   "pretrained:NAME or a phone_ctc export (default pretrained:phone-voicebank-v1)")
+                   "pretrained:NAME or a phone_ctc export (default pretrained:phone-voicebank-v2)")
     p.add_argument("--threshold", type=float, default=None,
                    help="detection threshold (default: the one stored in the model; zero-shot: "
                         "toolkit.tasks.kws.search.ZERO_SHOT_THRESHOLD)")

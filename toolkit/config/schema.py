@@ -21,7 +21,7 @@ class FeatureConfig:
     dither: float = 0.0
     mel_model: str = ""           # speech_embedding: melspectrogram.onnx; empty: the installed openwakeword's
     embedding_model: str = ""     # speech_embedding: embedding_model.onnx; empty: the installed openwakeword's
-    frontend_model: str = ""      # phone_frontend: pretrained:NAME or a phone_ctc export's model.safetensors; empty: pretrained:phone-voicebank-v1
+    frontend_model: str = ""      # phone_frontend: pretrained:NAME or a phone_ctc export's model.safetensors; empty: pretrained:phone-voicebank-v2
     frontend_output: str = "posteriors"  # phone_frontend: posteriors (log phone posteriors) | hidden (the encoder's last layer)
 
 

@@ -47,7 +47,7 @@ outside_engines=""
 nj=2
 
 # Front end: fbank (kaldi-native-fbank), phone_frontend (the toolkit's own pretrained phone
-# front end, frozen: toolkit/pretrained/phone-voicebank-v1) or speech_embedding (openWakeWord
+# front end, frozen: toolkit/pretrained/phone-voicebank-v2) or speech_embedding (openWakeWord
 # 0.5.1's frozen ONNX front end, installed on demand; its models are CC BY-NC-SA 4.0,
 # non-commercial: README.md, "Front ends"). It picks the default config and exp dir and
 # where features go.

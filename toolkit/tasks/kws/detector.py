@@ -190,7 +190,7 @@ class Detector:
     def zero_shot(cls, keywords: Sequence[str], frontend: str = "",
                   threshold: Optional[float] = None, **kwargs) -> "Detector":
         """Keywords with no training: their espeak-ng phones searched in the posteriors of
-        a phone front end (default pretrained:phone-voicebank-v1; toolkit.tasks.kws.search)."""
+        a phone front end (default pretrained:phone-voicebank-v2; toolkit.tasks.kws.search)."""
         from toolkit.tasks.kws.search import ZERO_SHOT_THRESHOLD, ZeroShotBackend
         return cls(ZeroShotBackend(keywords, frontend),
                    ZERO_SHOT_THRESHOLD if threshold is None else threshold, **kwargs)

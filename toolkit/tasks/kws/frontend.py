@@ -1,6 +1,6 @@
 """A trained phone front end (task phone_ctc) as a frozen streaming feature extractor.
 
-`PhoneFrontEnd("pretrained:phone-voicebank-v1")` (or an export's model.safetensors) loads
+`PhoneFrontEnd("pretrained:phone-voicebank-v2")` (or an export's model.safetensors) loads
 the model with its fbank options and unit list. `stream()` turns audio chunks of any size
 into log phone posteriors (or the encoder's hidden features) frame by frame; whole-
 utterance and streamed outputs are the same, because the fbank and the causal model both
@@ -21,7 +21,7 @@ from toolkit.data.features import (FEATURES, FeatureExtractor, StreamingFbank,
 from toolkit.errors import DataError, MissingInputError
 
 OUTPUTS = ("posteriors", "hidden")      # log phone posteriors, or the encoder's last layer
-DEFAULT_FRONTEND = "pretrained:phone-voicebank-v1"
+DEFAULT_FRONTEND = "pretrained:phone-voicebank-v2"
 
 
 def _weights_path(source: str) -> str:

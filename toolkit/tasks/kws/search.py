@@ -30,7 +30,7 @@ _NEG = -1.0e30
 # far apart its phones may lie and how long a finished keyword keeps its score.
 MAX_KEYWORD_FRAMES = 150
 # The default threshold of zero-shot detection (Detector.zero_shot, toolkit.bin.kws
-# --keywords) with phone-voicebank-v1: its keywords in espeak-ng speech score 0.3-0.7, their
+# --keywords) with phone-voicebank-v2: its keywords in espeak-ng speech score 0.3-0.8, their
 # one-phone confusables and other speech below 0.15 (egs/voice_bank/phone_frontend/
 # RESULTS.md); `toolkit.bin.kws --calibrate` picks one for your audio and false-alarm rate.
 ZERO_SHOT_THRESHOLD = 0.3
