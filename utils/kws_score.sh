@@ -10,19 +10,24 @@
 #   --fa-targets LIST        operating points of the summary (0.5,1,2,5)
 #   --bootstrap-unit U       what the FRR intervals resample: speaker (whole voices) or
 #                            utterance (speaker)
+#   --fuse-zero-shot B       true: score a head on phone posteriors fused with zero-shot
+#                            search of its keywords (compute_posteriors --fuse-zero-shot) (false)
 set -euo pipefail
 target_fa_per_hour=1.0
 fa_targets=0.5,1,2,5
 bootstrap_unit=speaker
+fuse_zero_shot=false
 . "$(dirname "$0")/parse_options.sh"
 if [ $# -ne 4 ]; then
-  echo "usage: $0 [--target-fa-per-hour F] [--fa-targets LIST] [--bootstrap-unit U] MODEL DATA_LIST INVENTORY OUT_DIR" >&2
+  echo "usage: $0 [--target-fa-per-hour F] [--fa-targets LIST] [--bootstrap-unit U] [--fuse-zero-shot B] MODEL DATA_LIST INVENTORY OUT_DIR" >&2
   exit 1
 fi
 model=$1 data_list=$2 inventory=$3 out_dir=$4
+fuse=""
+[ "$fuse_zero_shot" = true ] && fuse=--fuse-zero-shot
 
 python -m toolkit.bin.compute_posteriors --model "$model" --data-list "$data_list" \
-  --output "$out_dir/test_probs.ark"
+  --output "$out_dir/test_probs.ark" $fuse
 # The decision rule counts in the model's frames (10 ms fbank, 80 ms speech embeddings).
 frame_shift_ms=$(python -c 'import sys; from toolkit.export import read_metadata
 print(read_metadata(sys.argv[1])["feature"]["frame_shift_ms"])' "$model")

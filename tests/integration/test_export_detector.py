@@ -316,6 +316,19 @@ def test_compute_posteriors_cli(exported, tmp_path):
         np.testing.assert_allclose(got[e["key"]], expected, atol=1e-6, rtol=0)
 
 
+def test_fusion_with_zero_shot_search_needs_a_head_on_phone_posteriors(exported, tmp_path):
+    from toolkit.errors import DataError
+    model = str(exported["out"] / "model.onnx")
+    with pytest.raises(DataError, match="phone posteriors.*reads 'kaldi_fbank'"):
+        load_backend(model, fuse_zero_shot=True)
+    proc = subprocess.run([sys.executable, "-m", "toolkit.bin.compute_posteriors", "--model", model,
+                           "--data-list", "unused.list", "--output", str(tmp_path / "p.ark"),
+                           "--fuse-zero-shot"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "phone posteriors" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
 def test_export_skips_bad_test_entries(exported, tmp_path):
     from toolkit.bin import export_model
     entries = [{"key": "gone", "wav": str(tmp_path / "gone.wav"), "duration": 1.0, "label": -1}]

@@ -1,7 +1,8 @@
 """The wake-word recipe on the shipped phone front end (--frontend phone_frontend) at a
-tiny size: stages 0-6 through the real run.sh, features computed once per corpus with the
-front end the export names (fingerprinted), and a head that learned something: test
-positives score above test negatives. The front-end recipe itself is checked for its
+tiny size: stages 0-6 through the real run.sh on its default corpus for this front end
+(conf/phone_corpus.yaml: espeak-ng, Kokoro for some positives), features computed once per
+corpus with the front end the export names (fingerprinted), and a head that learned
+something, alone and fused with zero-shot search: test positives score above test negatives. The front-end recipe itself is checked for its
 stages and card fields by tests/unit/test_layout.py and test_pretrained.py; its task, PER
 binary and export by tests/integration/test_phone_frontend.py."""
 import json
@@ -21,12 +22,18 @@ def test_recipe_stages_with_the_phone_frontend(tmp_path):
     data, exp = tmp_path / "data", tmp_path / "exp"
     cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--keyword", "hey jarvis", "--data",
            str(data), "--exp", str(exp), "--frontend", "phone_frontend",
-           "--corpus-config", tiny_corpus_config(tmp_path / "corpus.yaml"), *TINY]
+           "--corpus-config", tiny_corpus_config(tmp_path / "corpus.yaml", source="phone_corpus.yaml"),
+           *TINY]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for split in ("train", "dev", "test"):
         assert (data / split / "phone_frontend" / "feats.scp").exists()
         assert not (data / split / "fbank").exists()
+    # The front end's default corpus: Kokoro speaks some positives and nothing else.
+    with open(data / "train" / "data.list") as f:
+        train = [json.loads(line) for line in f]
+    kokoro = [e for e in train if e["key"].startswith("kokoro")]
+    assert kokoro and all(e["label"] == 0 for e in kokoro), [e["key"] for e in kokoro]
     from toolkit import pretrained
     from toolkit.export import read_metadata
     meta = read_metadata(str(exp / "export" / "model.onnx"))
@@ -49,3 +56,42 @@ def test_recipe_stages_with_the_phone_frontend(tmp_path):
             peaks[0 if entry["label"] == 0 else -1].append(float(probs.max()))
     assert peaks[0] and peaks[-1]
     assert np.mean(peaks[0]) > np.mean(peaks[-1]) + 0.1, peaks       # 0.43 vs 0.23 here
+    check_fusion_with_zero_shot_search(data, exp, result.stdout)
+
+
+def check_fusion_with_zero_shot_search(data, exp, stdout):
+    """Stage 6 also scored the head fused with zero-shot search and stored its threshold;
+    a fused frame is the geometric mean of the head's and the search's, streamed in chunks
+    as whole, and positives score above negatives."""
+    from toolkit.data.augment import load_mono
+    from toolkit.data.features import extractor_from_metadata
+    from toolkit.export import read_metadata
+    from toolkit.tasks.kws.detector import Detector, load_backend
+    from toolkit.tasks.kws.search import KeywordSearch
+    assert "fused with zero-shot search" in stdout
+    assert (exp / "score_fused" / "summary.txt").read_text().startswith("hey_jarvis: FRR")
+    model = str(exp / "export" / "model.onnx")
+    meta = read_metadata(model)
+    assert 0.0 < meta["fused_threshold"] <= 1.0 and "threshold" in meta
+    head, fused = load_backend(model), load_backend(model, fuse_zero_shot=True)
+    assert fused.metadata["threshold"] == meta["fused_threshold"]
+    search = KeywordSearch.for_words(["hey jarvis"], meta["feature"]["frontend"]["units"])
+    assert Detector(fused).threshold == meta["fused_threshold"]
+    extractor = extractor_from_metadata(meta["feature"])
+    peaks = {0: [], -1: []}
+    with open(data / "test" / "data.list") as f:
+        entries = [json.loads(line) for line in f]
+    entries = [e for e in entries if e["label"] == 0][:20] + \
+        [e for e in entries if e["label"] != 0][:20]
+    for entry in entries:
+        feats = extractor.compute(load_mono(entry["wav"], 16000))
+        head.reset(), fused.reset(), search.reset()
+        whole = fused.step(feats)
+        np.testing.assert_allclose(whole, np.sqrt(head.step(feats) * search.step(feats)),
+                                   atol=1e-6)
+        fused.reset()
+        chunked = np.concatenate([fused.step(feats[i:i + 7]) for i in range(0, len(feats), 7)])
+        np.testing.assert_allclose(chunked, whole, atol=1e-6)
+        peaks[0 if entry["label"] == 0 else -1].append(float(whole.max()))
+    assert peaks[0] and peaks[-1]
+    assert np.mean(peaks[0]) > np.mean(peaks[-1]) + 0.1, peaks

@@ -19,9 +19,9 @@ TINY = ["--num-procs", "2", "--average-num", "2",
         "optim.scheduler.warmup_steps=2"]
 
 
-def tiny_corpus_config(path, sizes=TINY_CORPUS):
-    """The recipe's conf/corpus.yaml with small sizes: the same mix, a small corpus."""
-    with open(os.path.join(RECIPE, "conf", "corpus.yaml"), encoding="utf-8") as f:
+def tiny_corpus_config(path, sizes=TINY_CORPUS, source="corpus.yaml"):
+    """The recipe's conf/<source> with small sizes: the same mix, a small corpus."""
+    with open(os.path.join(RECIPE, "conf", source), encoding="utf-8") as f:
         lines = f.read().splitlines()
     for i, line in enumerate(lines):
         key = line.split(":")[0]

@@ -13,9 +13,10 @@ from toolkit.config import load_yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "egs", "*", "*", "conf", "*.yaml"))
-                 # parts that other configs name in `defaults:`, not training configs alone
-                 if os.path.basename(p) not in ("base.yaml", "lm.yaml", "corpus.yaml",
-                                               "outside_corpus.yaml"))
+                 # parts that other configs name in `defaults:`, and the corpus generators'
+                 # option files (*corpus.yaml): not training configs
+                 if os.path.basename(p) not in ("base.yaml", "lm.yaml")
+                 and not p.endswith("corpus.yaml"))
 
 
 def readme_count(recipe: str, config: str) -> int:

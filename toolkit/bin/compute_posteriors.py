@@ -21,6 +21,9 @@ def get_args(argv=None):
     p.add_argument("--output", required=True, help="posteriors ark to write")
     p.add_argument("--chunk-frames", type=int, default=0,
                    help="frames per model call (0: whole utterance; same result)")
+    p.add_argument("--fuse-zero-shot", action="store_true",
+                   help="a head on phone posteriors: write the geometric mean of its scores "
+                        "and zero-shot search of its keywords (toolkit.tasks.kws.search)")
     return p.parse_args(argv)
 
 
@@ -35,7 +38,7 @@ def main(argv=None):
     from toolkit.data.pipeline import evaluation_pipeline
     from toolkit.tasks.kws.detector import load_backend
 
-    backend = load_backend(args.model)
+    backend = load_backend(args.model, fuse_zero_shot=args.fuse_zero_shot)
     feature = backend.metadata["feature"]
     cfg = dataset_config_from_metadata(feature)    # the model's feature type and options
     datalist = DataList.load(args.data_list, require_label=False)

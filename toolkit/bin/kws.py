@@ -1,11 +1,13 @@
 """Detect wake words in WAV files or a live raw-PCM stream, with a trained model or with no
 training at all (zero-shot: the keywords' espeak-ng phones searched in the posteriors of
-the pretrained phone front end).
+the pretrained phone front end), or with both: a head on phone posteriors fused with that
+search (--fuse-zero-shot; threshold `fused_threshold`, stored by the recipe's stage 6).
 
   python -m toolkit.bin.kws --model exp/ds_tcn/export/model.onnx a.wav b.wav
   arecord -f S16_LE -r 16000 -c 1 -t raw | python -m toolkit.bin.kws --model model.onnx -
   python -m toolkit.bin.kws --keywords "hey jarvis,alexa" a.wav          # zero-shot
   python -m toolkit.bin.kws --keywords "hey jarvis" --calibrate neg/data.list --fa-per-hour 1
+  python -m toolkit.bin.kws --model exp/phone_ds_tcn/export/model.onnx --fuse-zero-shot a.wav
 
 Prints one line per detection: source, keyword, start and end time (s), score. With `-`
 it reads 16-bit little-endian mono PCM at the model's sample rate from stdin and reports
@@ -29,6 +31,9 @@ def get_args(argv=None):
                      "espeak-ng pronounces), searched in the phone front end's posteriors")
     p.add_argument("--frontend", default="", help="zero-shot: the phone front end, "
                    "pretrained:NAME or a phone_ctc export (default pretrained:phone-voicebank-v2)")
+    p.add_argument("--fuse-zero-shot", action="store_true",
+                   help="with --model on phone posteriors: score each frame by the geometric "
+                        "mean of the model and zero-shot search of its keywords")
     p.add_argument("--threshold", type=float, default=None,
                    help="detection threshold (default: the one stored in the model; zero-shot: "
                         "toolkit.tasks.kws.search.ZERO_SHOT_THRESHOLD)")
@@ -44,6 +49,8 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     if not args.inputs and not args.calibrate:
         p.error("give WAV files (or -) to detect in, or --calibrate DATA_LIST")
+    if args.fuse_zero_shot and not args.model:
+        p.error("--fuse-zero-shot fuses a --model with zero-shot search of its keywords")
     return args
 
 
@@ -59,7 +66,7 @@ def main(argv=None):
     from toolkit.tasks.kws.detector import Detector, load_backend
     from toolkit.tasks.kws.search import ZERO_SHOT_THRESHOLD, ZeroShotBackend
     if args.model:
-        backend = load_backend(args.model)
+        backend = load_backend(args.model, fuse_zero_shot=args.fuse_zero_shot)
     else:
         backend = ZeroShotBackend([k.strip() for k in args.keywords.split(",") if k.strip()],
                                   args.frontend)

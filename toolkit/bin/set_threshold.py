@@ -17,6 +17,9 @@ def get_args(argv=None):
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--threshold", type=float)
     group.add_argument("--score-dir", help="scoring output dir with det.json")
+    p.add_argument("--fused", action="store_true",
+                   help="the threshold of the head fused with zero-shot search (stored as "
+                        "fused_threshold; compute_posteriors --fuse-zero-shot)")
     return p.parse_args(argv)
 
 
@@ -37,8 +40,9 @@ def main(argv=None):
     setup_logging()
     from toolkit.tasks.kws.export import set_threshold
     threshold = args.threshold if args.threshold is not None else threshold_from_scores(args.score_dir)
-    set_threshold(args.export_dir, threshold)
-    logging.getLogger("set_threshold").info("recommended threshold %.3f stored in %s",
+    key = "fused_threshold" if args.fused else "threshold"
+    set_threshold(args.export_dir, threshold, key)
+    logging.getLogger("set_threshold").info("recommended %s %.3f stored in %s", key,
                                             threshold, args.export_dir)
     return 0
 

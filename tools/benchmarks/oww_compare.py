@@ -14,6 +14,8 @@ training list or blend holds) a test set is generated with
   (b) each recipe model given with --exp (its export/model.onnx, with the front end its
       metadata names: fbank or the toolkit's phone front end every 10 ms, or speech
       embeddings every 80 ms);
+  (b') with --fused DIR, a recipe model on phone posteriors fused with zero-shot search of
+      its keyword (the geometric mean of both, toolkit.tasks.kws.search.FusedBackend);
   (c) with --zero-shot FRONTEND, the keyword's espeak-ng phones searched in that phone
       front end's posteriors, untrained on the keyword (toolkit.tasks.kws.search).
 
@@ -71,6 +73,9 @@ def get_args(argv=None):
     p.add_argument("--exp", action="append", default=[], metavar="DIR",
                    help="a trained recipe exp dir (with export/model.onnx); repeat. Its "
                         "keyword and front end come from the model's metadata")
+    p.add_argument("--fused", action="append", default=[], metavar="DIR",
+                   help="a recipe exp dir whose model reads phone posteriors, scored fused with "
+                        "zero-shot search of its keyword; repeat")
     p.add_argument("--zero-shot", action="append", default=[], metavar="FRONTEND",
                    help="also score zero-shot CTC keyword search in this phone front end's "
                         "posteriors (pretrained:NAME or a phone_ctc export); repeat")
@@ -157,10 +162,11 @@ class OwwSystem:
 class RecipeSystem:
     """A recipe model's export/model.onnx with the front end its metadata names."""
 
-    def __init__(self, exp_dir: str):
+    def __init__(self, exp_dir: str, fused: bool = False):
         from toolkit.data.features import extractor_from_metadata
         from toolkit.tasks.kws.detector import load_backend
-        self.backend = load_backend(os.path.join(exp_dir, "export", "model.onnx"))
+        self.backend = load_backend(os.path.join(exp_dir, "export", "model.onnx"),
+                                    fuse_zero_shot=fused)
         meta = self.backend.metadata
         self.feature = meta["feature"]
         if len(meta["keywords"]) != 1:
@@ -169,7 +175,9 @@ class RecipeSystem:
         self.extractor = extractor_from_metadata(self.feature)
         kind = {"speech_embedding": "speech_embedding", "phone_frontend": "phone_frontend"}.get(
             self.feature["type"], "fbank")
-        self.name = f"recipe {meta['model_type']} on {kind} ({os.path.basename(os.path.normpath(exp_dir))})"
+        fusion = " fused with zero-shot search" if fused else ""
+        self.name = (f"recipe {meta['model_type']} on {kind}{fusion} "
+                     f"({os.path.basename(os.path.normpath(exp_dir))})")
 
     def frame_end_s(self, n: int) -> np.ndarray:
         ends = self.extractor.frame_end_times(n)
@@ -222,7 +230,7 @@ def _score_chunk(job) -> List[Tuple[str, List[np.ndarray]]]:
     clips, spec, lead_s, tail_s = job
     if _WORKER.get("spec") != spec:          # systems built once per process (sessions too)
         keyword, exps, model_dir, zero_shot = spec
-        _WORKER["systems"] = [OwwSystem(keyword, model_dir)] + [RecipeSystem(e) for e in exps] \
+        _WORKER["systems"] = [OwwSystem(keyword, model_dir)] + [RecipeSystem(*e) for e in exps] \
             + [ZeroShotSystem(keyword, f) for f in zero_shot]
         _WORKER["spec"] = spec
     systems = _WORKER["systems"]
@@ -247,7 +255,7 @@ def _score_chunk(job) -> List[Tuple[str, List[np.ndarray]]]:
     return out
 
 
-def score_clips(clips: List[dict], keyword: str, exps: List[str], model_dir: str,
+def score_clips(clips: List[dict], keyword: str, exps: List[Tuple[str, bool]], model_dir: str,
                 lead_s: float, tail_s: float, nj: int, zero_shot: Sequence[str] = ()
                 ) -> List[List[np.ndarray]]:
     """Per system, the kept-frame scores of every clip (in `clips` order)."""
@@ -337,14 +345,14 @@ def main(argv=None) -> int:
         print(f"no openWakeWord model for {unknown}; known: {', '.join(OWW_MODELS)}",
               file=sys.stderr)
         return 2
-    exps_of: Dict[str, List[str]] = {k: [] for k in keywords}
+    exps_of: Dict[str, List[Tuple[str, bool]]] = {k: [] for k in keywords}
     notes: List[str] = []
-    for exp in args.exp:
-        system = RecipeSystem(exp)
+    for exp, fused in [(e, False) for e in args.exp] + [(e, True) for e in args.fused]:
+        system = RecipeSystem(exp, fused)
         if system.keyword not in exps_of:
             notes.append(f"{exp}: keyword {system.keyword!r} not compared; skipped")
             continue
-        exps_of[system.keyword].append(exp)
+        exps_of[system.keyword].append((exp, fused))
     engines = []
     for e in [x.strip() for x in args.engines.split(",") if x.strip()]:
         reason = engine_class(e).unavailable_reason()
@@ -361,7 +369,7 @@ def main(argv=None) -> int:
             logger.info("%s / %s: %d clips; scoring %d systems", keyword, engine, len(clips),
                         1 + len(exps_of[keyword]) + len(args.zero_shot))
             names = [f"openWakeWord {OWW_MODELS[keyword]}"] + \
-                [RecipeSystem(e).name for e in exps_of[keyword]] + \
+                [RecipeSystem(*e).name for e in exps_of[keyword]] + \
                 [f"zero-shot CTC keyword search ({f})" for f in args.zero_shot]
             per_system = score_clips(clips, keyword, exps_of[keyword], model_dir,
                                      args.lead_s, args.tail_s, args.nj, args.zero_shot)

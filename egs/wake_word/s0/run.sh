@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Train a wake-word detector from the keyword's text alone: synthetic speech (espeak-ng;
-# flite or festival only when asked for in engines=), no corpus download, no recorded audio.
+# Kokoro for some positives with --frontend phone_frontend; flite or festival only when asked
+# for in engines=), no corpus download, no recorded audio.
 #
 #   bash run.sh --keyword "hey snips"                 # all stages
+#   bash run.sh --keyword "hey jarvis" --frontend phone_frontend   # a head on the pretrained front end
 #   bash run.sh --stage 3 --stop-stage 3              # only training (resumes if killed)
 #   bash run.sh --gpus 0,1                            # two GPUs (or edit gpus= below)
 #   bash run.sh --frontend speech_embedding           # openWakeWord's front end (README.md, "Front ends")
 #
 # Stages (each rerunnable; outputs under $data and $exp):
 #   0 synthesize $data/{train,dev,test} Kaldi dirs + $data/dict/keywords.txt (sizes and
-#     mix: conf/corpus.yaml), and the outside test sets $data/outside_<engine>/test
+#     mix: $corpus_config), and the outside test sets $data/outside_<engine>/test
 #   1 data lists $data/*/data.list, the lexicon and CTC units $data/dict/{lexicon,units}.txt,
 #     features $data/*/fbank/ (or speech_embedding/) when precompute_feats
 #   2 global CMVN $data/train/global_cmvn.{json,ark} (global_cmvn_speech_embedding.* for
@@ -34,11 +36,13 @@ stop_stage=6
 
 keyword="hey snips"
 seed=777           # the corpus: its voices, texts and noise (one seed, one corpus)
-corpus_config=conf/corpus.yaml  # the corpus's sizes and mix (synth_kws_data options)
+corpus_config=""   # the corpus's sizes and mix (synth_kws_data options); default:
+                   # conf/phone_corpus.yaml (phone_frontend), conf/corpus.yaml (the others)
 corpus_opts=""     # generator options over $corpus_config, e.g. "--other-share 0.4 --blends 200"
-# TTS engines that speak (comma list; conf/corpus.yaml gives the share of those besides
-# espeak-ng); stage 0 installs those that need it (tools/install_voices.sh).
-engines=espeak
+# TTS engines that speak (comma list; the corpus config gives the share of those besides
+# espeak-ng); stage 0 installs those that need it (tools/install_voices.sh). Default:
+# espeak,kokoro (phone_frontend: Kokoro speaks some positives), espeak (the others).
+engines=""
 # Outside test sets (comma list of engines): voices no training list or blend holds
 # (Kokoro's seven reserved voices, festival's), written by stage 0 to $data/outside_<engine>
 # (sizes: conf/outside_corpus.yaml) and scored by stage 6 beside the recipe's own test.
@@ -60,6 +64,10 @@ train_speed_copies=""  # with precompute_feats, e.g. 0.9,1.1: speed-perturbed tr
 train_overrides=""     # extra config overrides, e.g. "training.max_epoch=2 dataset.batch_size=64"
 average_num=5
 target_fa_per_hour=1.0
+# Stage 6 also scores a head on phone posteriors fused with zero-shot search of the keyword
+# ($exp/score_fused; its threshold stored as fused_threshold): auto = whenever the model reads
+# phone posteriors.
+fuse_zero_shot=auto
 ctc_unit=phone  # CTC targets (conf/*_ctc.yaml): espeak-ng phones
 
 help_message="Usage: $0 [--keyword \"hey snips\"] [--stage N] [--stop-stage M] [--gpus 0,1] ..."
@@ -73,6 +81,7 @@ case "$frontend" in
     feat_dir=fbank; cmvn=global_cmvn ;;
   phone_frontend)
     config=${config:-conf/phone_ds_tcn.yaml}; exp=${exp:-exp/phone_ds_tcn}
+    engines=${engines:-espeak,kokoro}; corpus_config=${corpus_config:-conf/phone_corpus.yaml}
     feat_dir=phone_frontend; cmvn=global_cmvn_phone_frontend ;;
   speech_embedding)
     config=${config:-conf/oww_ds_tcn.yaml}; exp=${exp:-exp/oww_ds_tcn}
@@ -81,11 +90,17 @@ case "$frontend" in
   *) echo "$0: --frontend must be fbank, phone_frontend or speech_embedding, got '$frontend'" >&2
      exit 1 ;;
 esac
+engines=${engines:-espeak}; corpus_config=${corpus_config:-conf/corpus.yaml}
 config_type=$(python -c 'import sys, toolkit.tasks; from toolkit.config import load_config
 print(load_config(sys.argv[1]).dataset.feature.type)' "$config")
 if [ "$config_type" != "$frontend" ]; then
   echo "$0: $config computes dataset.feature.type $config_type, not --frontend $frontend" >&2
   exit 1
+fi
+if [ "$fuse_zero_shot" = auto ]; then
+  fuse_zero_shot=$(python -c 'import sys, toolkit.tasks; from toolkit.config import load_config
+f = load_config(sys.argv[1]).dataset.feature
+print(str(f.type == "phone_frontend" and f.frontend_output == "posteriors").lower())' "$config")
 fi
 # What training reads: precomputed features, or the audio (waveform augmentation).
 list=data.list
@@ -182,11 +197,25 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score"
   echo "summary ($exp/score/summary.txt):"
   cat "$exp/score/summary.txt"
+  if [ "$fuse_zero_shot" = true ]; then
+    utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+      --fuse-zero-shot true "$exp/export/model.onnx" "$data/test/$list" "$dict" "$exp/score_fused"
+    python -m toolkit.bin.set_threshold --fused --export-dir "$exp/export" --score-dir "$exp/score_fused"
+    echo "fused with zero-shot search ($exp/score_fused/summary.txt):"
+    cat "$exp/score_fused/summary.txt"
+  fi
   for e in ${outside_engines//,/ }; do
     utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
       "$exp/export/model.onnx" "$data/outside_$e/test/$list" "$dict" "$exp/score_outside_$e"
     echo "outside test $data/outside_$e/test ($exp/score_outside_$e/summary.txt):"
     cat "$exp/score_outside_$e/summary.txt"
+    if [ "$fuse_zero_shot" = true ]; then
+      utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+        --fuse-zero-shot true "$exp/export/model.onnx" "$data/outside_$e/test/$list" "$dict" \
+        "$exp/score_fused_outside_$e"
+      echo "fused, outside test $data/outside_$e/test ($exp/score_fused_outside_$e/summary.txt):"
+      cat "$exp/score_fused_outside_$e/summary.txt"
+    fi
   done
   echo "false alarms, per-speaker misses and missed utterances at that threshold:" \
     "$exp/score/errors_*.txt"

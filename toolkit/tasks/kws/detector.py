@@ -9,7 +9,9 @@ Features (the streaming extractor of the model's feature type: kaldi-native-fban
 openWakeWord's speech embeddings), model caches and the decision state are carried
 across calls, so feeding audio in pieces gives what the whole file gives.
 Backends: ONNX Runtime, TorchScript, or a training checkpoint, chosen by extension;
-`Detector.zero_shot(["hey jarvis"])` needs no model of the keyword at all.
+`Detector.zero_shot(["hey jarvis"])` needs no model of the keyword at all, and
+`Detector.from_path(path, fuse_zero_shot=True)` scores a head on phone posteriors together
+with that search.
 """
 import json
 import os
@@ -127,12 +129,16 @@ class SafetensorsBackend(_TorchBackend):
         self.reset()
 
 
-def load_backend(path: str, threads: int = 1) -> Backend:
+def load_backend(path: str, threads: int = 1, fuse_zero_shot: bool = False) -> Backend:
     if not os.path.exists(path):
         from toolkit.errors import MissingInputError
         raise MissingInputError(f"model {path} not found (run the export stage first)")
     ext = os.path.splitext(path)[1]
-    return BACKENDS.get(ext)(path, threads=threads)
+    backend = BACKENDS.get(ext)(path, threads=threads)
+    if fuse_zero_shot:
+        from toolkit.tasks.kws.search import FusedBackend
+        return FusedBackend(backend)
+    return backend
 
 
 @dataclass
@@ -183,8 +189,10 @@ class Detector:
 
     @classmethod
     def from_path(cls, path: str, threshold: Optional[float] = None, threads: int = 1,
-                  **kwargs) -> "Detector":
-        return cls(load_backend(path, threads), threshold, **kwargs)
+                  fuse_zero_shot: bool = False, **kwargs) -> "Detector":
+        """`fuse_zero_shot`: a head on phone posteriors scored together with zero-shot
+        search of its keywords (toolkit.tasks.kws.search.FusedBackend)."""
+        return cls(load_backend(path, threads, fuse_zero_shot), threshold, **kwargs)
 
     @classmethod
     def zero_shot(cls, keywords: Sequence[str], frontend: str = "",

@@ -213,6 +213,10 @@ def check_frontend_parity(feature_meta: dict, extractor, waves: Sequence[np.ndar
     return worst
 
 
-def set_threshold(export_dir: str, threshold: float) -> None:
-    """Stores the recommended threshold (chosen by scoring) in every exported format."""
-    update_metadata(export_dir, {"threshold": threshold})
+def set_threshold(export_dir: str, threshold: float, key: str = "threshold") -> None:
+    """Stores the recommended threshold (chosen by scoring) in every exported format: the
+    head's own (`threshold`) or that of the head fused with zero-shot search
+    (`fused_threshold`)."""
+    if key not in ("threshold", "fused_threshold"):
+        raise ValueError(f"threshold key {key!r}: threshold or fused_threshold")
+    update_metadata(export_dir, {key: threshold})

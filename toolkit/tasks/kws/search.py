@@ -15,6 +15,8 @@ every other phone matches.
 
 `ZeroShotBackend` puts front end and search behind the Backend interface of
 toolkit.tasks.kws.detector, so `Detector` runs a zero-shot keyword like a trained model.
+`FusedBackend` runs a head trained on the same posteriors beside the search and scores
+each frame by the geometric mean of the two.
 """
 import logging
 from typing import Dict, List, Optional, Sequence
@@ -165,6 +167,48 @@ class ZeroShotBackend:
             return np.zeros((0, len(self.search.names)), np.float32)
         log_post, self.cache = self.frontend.run(feats, self.cache)
         return self.search.step(log_post)
+
+
+def fusable(metadata: dict) -> bool:
+    """Whether a keyword model reads phone posteriors, so the search can run beside it."""
+    feature = metadata.get("feature", {})
+    return feature.get("type") == "phone_frontend" and \
+        (feature.get("frontend") or {}).get("output") == "posteriors"
+
+
+class FusedBackend:
+    """A head trained on a phone front end's posteriors and zero-shot search of its keywords
+    in the same posteriors; a frame's score is the geometric mean of the two. The head
+    learned the keyword from training voices and is confidently wrong on voices unlike them;
+    the search knows every phone from the front end's many voices but forgives one missing
+    phone; an alarm needs both. Its threshold is `fused_threshold` in the model's metadata
+    (stage 6 of egs/wake_word/s0 stores it), not the head's own."""
+
+    def __init__(self, head, voice: str = "en-us"):
+        meta = head.metadata
+        if not fusable(meta):
+            feature = meta.get("feature", {})
+            raise DataError(
+                "fusion with zero-shot search needs a head on phone posteriors "
+                "(dataset.feature.type phone_frontend, frontend_output posteriors); this model "
+                f"reads {feature.get('type')!r}"
+                + (f" ({feature['frontend'].get('output')})" if feature.get("frontend") else ""))
+        self.head = head
+        self.search = KeywordSearch.for_words(list(meta["keywords"]),
+                                              meta["feature"]["frontend"]["units"], voice)
+        self.metadata: Dict = dict(meta, fusion="geometric mean of head and zero-shot search",
+                                   threshold=meta.get("fused_threshold"))
+        self.reset()
+
+    def reset(self) -> None:
+        self.head.reset()
+        self.search.reset()
+
+    def step(self, feats: np.ndarray) -> np.ndarray:
+        head = self.head.step(feats)
+        if len(feats) == 0:
+            return head
+        return np.sqrt(head * self.search.step(feats)).astype(np.float32)
 
 
 def calibrate_threshold(scores: Sequence[np.ndarray], hours: float, fa_per_hour: float,
