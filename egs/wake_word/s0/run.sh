@@ -91,17 +91,17 @@ case "$frontend" in
      exit 1 ;;
 esac
 engines=${engines:-espeak}; corpus_config=${corpus_config:-conf/corpus.yaml}
-config_type=$(python -c 'import sys, toolkit.tasks; from toolkit.config import load_config
-print(load_config(sys.argv[1]).dataset.feature.type)' "$config")
+# The config's feature type, and whether it reads phone posteriors (what fusion needs).
+feature=$(python -c 'import sys, toolkit.tasks
+from toolkit.config import load_config
+f = load_config(sys.argv[1]).dataset.feature
+print(f.type, str(f.type == "phone_frontend" and f.frontend_output == "posteriors").lower())' "$config")
+read -r config_type reads_posteriors <<< "$feature"
 if [ "$config_type" != "$frontend" ]; then
   echo "$0: $config computes dataset.feature.type $config_type, not --frontend $frontend" >&2
   exit 1
 fi
-if [ "$fuse_zero_shot" = auto ]; then
-  fuse_zero_shot=$(python -c 'import sys, toolkit.tasks; from toolkit.config import load_config
-f = load_config(sys.argv[1]).dataset.feature
-print(str(f.type == "phone_frontend" and f.frontend_output == "posteriors").lower())' "$config")
-fi
+[ "$fuse_zero_shot" = auto ] && fuse_zero_shot=$reads_posteriors
 # What training reads: precomputed features, or the audio (waveform augmentation).
 list=data.list
 [ "$precompute_feats" = true ] && list=$feat_dir/data.list
