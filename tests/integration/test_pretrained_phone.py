@@ -23,8 +23,11 @@ def speech():
     from toolkit.voicebank.espeak import Espeak
     engine = Espeak()
     pad = np.zeros(RATE // 2, np.float32)
-    return {(v, t): np.concatenate([pad, resample(engine.synth(t, v), engine.rate, RATE), pad])
-            for v in VOICES for t in SENTENCES}
+    speech = {}
+    for seed, (v, t) in enumerate((v, t) for v in VOICES for t in SENTENCES):
+        engine.seed(seed)   # espeak-ng's breath noise is otherwise seeded from the clock
+        speech[v, t] = np.concatenate([pad, resample(engine.synth(t, v), engine.rate, RATE), pad])
+    return speech
 
 
 def test_shipped_and_described():
