@@ -346,6 +346,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     exps_of: Dict[str, List[Tuple[str, bool]]] = {k: [] for k in keywords}
+    name_of: Dict[Tuple[str, bool], str] = {}     # a system's row name, from its one load here
     notes: List[str] = []
     for exp, fused in [(e, False) for e in args.exp] + [(e, True) for e in args.fused]:
         system = RecipeSystem(exp, fused)
@@ -353,6 +354,7 @@ def main(argv=None) -> int:
             notes.append(f"{exp}: keyword {system.keyword!r} not compared; skipped")
             continue
         exps_of[system.keyword].append((exp, fused))
+        name_of[exp, fused] = system.name
     engines = []
     for e in [x.strip() for x in args.engines.split(",") if x.strip()]:
         reason = engine_class(e).unavailable_reason()
@@ -369,7 +371,7 @@ def main(argv=None) -> int:
             logger.info("%s / %s: %d clips; scoring %d systems", keyword, engine, len(clips),
                         1 + len(exps_of[keyword]) + len(args.zero_shot))
             names = [f"openWakeWord {OWW_MODELS[keyword]}"] + \
-                [RecipeSystem(*e).name for e in exps_of[keyword]] + \
+                [name_of[e] for e in exps_of[keyword]] + \
                 [f"zero-shot CTC keyword search ({f})" for f in args.zero_shot]
             per_system = score_clips(clips, keyword, exps_of[keyword], model_dir,
                                      args.lead_s, args.tail_s, args.nj, args.zero_shot)
