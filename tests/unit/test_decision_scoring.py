@@ -11,7 +11,8 @@ import pytest
 
 from toolkit.bin import score_kws
 from toolkit.tasks.kws import scoring
-from toolkit.tasks.kws.decision import Detection, DecisionState, detect, smooth_scores
+from toolkit.tasks.kws.decision import (Detection, DecisionState, detect, nested_pairs,
+                                        smooth_scores)
 from toolkit.tasks.kws.det import (all_firings, bootstrap_frr_intervals, compute_det,
                                    operating_point, threshold_grid)
 
@@ -72,16 +73,58 @@ def test_smoothing_is_causal_and_averages_seen_frames():
     assert detect(x, 0.7, smooth_frames=3) == []
 
 
-def test_multi_keyword_argmax_and_shared_refractory():
+def test_each_keyword_decides_under_its_own_refractory_period():
     x = np.zeros((30, 2), dtype=np.float32)
-    x[5] = [0.6, 0.7]  # both over: the higher (keyword 1) wins
-    x[10, 0] = 0.9  # within keyword 1's refractory period: suppressed
+    x[5] = [0.6, 0.7]  # both over: both fire
+    x[10, 0] = 0.9  # within keyword 0's own refractory period: suppressed
+    x[10, 1] = 0.0
     x[20, 0] = 0.9
     dets = detect(x, 0.5, refractory_frames=10)
-    assert [(d.keyword, round(d.end_s, 3)) for d in dets] == [(1, 0.06), (0, 0.21)]
-    # Per-keyword thresholds: keyword 1 needs 0.8, so keyword 0 wins frame 5.
+    assert [(d.keyword, round(d.end_s, 3)) for d in dets] == [(0, 0.06), (1, 0.06), (0, 0.21)]
+    # Per-keyword thresholds: keyword 1 needs 0.8, so only keyword 0 fires at frame 5.
     dets = detect(x, [0.5, 0.8], refractory_frames=10)
     assert [(d.keyword, round(d.end_s, 3)) for d in dets] == [(0, 0.06), (0, 0.21)]
+
+
+def test_nested_keywords_the_longer_wins_and_the_shorter_alone_is_kept():
+    """Keyword 0 "hey" lies inside keyword 1 "hey jarvis" (nested_pairs)."""
+    assert nested_pairs(["hey", "hey jarvis", "jarvis", "heyday"]) == [(0, 1), (2, 1)]
+    x = np.zeros((120, 2), dtype=np.float32)
+    x[10:13, 0] = 0.9          # "hey" at frames 10-12 ...
+    x[30:33, 1] = 0.9          # ... then "hey jarvis", whose path began at frame 8
+    path = np.zeros((120, 2), dtype=np.int64)
+    path[:, 1] = np.arange(120) - 8 + 1
+    path[:, 0] = 3
+    kw = dict(refractory_frames=50, max_keyword_frames=40, nested=[(0, 1)])
+    (d,) = detect(x, 0.5, path_frames=path, **kw)
+    assert (d.keyword, d.start_s, d.end_s) == (1, pytest.approx(0.08), pytest.approx(0.31))
+    # Streamed: the held "hey" is dropped when "hey jarvis" arrives, in any chunking.
+    for chunk in (1, 7, 120):
+        state = DecisionState(0.5, hold_frames=40, **kw)
+        got = []
+        for i in range(0, 120, chunk):
+            got += state.step(x[i:i + chunk], path[i:i + chunk])
+        assert got + state.flush() == [d]
+    # "hey" alone: reported once "hey jarvis" could no longer overlap it (40 frames on).
+    alone = x.copy()
+    alone[:, 1] = 0.0
+    state = DecisionState(0.5, hold_frames=40, **kw)
+    assert state.step(alone[:50], path[:50]) == []
+    (late,) = state.step(alone[50:60], path[50:60])
+    assert (late.keyword, late.end_s) == (0, pytest.approx(0.11))
+    assert detect(alone, 0.5, path_frames=path, **kw) == [late]
+    # ... and at the end of a stream, flush() gives it at once.
+    state = DecisionState(0.5, hold_frames=40, **kw)
+    assert state.step(alone[:20], path[:20]) == [] and state.flush() == [late]
+
+
+def test_a_search_path_gives_the_onset():
+    x = col([0.0] * 30 + [0.9])
+    path = np.full((31, 1), 25, dtype=np.int64)       # the path began 25 frames back
+    (d,) = detect(x, 0.5, path_frames=path)
+    assert (d.start_s, d.end_s) == pytest.approx((0.06, 0.31))
+    (d,) = detect(x, 0.5)                               # by the score alone: the last frame
+    assert d.start_s == pytest.approx(0.30)
 
 
 @pytest.mark.parametrize("smooth,refractory,max_kw", [(1, 0, 1), (4, 7, 12), (9, 3, 30)])
@@ -170,9 +213,9 @@ def test_det_multi_keyword_attribution():
     det = compute_det([x], [0], [3600.0], num_keywords=2, refractory_frames=20)
     g5, g7 = 500, 700
     assert det.thresholds[g5] == 0.5 and det.thresholds[g7] == 0.7
-    # At 0.5 keyword 1 fires first (a false alarm for it) and its refractory
-    # period hides keyword 0: a miss.  At 0.7 only keyword 0 fires: a hit.
-    assert det.miss_count[g5].tolist() == [1, 0] and det.fa_count[g5].tolist() == [0, 1]
+    # At 0.5 keyword 1 fires (a false alarm for it) and keyword 0, deciding for itself,
+    # fires too: a hit. At 0.7 only keyword 0 fires.
+    assert det.miss_count[g5].tolist() == [0, 0] and det.fa_count[g5].tolist() == [0, 1]
     assert det.miss_count[g7].tolist() == [0, 0] and det.fa_count[g7].tolist() == [0, 0]
     assert np.isnan(det.frr[g5, 1])  # no positives for keyword 1
 

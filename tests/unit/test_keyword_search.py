@@ -68,6 +68,36 @@ def test_calibration_keeps_to_the_false_alarm_budget():
     assert calibrate_threshold([], 1.0, 1.0) is None
 
 
+def test_calibration_counts_every_firing_in_a_clip_and_smooths_as_detection():
+    # One hour-long clip firing three times (peaks 0.9, 0.8, 0.7, 2 s apart) and a quiet one.
+    loud = np.zeros((600, 1), np.float32)
+    loud[[100, 300, 500], 0] = [0.9, 0.8, 0.7]
+    quiet = np.full((600, 1), 0.1, np.float32)
+    # 2 FA/h over 1 h: the 0.7 peak must not fire as well (one alarm per clip would allow 0.1).
+    threshold = calibrate_threshold([loud, quiet], 1.0, 2.0)
+    assert 0.7 < threshold <= 0.7 + 1e-6
+    assert calibrate_threshold([loud, quiet], 1.0, 2.0, refractory_frames=1000) <= 0.1 + 1e-6
+    # With a 10-frame mean the peaks are a tenth as high: so is the threshold.
+    smoothed = calibrate_threshold([loud, quiet], 1.0, 2.0, smooth_frames=10)
+    assert 0.07 < smoothed <= 0.1 + 1e-6
+
+
+def test_the_path_bound_follows_the_keyword():
+    from toolkit.tasks.kws.search import keyword_max_frames
+    long_keyword = list(range(1, 7)) * 5               # 30 phones, 6 frames each
+    frames = posteriors([0] + [p for p in long_keyword for _ in range(6)] + [0])
+    search = KeywordSearch([long_keyword], ["long"])   # its own bound: 600 frames
+    assert search.max_frames == [keyword_max_frames(30)] == [600]
+    assert search.step(frames)[:, 0].max() > 0.8
+    # The 180 frames it takes are more than a fixed 1.5 s bound allows: phones are lost.
+    assert KeywordSearch([long_keyword], ["long"], max_frames=150).step(frames)[:, 0].max() < 0.6
+    # The search knows where the path began: 180 frames before its last phone's end.
+    search.reset()
+    scores = search.step(frames)
+    t = int(np.argmax(scores[:, 0]))
+    assert search.path_frames[t, 0] == pytest.approx(t, abs=2)
+
+
 def test_greedy_decoding_and_edit_distance():
     assert greedy_decode(posteriors([0, 1, 1, 0, 1, 2, 2, 0])) == [1, 1, 2]
     assert edit_distance([1, 2, 3], [1, 3]) == 1

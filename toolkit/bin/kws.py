@@ -13,7 +13,11 @@ Prints one line per detection: source, keyword, start and end time (s), score. W
 it reads 16-bit little-endian mono PCM at the model's sample rate from stdin and reports
 detections as they happen (chunks of --chunk-ms). With --calibrate it runs over a data
 list of speech without the keywords instead and prints, per keyword, the lowest threshold
-that keeps to --fa-per-hour false alarms (one per utterance at most)."""
+that keeps to --fa-per-hour false alarms, counted as detection fires them (every firing
+under --refractory-s and --smooth-frames, over the list's hours).
+
+A file that cannot be scanned (missing, empty, unreadable, NaN samples) is named on stderr
+and skipped, the others are scanned, and the exit status is 1; silence is scanned as audio."""
 import argparse
 import sys
 
@@ -51,6 +55,15 @@ def get_args(argv=None):
         p.error("give WAV files (or -) to detect in, or --calibrate DATA_LIST")
     if args.fuse_zero_shot and not args.model:
         p.error("--fuse-zero-shot fuses a --model with zero-shot search of its keywords")
+    if args.keywords is not None:
+        args.keywords = [k.strip() for k in args.keywords.split(",") if k.strip()]
+        if not args.keywords:
+            p.error("--keywords names no keyword (give comma-separated words, e.g. "
+                    "\"hey jarvis,alexa\")")
+    if args.fa_per_hour <= 0:
+        p.error(f"--fa-per-hour must be > 0, got {args.fa_per_hour:g}")
+    if args.smooth_frames < 1:
+        p.error(f"--smooth-frames must be >= 1, got {args.smooth_frames}")
     return args
 
 
@@ -59,71 +72,106 @@ def _print(source, det, out):
     out.flush()
 
 
+def _refractory_frames(backend, refractory_s: float) -> int:
+    return int(round(refractory_s * 1000 / float(backend.metadata["feature"]["frame_shift_ms"])))
+
+
 @cli
 def main(argv=None):
     args = get_args(argv)
+    from toolkit.data.audio import BadEntry
     from toolkit.data.augment import load_mono
     from toolkit.tasks.kws.detector import Detector, load_backend
     from toolkit.tasks.kws.search import ZERO_SHOT_THRESHOLD, ZeroShotBackend
     if args.model:
         backend = load_backend(args.model, fuse_zero_shot=args.fuse_zero_shot)
     else:
-        backend = ZeroShotBackend([k.strip() for k in args.keywords.split(",") if k.strip()],
-                                  args.frontend)
+        backend = ZeroShotBackend(args.keywords, args.frontend)
     if args.calibrate:
-        return calibrate(backend, args.calibrate, args.fa_per_hour)
+        return calibrate(backend, args.calibrate, args.fa_per_hour, args.smooth_frames,
+                         _refractory_frames(backend, args.refractory_s))
     threshold = args.threshold
     if threshold is None and not args.model:
         threshold = ZERO_SHOT_THRESHOLD
-    shift_ms = float(backend.metadata["feature"]["frame_shift_ms"])
     detector = Detector(backend, threshold, args.smooth_frames,
-                        int(round(args.refractory_s * 1000 / shift_ms)))
-    found = 0
+                        _refractory_frames(backend, args.refractory_s))
+    found, skipped = 0, 0
     for source in args.inputs:
         detector.reset()
         chunk = max(1, int(detector.sample_rate * args.chunk_ms / 1000))
         if source == "-":
-            stream = sys.stdin.buffer
-            pending = b""
-            while True:
-                data = stream.read(chunk * 2)
-                if not data:
-                    break
-                data = pending + data
-                usable = len(data) - len(data) % 2
-                pending = data[usable:]
-                for det in detector.accept_waveform(np.frombuffer(data[:usable], dtype="<i2")):
-                    _print("-", det, sys.stdout)
-                    found += 1
+            detections = _stream_stdin(detector, chunk)
         else:
-            wave = load_mono(source, detector.sample_rate)
-            for start in range(0, len(wave), chunk):
-                for det in detector.accept_waveform(wave[start:start + chunk]):
-                    _print(source, det, sys.stdout)
-                    found += 1
-    sys.stderr.write(f"{found} detection(s)\n")
-    return 0
+            try:
+                wave = load_mono(source, detector.sample_rate, allow_silence=True)
+            except BadEntry as err:
+                sys.stderr.write(f"skipped {source}: {err}\n")
+                skipped += 1
+                continue
+            detections = (det for start in range(0, len(wave), chunk)
+                          for det in detector.accept_waveform(wave[start:start + chunk]))
+        for det in detections:
+            _print(source, det, sys.stdout)
+            found += 1
+        for det in detector.flush():
+            _print(source, det, sys.stdout)
+            found += 1
+    sys.stderr.write(f"{found} detection(s)" + (f"; {skipped} of {len(args.inputs)} "
+                                                 "input(s) skipped" if skipped else "") + "\n")
+    return 1 if skipped else 0
 
 
-def calibrate(backend, data_list: str, fa_per_hour: float) -> int:
+def _stream_stdin(detector, chunk: int):
+    """Detections as raw 16-bit PCM arrives on stdin."""
+    stream = sys.stdin.buffer
+    pending = b""
+    while True:
+        data = stream.read(chunk * 2)
+        if not data:
+            break
+        data = pending + data
+        usable = len(data) - len(data) % 2
+        pending = data[usable:]
+        yield from detector.accept_waveform(np.frombuffer(data[:usable], dtype="<i2"))
+
+
+def calibrate(backend, data_list: str, fa_per_hour: float, smooth_frames: int,
+              refractory_frames: int) -> int:
+    from toolkit.data.audio import BadEntry
     from toolkit.data.augment import load_mono
     from toolkit.data.datalist import DataList
     from toolkit.data.features import streaming_extractor
+    from toolkit.errors import DataError
     from toolkit.tasks.kws.search import calibrate_threshold
     frontend = streaming_extractor(backend.metadata["feature"])
     rate = int(backend.metadata["feature"]["sample_rate"])
-    scores, seconds = [], 0.0
+    scores, seconds, skipped = [], 0.0, 0
     entries = DataList.load(data_list, require_label=False)
     for entry in (entries.entry(i) for i in range(len(entries))):
-        wave = load_mono(entry["wav"], rate)
+        try:
+            wave = load_mono(entry["wav"], rate, allow_silence=True)
+        except BadEntry as err:
+            sys.stderr.write(f"{data_list}: skipped {entry.get('key', entry['wav'])}: {err}\n")
+            skipped += 1
+            continue
         backend.reset()
         frontend.reset()
         scores.append(backend.step(frontend.accept(wave)))
         seconds += len(wave) / rate
+    if not scores or seconds <= 0:
+        raise DataError(f"{data_list}: no negative audio to calibrate on ({len(entries)} entries"
+                        + (f", {skipped} skipped" if skipped else "") + ")")
+    hours = seconds / 3600.0
     for k, name in enumerate(backend.metadata["keywords"]):
-        threshold = calibrate_threshold(scores, seconds / 3600.0, fa_per_hour, k)
-        print(f"{name}\tthreshold {threshold:.4f} for {fa_per_hour:g} FA/h over "
-              f"{len(scores)} utterances ({seconds / 3600.0:.2f} h)")
+        threshold = calibrate_threshold(scores, hours, fa_per_hour, k, smooth_frames,
+                                        refractory_frames)
+        # Printed rounded up, so the value a user copies keeps to the budget too.
+        shown = np.ceil(threshold * 1e4) / 1e4
+        note = "" if shown <= 1.0 else " (above every score: the audio holds the keyword?)"
+        print(f"{name}\tthreshold {shown:.4f} for {fa_per_hour:g} FA/h over {len(scores)} "
+              f"utterances ({hours:.2f} h){note}")
+    if skipped:
+        sys.stderr.write(f"{skipped} of {len(entries)} entries skipped\n")
     return 0
 
 

@@ -112,8 +112,10 @@ def _is_ark_offset(source: str) -> bool:
 
 
 def check_and_mix(audio: np.ndarray, source: str, channel: int = -1,
-                  expected_channels: Optional[int] = None) -> np.ndarray:
-    """(N, C) -> (N,) with the configured channel handling and sanity checks."""
+                  expected_channels: Optional[int] = None,
+                  allow_silence: bool = False) -> np.ndarray:
+    """(N, C) -> (N,) with the configured channel handling and sanity checks. Silence is
+    a bad training example but plain audio to a detector (`allow_silence`)."""
     if audio.ndim != 2 or audio.shape[0] == 0:
         raise BadEntry("empty_audio", source)
     if expected_channels is not None and audio.shape[1] != expected_channels:
@@ -128,7 +130,7 @@ def check_and_mix(audio: np.ndarray, source: str, channel: int = -1,
         wave = audio.mean(axis=1) if audio.shape[1] > 1 else audio[:, 0]
     if not np.all(np.isfinite(wave)):
         raise BadEntry("nonfinite_samples", source)
-    if float(np.max(np.abs(wave))) < 1e-6:
+    if not allow_silence and float(np.max(np.abs(wave))) < 1e-6:
         raise BadEntry("silent_audio", source)
     return np.ascontiguousarray(wave, dtype=np.float32)
 

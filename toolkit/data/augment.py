@@ -116,10 +116,10 @@ def spec_augment(feats: np.ndarray, rng: np.random.Generator, num_time_masks: in
 
 
 def load_mono(source: str, rate: int, channel: int = -1,
-              start: float = 0.0, end: float = -1.0) -> np.ndarray:
+              start: float = 0.0, end: float = -1.0, allow_silence: bool = False) -> np.ndarray:
     """Decode + channel handling + resampling to `rate` (another rate is not an error)."""
     audio, file_rate = read_audio(source, start, end)
-    wave = check_and_mix(audio, source, channel)
+    wave = check_and_mix(audio, source, channel, allow_silence=allow_silence)
     if file_rate != rate:
         wave = resample(wave, file_rate, rate)
     return wave

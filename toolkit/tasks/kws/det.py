@@ -10,12 +10,11 @@ one threshold shared by all keywords:
 * FA/h_k(θ): detections of keyword k on utterances whose label != k
   (negatives and other keywords), divided by the hours of that audio.
 
-Multiple keywords: as in deployment, the full multi-keyword rule runs and each
-detection is attributed to the keyword that fired it, so a firing of another
-keyword starts the refractory period and can hide a later detection of k.
-Scores are therefore exact for a detector that uses a single threshold for all
-keywords (and trivially for one keyword); per-keyword thresholds picked from
-these curves are an approximation when keywords compete in one utterance.
+Multiple keywords: as in deployment, each keyword fires under its own refractory
+period, so its curve is exact whatever the other keywords do, and per-keyword
+thresholds read from these curves are what a deployed detector with them does
+(the decision rule's nested-keyword rule 5 is not replayed: no recipe model has
+keywords inside one another).
 
 The count is exact for every threshold (see ``_firing_events``), not an
 approximation by sampling thresholds. Reading the inputs and writing the reports (tables,
@@ -29,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from toolkit.tasks.kws.decision import (DEFAULT_REFRACTORY_FRAMES, DEFAULT_SMOOTH_FRAMES,
-                                        frame_max_and_argmax, smooth_scores)
+                                        smooth_scores)
 
 
 def threshold_grid(step: float = 0.001, start: float = 0.0, stop: float = 1.0,
@@ -134,15 +133,19 @@ def _utterance_firings(x: np.ndarray, num_keywords: int, thresholds: np.ndarray,
                        smooth_frames: int, refractory_frames: int
                        ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One utterance's detections for every grid threshold: arrays (keyword, lo, hi,
-    frame), each detection firing at `frame` for threshold indices [lo, hi)."""
+    frame), each detection firing at `frame` for threshold indices [lo, hi). Keywords
+    fire independently (rule 2), so each column is replayed on its own."""
     s = smooth_scores(x, smooth_frames)
     if s.shape[1] != num_keywords:
         raise ValueError(f"posteriors have {s.shape[1]} columns, expected {num_keywords}")
-    best, which = frame_max_and_argmax(s)
-    # Same `score >= threshold` comparison, in float64, as DecisionState.
-    c = np.searchsorted(thresholds, best, side="right")
-    frames, lo, hi = _firing_events(c, refractory_frames, thresholds.size)
-    return which[frames], lo, hi, frames
+    parts = []
+    for k in range(num_keywords):
+        # Same `score >= threshold` comparison, in float64, as DecisionState.
+        c = np.searchsorted(thresholds, s[:, k], side="right")
+        frames, lo, hi = _firing_events(c, refractory_frames, thresholds.size)
+        parts.append((np.full(frames.size, k, dtype=np.int64), lo, hi, frames))
+    order = np.argsort(np.concatenate([p[3] for p in parts]), kind="stable")
+    return tuple(np.concatenate([p[i] for p in parts])[order] for i in range(4))
 
 
 def all_firings(probs: Sequence[np.ndarray], num_keywords: int, thresholds: np.ndarray,

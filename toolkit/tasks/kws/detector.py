@@ -23,7 +23,7 @@ import numpy as np
 from toolkit.data.features import StreamingFbank, streaming_extractor  # noqa: F401
 from toolkit.tasks.kws.decision import (DEFAULT_FRAME_SHIFT_MS, DEFAULT_MAX_KEYWORD_FRAMES,
                                         DEFAULT_REFRACTORY_FRAMES, DEFAULT_SMOOTH_FRAMES,
-                                        DecisionState)
+                                        DecisionState, nested_pairs)
 from toolkit.registry import Registry
 
 BACKENDS: Registry = Registry("model format")
@@ -157,12 +157,17 @@ def frames_for_seconds(default_frames: int, frame_shift_ms: float) -> int:
 
 class Detector:
     """`refractory_frames` / `max_keyword_frames` default to 1 s / 2 s in the model's
-    frames (100 / 200 at fbank's 10 ms, 12 / 25 at 80 ms embeddings)."""
+    frames (100 / 200 at fbank's 10 ms, 12 / 25 at 80 ms embeddings). Each keyword decides
+    for itself; a keyword inside another ("hey" in "hey jarvis") is reported only when the
+    longer one does not fire over it, so its detections wait until the longer keyword can
+    no longer overlap them, or until `flush()` at the end of a stream
+    (toolkit.tasks.kws.decision, rule 5)."""
 
     def __init__(self, backend: Backend, threshold: Optional[float] = None,
                  smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
                  refractory_frames: Optional[int] = None,
                  max_keyword_frames: Optional[int] = None):
+        from toolkit.errors import DataError
         self.backend = backend
         meta = backend.metadata
         shift_ms = float(meta["feature"]["frame_shift_ms"])
@@ -174,18 +179,24 @@ class Detector:
         if threshold is None:
             threshold = meta.get("threshold")
         if threshold is None:
-            raise ValueError("no threshold given and the model carries no recommended one "
-                             "(pass --threshold)")
+            stored = "fused_threshold" if meta.get("fusion") else "threshold"
+            raise DataError(f"no threshold given and the model of {', '.join(self.keywords)} "
+                            f"stores no {stored} (the recipe's stage 6 stores it): pass "
+                            "--threshold, or calibrate one with --calibrate")
         self.threshold = float(threshold)
         self.sample_rate = int(meta["feature"]["sample_rate"])
         # The model's feature type picks the streaming front end (metadata `feature.type`).
         self.frontend = streaming_extractor(meta["feature"])
         self.fbank = self.frontend        # the name from when fbank was the only front end
+        # A search knows how long each keyword may last: a nested keyword waits that long.
+        bounds = getattr(backend, "max_keyword_frames", None)
         self.decision = DecisionState(self.threshold, smooth_frames=smooth_frames,
                                       refractory_frames=refractory_frames,
                                       max_keyword_frames=max_keyword_frames,
                                       frame_shift_ms=shift_ms,
-                                      num_keywords=len(self.keywords))
+                                      num_keywords=len(self.keywords),
+                                      nested=nested_pairs(self.keywords),
+                                      hold_frames=max(bounds) if bounds else None)
 
     @classmethod
     def from_path(cls, path: str, threshold: Optional[float] = None, threads: int = 1,
@@ -208,11 +219,22 @@ class Detector:
         self.frontend.reset()
         self.decision.reset()
 
+    def _named(self, detections) -> List[NamedDetection]:
+        return [NamedDetection(d.keyword, self.keywords[d.keyword], d.start_s, d.end_s, d.score)
+                for d in detections]
+
     def accept_waveform(self, samples: Sequence) -> List[NamedDetection]:
         """Samples at the model's rate: int16, or float in [-1, 1]."""
         samples = np.asarray(samples)
         if samples.dtype == np.int16:
             samples = samples.astype(np.float32) / 32768.0
         probs = self.backend.step(self.frontend.accept(samples.astype(np.float32, copy=False)))
-        return [NamedDetection(d.keyword, self.keywords[d.keyword], d.start_s, d.end_s, d.score)
-                for d in self.decision.step(probs)]
+        # A search reports where each keyword's path began: the detection's true start.
+        path = getattr(self.backend, "path_frames", None)
+        if path is not None and path.shape != probs.shape:
+            path = None
+        return self._named(self.decision.step(probs, path))
+
+    def flush(self) -> List[NamedDetection]:
+        """The end of a stream: detections still held for a longer keyword (rule 5)."""
+        return self._named(self.decision.flush())

@@ -19,6 +19,7 @@ toolkit.tasks.kws.detector, so `Detector` runs a zero-shot keyword like a traine
 each frame by the geometric mean of the two.
 """
 import logging
+import re
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -28,9 +29,17 @@ from toolkit.errors import DataError
 logger = logging.getLogger(__name__)
 
 _NEG = -1.0e30
+# A phone is being heard while its posterior is above 0.1 (for where a keyword began).
+_HEARD = float(np.log(0.1))
 # The longest a keyword may take from its first phone to now, in 10 ms frames: bounds how
-# far apart its phones may lie and how long a finished keyword keeps its score.
-MAX_KEYWORD_FRAMES = 150
+# far apart its phones may lie and how long a finished keyword keeps its score. It follows
+# the keyword: 200 ms a phone (twice a slow speaker's pace), never under 1.5 s, so "hey
+# jarvis" keeps 1.5 s and a spoken command of 50 phones gets 10 s.
+MIN_KEYWORD_FRAMES = 150
+FRAMES_PER_PHONE = 20
+# A word espeak-ng can say as English: letters, digits, apostrophes and hyphens. Other
+# scripts come out as the names of their characters, punctuation as pause marks.
+_ENGLISH_WORD = re.compile(r"^[a-z0-9'-]*[a-z0-9][a-z0-9'-]*$")
 # The default threshold of zero-shot detection (Detector.zero_shot, toolkit.bin.kws
 # --keywords) with phone-voicebank-v2: its keywords in espeak-ng speech score 0.3-0.8, their
 # one-phone confusables and other speech below 0.15 (egs/voice_bank/phone_frontend/
@@ -43,6 +52,12 @@ def keyword_units(keyword: str, units: Sequence[str], voice: str = "en-us") -> L
     the front end does not know."""
     from toolkit.tasks.kws.tokens import espeak_lexicon
     words = keyword.lower().split()
+    if not words:
+        raise DataError(f"keyword {keyword!r} is empty")
+    for w in words:
+        if not _ENGLISH_WORD.match(w):
+            raise DataError(f"keyword {keyword!r}: {w!r} has no English pronunciation (zero-shot "
+                            "keywords are English words, letters, digits, ' and -)")
     lexicon = espeak_lexicon(words, voice)
     index = {u: i for i, u in enumerate(units)}
     ids = []
@@ -55,6 +70,11 @@ def keyword_units(keyword: str, units: Sequence[str], voice: str = "en-us") -> L
                                 f"the front end's units ({len(units)}: {' '.join(units[1:])})")
             ids.append(index[phone])
     return ids
+
+
+def keyword_max_frames(num_phones: int) -> int:
+    """The longest a keyword of `num_phones` phones may take, in 10 ms frames."""
+    return max(MIN_KEYWORD_FRAMES, FRAMES_PER_PHONE * int(num_phones))
 
 
 class _Keyword:
@@ -80,8 +100,10 @@ class _Keyword:
         self.peaks = np.zeros(n)            # sum of its phones' peak log-posteriors
         self.current = np.zeros(n)          # peak of the phone the state is in
         self.age = np.zeros(n, dtype=np.int64)   # frames since the path started
+        self.first_run = 0                        # frames the first phone has been heard
 
-    def step(self, frame: np.ndarray) -> float:
+    def step(self, frame: np.ndarray):
+        """(score, frames since the scored path began, this one included)."""
         e = frame[self.ext].astype(np.float64)
         n = len(self.ext)
         # Candidate predecessors of each state: stay, advance one state, skip a blank.
@@ -97,7 +119,10 @@ class _Keyword:
         # (every path's score is a sum of log-probabilities, at most 0).
         score[1, 0], peaks[1, 0] = 0.0, 0.0
         if score[1, 1] < 0.0:
-            score[1, 1], peaks[1, 1], age[1, 1] = 0.0, 0.0, 0
+            # A fresh start always wins the first phone's state (it costs nothing), so the
+            # path began where the first phone did: the frames it has been heard so far
+            # (at most a slow phone's length, so a long hiss cannot age the path out).
+            score[1, 1], peaks[1, 1], age[1, 1] = 0.0, 0.0, min(self.first_run, FRAMES_PER_PHONE)
         age[1, 0] = 0
         # A path longer than a keyword can last is no keyword (nor words far apart).
         score[age >= self.max_frames] = _NEG
@@ -111,24 +136,32 @@ class _Keyword:
         self.current = np.where(self.is_phone, current, 0.0)
         self.score = np.maximum(score[best, cols] + e, _NEG)
         self.age = age[best, cols] + 1
+        self.first_run = self.first_run + 1 if e[1] > _HEARD else 0
         # Done: the best path in the last phone or the blank after it.
         last = n - 2 + int(self.score[n - 1] > self.score[n - 2])
         if self.score[last] <= _NEG / 2:
-            return 0.0
-        return float(np.exp(self.peaks[last] / self.length))
+            return 0.0, 0
+        return float(np.exp(self.peaks[last] / self.length)), int(self.age[last])
 
 
 class KeywordSearch:
-    """Streaming CTC keyword search over (T, units) log posteriors -> (T, K) scores."""
+    """Streaming CTC keyword search over (T, units) log posteriors -> (T, K) scores; after
+    each step `path_frames` (T, K) holds how many frames ago each scored path began.
+    `max_frames`: one bound for every keyword, or None for each keyword's own
+    (keyword_max_frames of its phone count)."""
 
     def __init__(self, keywords: Sequence[Sequence[int]], names: Sequence[str], blank: int = 0,
-                 max_frames: int = MAX_KEYWORD_FRAMES):
+                 max_frames: Optional[int] = None):
         self.names = list(names)
-        self._keywords = [_Keyword(ids, blank, max_frames) for ids in keywords]
+        self.max_frames = [int(max_frames) if max_frames else keyword_max_frames(len(ids))
+                           for ids in keywords]
+        self._keywords = [_Keyword(ids, blank, bound)
+                          for ids, bound in zip(keywords, self.max_frames)]
+        self.path_frames = np.zeros((0, len(self._keywords)), np.int64)
 
     @classmethod
     def for_words(cls, keywords: Sequence[str], units: Sequence[str], voice: str = "en-us",
-                  max_frames: int = MAX_KEYWORD_FRAMES) -> "KeywordSearch":
+                  max_frames: Optional[int] = None) -> "KeywordSearch":
         return cls([keyword_units(k, units, voice) for k in keywords], keywords,
                    max_frames=max_frames)
 
@@ -137,10 +170,13 @@ class KeywordSearch:
             k.reset()
 
     def step(self, log_posteriors: np.ndarray) -> np.ndarray:
-        out = np.zeros((len(log_posteriors), len(self._keywords)), np.float32)
-        for t, frame in enumerate(np.asarray(log_posteriors)):
+        frames = np.asarray(log_posteriors)
+        out = np.zeros((len(frames), len(self._keywords)), np.float32)
+        ages = np.zeros(out.shape, np.int64)
+        for t, frame in enumerate(frames):
             for j, k in enumerate(self._keywords):
-                out[t, j] = k.step(frame)
+                out[t, j], ages[t, j] = k.step(frame)
+        self.path_frames = ages
         return out
 
 
@@ -161,12 +197,20 @@ class ZeroShotBackend:
     def reset(self) -> None:
         self.cache = self.frontend.model.zero_cache(1)
         self.search.reset()
+        self.path_frames = np.zeros((0, len(self.search.names)), np.int64)
+
+    @property
+    def max_keyword_frames(self) -> List[int]:
+        return self.search.max_frames
 
     def step(self, feats: np.ndarray) -> np.ndarray:
         if len(feats) == 0:
+            self.path_frames = np.zeros((0, len(self.search.names)), np.int64)
             return np.zeros((0, len(self.search.names)), np.float32)
         log_post, self.cache = self.frontend.run(feats, self.cache)
-        return self.search.step(log_post)
+        scores = self.search.step(log_post)
+        self.path_frames = self.search.path_frames
+        return scores
 
 
 def fusable(metadata: dict) -> bool:
@@ -203,23 +247,56 @@ class FusedBackend:
     def reset(self) -> None:
         self.head.reset()
         self.search.reset()
+        self.path_frames = np.zeros((0, len(self.search.names)), np.int64)
+
+    @property
+    def max_keyword_frames(self) -> List[int]:
+        return self.search.max_frames
 
     def step(self, feats: np.ndarray) -> np.ndarray:
         head = self.head.step(feats)
         if len(feats) == 0:
+            self.path_frames = np.zeros((0, len(self.search.names)), np.int64)
             return head
-        return np.sqrt(head * self.search.step(feats)).astype(np.float32)
+        fused = np.sqrt(head * self.search.step(feats)).astype(np.float32)
+        self.path_frames = self.search.path_frames
+        return fused
 
 
 def calibrate_threshold(scores: Sequence[np.ndarray], hours: float, fa_per_hour: float,
-                        keyword: int = 0) -> Optional[float]:
-    """The lowest threshold at which the negatives' clips (one alarm per clip at most)
-    give at most `fa_per_hour` false alarms per hour: just above the (n+1)-th highest
-    clip maximum, n = floor(fa_per_hour * hours). None without negatives."""
-    peaks = np.sort([float(np.max(s[:, keyword])) if len(s) else 0.0 for s in scores])[::-1]
-    if not len(peaks) or hours <= 0:
+                        keyword: int = 0, smooth_frames: int = 1,
+                        refractory_frames: int = 100) -> Optional[float]:
+    """The lowest threshold at which the negatives fire at most `fa_per_hour` false alarms
+    per hour, counted as deployment fires them (toolkit.tasks.kws.decision: smoothing,
+    every firing under the refractory rule, however many in one clip) and as the recipe's
+    DET code counts them. None without negatives or hours; above 1 when even the
+    highest score fires too often."""
+    from toolkit.tasks.kws.decision import detect, smooth_scores
+    if not len(scores) or hours <= 0:
         return None
-    allowed = int(np.floor(fa_per_hour * hours))
-    if allowed >= len(peaks):
-        return 0.0
-    return float(np.nextafter(np.float32(peaks[allowed]), np.float32(1.0)))
+    columns = [np.asarray(s, np.float32)[:, keyword:keyword + 1] for s in scores if len(s)]
+    allowed = int(np.floor(fa_per_hour * hours + 1e-9))
+
+    def alarms(threshold: float) -> int:
+        return sum(len(detect(c, threshold, smooth_frames=smooth_frames,
+                              refractory_frames=refractory_frames)) for c in columns)
+
+    # The count changes only at a smoothed score and never rises with the threshold (a
+    # higher one fires on a subset of frames, and earliest-first firing under the
+    # refractory rule picks at least as many from a superset): search the thresholds
+    # just above each score.
+    values = np.unique(np.concatenate([smooth_scores(c, smooth_frames)[:, 0] for c in columns]
+                                      + [np.zeros(1)]))
+    # Just above each score, as a float32 (what a model config stores) when one fits.
+    above = values.astype(np.float32).astype(np.float64)
+    above = np.where(above > values, above,
+                     np.nextafter(values.astype(np.float32), np.float32(np.inf)).astype(np.float64))
+    candidates = np.unique(np.concatenate([[0.0], above]))
+    lo, hi = 0, len(candidates) - 1     # candidates[hi] is above every score: no alarm
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if alarms(float(candidates[mid])) <= allowed:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(candidates[lo])
