@@ -100,6 +100,7 @@ class _Keyword:
         self.peaks = np.zeros(n)            # sum of its phones' peak log-posteriors
         self.current = np.zeros(n)          # peak of the phone the state is in
         self.age = np.zeros(n, dtype=np.int64)   # frames since the path started
+        self.lead = np.zeros(n, dtype=np.int64)  # frames its first phone was heard before
         self.first_run = 0                        # frames the first phone has been heard
 
     def step(self, frame: np.ndarray):
@@ -118,12 +119,15 @@ class _Keyword:
         # A fresh start, in the leading blank or straight in the first phone, costs nothing
         # (every path's score is a sum of log-probabilities, at most 0).
         score[1, 0], peaks[1, 0] = 0.0, 0.0
+        lead = np.zeros((3, n), dtype=np.int64)
+        lead[0], lead[1, 1:], lead[2, 2:] = self.lead, self.lead[:-1], self.lead[:-2]
         if score[1, 1] < 0.0:
             # A fresh start always wins the first phone's state (it costs nothing), so the
-            # path began where the first phone did: the frames it has been heard so far
-            # (at most a slow phone's length, so a long hiss cannot age the path out).
-            score[1, 1], peaks[1, 1], age[1, 1] = 0.0, 0.0, min(self.first_run, FRAMES_PER_PHONE)
-        age[1, 0] = 0
+            # keyword began where the first phone did, the frames it has been heard so far
+            # ago (at most a slow phone's length); reported, not counted against the bound.
+            score[1, 1], peaks[1, 1], age[1, 1] = 0.0, 0.0, 0
+            lead[1, 1] = min(self.first_run, FRAMES_PER_PHONE)
+        age[1, 0], lead[1, 0] = 0, 0
         # A path longer than a keyword can last is no keyword (nor words far apart).
         score[age >= self.max_frames] = _NEG
         best = np.argmax(score, axis=0)
@@ -136,12 +140,14 @@ class _Keyword:
         self.current = np.where(self.is_phone, current, 0.0)
         self.score = np.maximum(score[best, cols] + e, _NEG)
         self.age = age[best, cols] + 1
+        self.lead = lead[best, cols]
         self.first_run = self.first_run + 1 if e[1] > _HEARD else 0
         # Done: the best path in the last phone or the blank after it.
         last = n - 2 + int(self.score[n - 1] > self.score[n - 2])
         if self.score[last] <= _NEG / 2:
             return 0.0, 0
-        return float(np.exp(self.peaks[last] / self.length)), int(self.age[last])
+        return (float(np.exp(self.peaks[last] / self.length)),
+                int(self.age[last] + self.lead[last]))
 
 
 class KeywordSearch:
