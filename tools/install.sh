@@ -28,7 +28,35 @@ sys.exit(version(sys.argv[1]) >= version(sys.argv[2]))' "$have" "$min" || return
   "$python" -m pip install -q --upgrade pip \
     || echo "[install] warning: upgrading pip $have failed (offline?): installing with it" >&2
 }
-# Sourced (the tests run the function above): nothing else.
+# Whether `venv` was made for another place: the stamp names another venv, or the shebang
+# of its pip (written for the venv's own python when pip was installed) another python. A
+# checkout copied with `cp -r` (or moved) brings such a venv along: its scripts (torchrun,
+# pip) start the other venv's python and its editable install imports the other
+# checkout's code. Only a new venv is right.
+made_elsewhere() {   # venv stamp
+  "$1/bin/python" - "$1" "$2" 2>/dev/null <<'PY'
+import os, sys
+venv = os.path.realpath(sys.argv[1])
+try:
+    with open(sys.argv[2]) as f:
+        recorded = f.read().split("\n")[1]
+except (OSError, IndexError):
+    recorded = ""
+if recorded and os.path.realpath(recorded) != venv:
+    sys.exit(0)
+try:
+    with open(os.path.join(venv, "bin", "pip"), "rb") as f:
+        head = f.read(4096).decode("utf-8", "replace").split("\n")
+except OSError:
+    sys.exit(1)
+if head[0] == "#!/bin/sh" and len(head) > 1:
+    words = head[1].split('"')[1:2]      # pip's trampoline for a path with spaces
+else:
+    words = head[0][2:].split()[:1] if head[0].startswith("#!") else []
+sys.exit(not words or os.path.realpath(os.path.dirname(os.path.dirname(words[0]))) == venv)
+PY
+}
+# Sourced (the tests run the functions above): nothing else.
 (return 0 2>/dev/null) && return 0
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -58,8 +86,17 @@ extras() {
     TOOLKIT_VENV=$venv bash "$root/tools/install_voices.sh" $TOOLKIT_VOICES
   fi
 }
-if [ -n "$have" ] && [ ${#need[@]} -eq 0 ] \
-   && (cd / && "$venv/bin/python" -c "import toolkit.bin" 2>/dev/null); then
+fresh=0
+if [ -x "$venv/bin/python" ] && made_elsewhere "$venv" "$stamp"; then
+  echo "[install] $venv was made for another place (a copied or moved checkout): creating" \
+       "it afresh" >&2
+  fresh=1
+fi
+# Current only when `import toolkit` in the venv is this checkout's code.
+if [ $fresh = 0 ] && [ -n "$have" ] && [ ${#need[@]} -eq 0 ] \
+   && (cd / && "$venv/bin/python" -c 'import os, sys, toolkit.bin
+sys.exit(os.path.realpath(toolkit.bin.__path__[0]) != os.path.realpath(sys.argv[1]))' \
+       "$root/toolkit/bin" 2>/dev/null); then
   extras
   exit 0
 fi
@@ -71,7 +108,7 @@ case ",$all," in *,codec,*) codec=1 ;; esac
 # (pesq: C; libsvm-official, which visqol-python requires: C++), compilers and the Python
 # headers. Installed with apt-get when running as root, else named with the command.
 missing=()
-if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+if [ $fresh = 1 ] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   "$python" -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=("python3-venv")
 fi
 if [ $codec = 1 ]; then
@@ -93,7 +130,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 # An install killed while creating the venv leaves one without pip: create it afresh.
-if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+if [ $fresh = 1 ] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "[install] creating virtual environment $venv" >&2
   "$python" -m venv --clear "$venv"
 fi
@@ -107,6 +144,7 @@ if [ $codec = 1 ] && ! (cd / && "$venv/bin/python" -c "from toolkit.tasks.codec.
 warm_up_visqol()" >/dev/null 2>"$venv/.visqol-warm-up.log"); then
   echo "[install] warning: ViSQOL's warm-up failed (see $venv/.visqol-warm-up.log)" >&2
 fi
-echo "$sum $all" > "$stamp"
+# The venv's own path on the second line: a copy of it elsewhere is then known.
+printf '%s %s\n%s\n' "$sum" "$all" "$(cd "$venv" && pwd -P)" > "$stamp"
 echo "[install] toolkit installed in $venv (extras: $all)" >&2
 extras

