@@ -16,16 +16,16 @@ import numpy as np
 import torch
 
 from toolkit.config import ConfigError
-from toolkit.data.audio import BadEntry
-from toolkit.errors import DataError, MissingInputError, UserError
+from toolkit.errors import DataError, MissingInputError
+# The codes-file format lives in codes_file; its names stay importable from here.
+from toolkit.tasks.codec.codes_file import (CODES_FORMAT, CODES_VERSION,  # noqa: F401
+                                            read_codes, write_codes)
 from toolkit.tasks.codec.export import (EXPORT_FORMAT_VERSION, GRAPH_FILES, SAFETENSORS_NAME,
                                         pad_to_hop)
 
 # onnx: onnxruntime on the .onnx graphs; torch: the TorchScript .zip graphs; safetensors:
 # PyTorch modules built from model.safetensors + config.json (all a pretrained codec ships)
 BACKENDS = ("onnx", "torch", "safetensors")
-CODES_FORMAT = "toolkit-codec-codes"
-CODES_VERSION = 1
 
 
 class ExportedCodec:
@@ -116,13 +116,21 @@ class ExportedCodec:
         codes = np.ascontiguousarray(codes, dtype=np.int64)
         if codes.shape[1] == 0:
             return np.zeros(0, np.float32)
-        if codes.shape[0] == self.n_codebooks:
-            audio = self._decode(codes[None])[0][0, 0]
-        else:
-            self.check_n_q(codes.shape[0])
-            with torch.no_grad():
-                audio = self.generator().decode(torch.from_numpy(codes[None]))[0, 0].numpy()
+        audio = self._decoder(codes.shape[0])(codes[None])
         return audio if length is None else audio[:length]
+
+    def _decoder(self, n_q: int):
+        """codes (1, n_q, frames) int64 -> frames * hop samples: the graphs for all
+        codebooks, the safetensors generator for fewer (the graphs take every codebook)."""
+        if n_q == self.n_codebooks:
+            return lambda codes: self._decode(codes)[0][0, 0]
+        self.check_n_q(n_q)
+        generator = self.generator()
+
+        def run(codes: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                return generator.decode(torch.from_numpy(codes))[0, 0].numpy()
+        return run
 
     def check_n_q(self, n_q: int) -> int:
         if not 1 <= n_q <= self.n_codebooks:
@@ -184,18 +192,22 @@ class ExportedCodec:
             yield self._encode(window[None, None])[0][0][:, done - start // hop:]
 
     def decode_chunks(self, blocks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-        """Code blocks (n_codebooks, frames) in, frames * hop samples each out, equal (to
-        rounding) to decoding all codes at once: `decoder_context_frames` are re-read."""
+        """Code blocks (n_q, frames), n_q <= n_codebooks, in, frames * hop samples each
+        out, equal (to rounding) to decoding all codes at once: `decoder_context_frames` are
+        re-read."""
         self._need_causal()
         context = int(self.metadata["decoder_context_frames"])
-        kept = np.zeros((self.n_codebooks, 0), np.int64)
+        kept = decoder = None
         for block in blocks:
             block = np.asarray(block, np.int64)
             new = block.shape[1]
             if not new:
                 continue
+            if decoder is None:
+                decoder = self._decoder(block.shape[0])
+                kept = np.zeros((block.shape[0], 0), np.int64)
             window = np.concatenate([kept, block], axis=1)
-            yield self._decode(np.ascontiguousarray(window[None]))[0][0, 0, -new * self.hop:]
+            yield decoder(np.ascontiguousarray(window[None]))[-new * self.hop:]
             kept = window[:, max(0, window.shape[1] - context):]
 
 
@@ -207,77 +219,41 @@ def open_codec(model: str, backend: str = "onnx", threads: int = 1) -> ExportedC
     return ExportedCodec(model, backend, threads)
 
 
-# --------------------------------------------------------------------------- codes files
-
-def write_codes(path: str, codes: np.ndarray, codec: ExportedCodec, length: int) -> None:
-    """An .npz: codes (n_q, frames) int16 (int32 for codebooks above 2^15 entries), the
-    sample rate, hop and length of the audio that decoding gives (the codec's output rate),
-    and the fingerprint of the model that decodes them. Written under a temporary name,
-    then renamed."""
-    dtype = np.int16 if codec.codebook_size <= 2 ** 15 else np.int32
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, format=np.array(CODES_FORMAT), version=np.array(CODES_VERSION),
-                 codes=np.asarray(codes).astype(dtype), sample_rate=np.array(codec.sample_rate),
-                 hop=np.array(codec.hop), length=np.array(int(length), dtype=np.int64),
-                 codebook_size=np.array(codec.codebook_size),
-                 fingerprint=np.array(codec.fingerprint))
-    os.replace(tmp, path)
-
-
-def read_codes(path: str, codec: Optional[ExportedCodec] = None) -> Dict[str, Any]:
-    """A codes file's fields; with `codec`, checks that this model can decode them."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            fields = {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise MissingInputError(f"{path} not found") from None
-    except (OSError, ValueError) as err:
-        raise DataError(f"{path} is not a codes file ({err})") from None
-    if str(fields.get("format", "")) != CODES_FORMAT:
-        raise DataError(f"{path} is not a codes file written by toolkit.bin.codec encode")
-    if int(fields["version"]) > CODES_VERSION:
-        raise DataError(f"{path}: codes format version {int(fields['version'])} is newer than "
-                        f"this toolkit's ({CODES_VERSION})")
-    out = {"codes": fields["codes"].astype(np.int64), "sample_rate": int(fields["sample_rate"]),
-           "hop": int(fields["hop"]), "length": int(fields["length"]),
-           "codebook_size": int(fields["codebook_size"]),
-           "fingerprint": str(fields["fingerprint"])}
-    if codec is not None:
-        if out["fingerprint"] != codec.fingerprint:
-            raise UserError(f"{path} was encoded by the codec model with fingerprint "
-                            f"{out['fingerprint']}, but --model is {codec.fingerprint}: decode "
-                            "with the model that encoded it")
-        codes = out["codes"]
-        if codes.ndim != 2 or codes.shape[0] != codec.n_codebooks:
-            raise DataError(f"{path}: codes of shape {codes.shape}, the model needs "
-                            f"({codec.n_codebooks}, frames)")
-        if codes.size and (codes.min() < 0 or codes.max() >= codec.codebook_size):
-            raise DataError(f"{path}: codes outside [0, {codec.codebook_size})")
-    return out
-
-
 # --------------------------------------------------------------------------- files
 
 def _read_blocks(path: str, block: int, counter: List[int]) -> Iterator[np.ndarray]:
     """Mono float32 blocks of a sound file (channels averaged), `counter[0]` the samples
-    read so far: only one block is in memory at a time."""
+    read so far: only one block is in memory at a time. Every input goes through here,
+    streamed or read whole, so the checks are the same at every rate: a WAV cut short and
+    NaN or infinite samples are refused; silence is audio like any other."""
     import soundfile as sf
+    from toolkit.data.audio import _wav_data_shortfall
+    if path.lower().endswith(".wav") and _wav_data_shortfall(path) > 0:
+        raise DataError(f"{path}: WAV cut short (its header promises more audio than the "
+                        "file holds)")
     with sf.SoundFile(path) as f:
         while True:
-            data = f.read(block, dtype="float32", always_2d=True)
+            try:
+                data = f.read(block, dtype="float32", always_2d=True)
+            except RuntimeError as err:
+                raise DataError(f"{path}: cannot read audio after sample {counter[0]} "
+                                f"({err})") from None
             if not len(data):
                 return
+            wave = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+            finite = np.isfinite(wave)
+            if not finite.all():
+                at = counter[0] + int(np.argmin(finite))
+                raise DataError(f"{path}: sample {at} ({at / f.samplerate:.3f} s) is NaN or "
+                                "infinite: damaged audio, not encoded")
             counter[0] += len(data)
-            yield data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+            yield wave
 
 
-def _load_whole(path: str, rate: int) -> np.ndarray:
-    from toolkit.data.augment import load_mono
-    try:
-        return load_mono(path, rate)
-    except BadEntry as err:
-        raise DataError(f"{path}: {err}") from None
+def _check_output_dir(path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise MissingInputError(f"{path}: output folder {folder} does not exist")
 
 
 def _chunk_samples(codec: ExportedCodec, chunk_seconds: float, rate: int, hop: int) -> int:
@@ -289,25 +265,34 @@ def _chunk_samples(codec: ExportedCodec, chunk_seconds: float, rate: int, hop: i
 
 
 def encode_file(codec: ExportedCodec, wav_path: str, codes_path: str,
-                chunk_seconds: float = 1.0) -> Dict[str, Any]:
-    """WAV -> codes file. A causal model with the file at its encoder's rate reads and
-    encodes block by block (constant memory); otherwise the file is read whole and
-    resampled to the encoder's rate. The recorded length is the file's duration at the
-    codec's output rate (what decode writes)."""
+                chunk_seconds: float = 1.0, n_q: Optional[int] = None) -> Dict[str, Any]:
+    """WAV -> codes file of the first `n_q` codebooks (default all; fewer: a lower bitrate,
+    the same codes as the first rows of all, as the residual quantizer works codebook by
+    codebook). A causal model with the file at its encoder's rate reads and encodes block
+    by block (constant memory); otherwise the file is read whole and resampled to the
+    encoder's rate. The recorded length is the file's duration at the codec's output rate
+    (what decode writes)."""
     import soundfile as sf
+    n_q = codec.n_codebooks if n_q is None else int(n_q)
+    if not 1 <= n_q <= codec.n_codebooks:
+        raise ConfigError(f"--n-q {n_q}: this codec has {codec.n_codebooks} codebooks "
+                          f"(give 1..{codec.n_codebooks})")
     if not os.path.exists(wav_path):
         raise MissingInputError(f"{wav_path} not found")
+    _check_output_dir(codes_path)
     try:
         rate = sf.info(wav_path).samplerate
     except RuntimeError as err:
         raise DataError(f"{wav_path}: cannot read audio ({err})") from None
     chunk = _chunk_samples(codec, chunk_seconds, codec.encoder_sample_rate, codec.encoder_hop)
+    counter = [0]
     if codec.causal and rate == codec.encoder_sample_rate:
-        counter = [0]
         parts = list(codec.encode_chunks(_read_blocks(wav_path, chunk, counter)))
         samples = counter[0]
     else:
-        wave = _load_whole(wav_path, rate)                   # at the file's own rate
+        # At the file's own rate, read through the same checks as the streamed case.
+        wave = np.concatenate([np.zeros(0, np.float32),
+                               *_read_blocks(wav_path, 1 << 16, counter)])
         samples = len(wave)
         if codec.causal:
             from toolkit.data.audio import resample
@@ -317,19 +302,21 @@ def encode_file(codec: ExportedCodec, wav_path: str, codes_path: str,
         else:
             parts = [codec.encode(wave, rate)]
     codes = (np.concatenate(parts, axis=1) if parts
-             else np.zeros((codec.n_codebooks, 0), np.int64))
+             else np.zeros((codec.n_codebooks, 0), np.int64))[:n_q]
     length = codec.output_length(samples, rate)
     write_codes(codes_path, codes, codec, length)
-    return {"samples": length, "frames": int(codes.shape[1]), "seconds": length / codec.sample_rate,
+    return {"samples": length, "frames": int(codes.shape[1]), "n_q": n_q,
+            "seconds": length / codec.sample_rate,
             "resampled_from": rate if rate != codec.encoder_sample_rate else None}
 
 
 def decode_file(codec: ExportedCodec, codes_path: str, wav_path: str,
                 chunk_seconds: float = 1.0) -> Dict[str, Any]:
-    """Codes file -> 16-bit WAV at the model's rate with the encoded length; a causal model
-    decodes and writes block by block."""
+    """Codes file (all or the first n_q codebooks) -> 16-bit WAV at the model's rate with
+    the encoded length; a causal model decodes and writes block by block."""
     import soundfile as sf
     data = read_codes(codes_path, codec)
+    _check_output_dir(wav_path)
     codes, length = data["codes"], data["length"]
     frames = _chunk_samples(codec, chunk_seconds, codec.sample_rate, codec.hop) // codec.hop
     tmp = wav_path + ".tmp"
@@ -350,5 +337,5 @@ def decode_file(codec: ExportedCodec, codes_path: str, wav_path: str,
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    return {"samples": written, "frames": int(codes.shape[1]),
+    return {"samples": written, "frames": int(codes.shape[1]), "n_q": int(codes.shape[0]),
             "seconds": written / codec.sample_rate}
