@@ -25,6 +25,8 @@ setup(
     name="toolkit",
     version="0.1.0",
     description="Kaldi-style recipe toolkit for keyword spotting, speaker embeddings and audio codecs",
+    # The code and the shipped weights (toolkit/pretrained/) alike: LICENSE at the root.
+    license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["toolkit", "toolkit.*"]),
     # The project's own pretrained models (toolkit/pretrained/<name>/), shipped as data.

@@ -198,3 +198,152 @@ def test_every_recipe_card_template_is_filled_by_its_recipe():
         fields = set(re.findall(r"\{\{\s*([a-z0-9_]+)\s*\}\}",
                                 open(os.path.join(recipe, "card.md")).read()))
         assert fields <= given | set(AUTO_FIELDS), (recipe, fields - given - set(AUTO_FIELDS))
+
+
+# --------------------------------------------------------------------------- licence
+
+def test_the_code_and_every_shipped_models_weights_are_apache_2():
+    text = open(os.path.join(ROOT, "LICENSE"), encoding="utf-8").read()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert 'license="Apache-2.0"' in open(os.path.join(ROOT, "setup.py")).read()
+    for name in pretrained.available():
+        card = open(os.path.join(pretrained.model_dir(name), "README.md")).read()
+        licences = card.split("## Licences", 1)[1]
+        # The weights' own licence, beside the data's (Kokoro's Apache-2.0, espeak's GPL).
+        assert re.search(r"weights are this project's, released under the Apache License "
+                         r"2\.0\s+\(Apache-2\.0", licences), name
+
+
+# --------------------------------------------------------------------------- integrity
+
+@pytest.mark.parametrize("name", pretrained.available())
+def test_an_edited_config_is_refused(tmp_path, name):
+    """The card's digest covers config.json too: units order, fbank options or threshold
+    edited after shipping load no more."""
+    root = str(tmp_path)
+    shutil.copytree(pretrained.model_dir(name), os.path.join(root, name))
+    assert pretrained.metadata(name, root) == pretrained.metadata(name)   # as shipped: fine
+    path = os.path.join(root, name, "config.json")
+    meta = json.load(open(path))
+    meta["threshold"] = 0.123
+    json.dump(meta, open(path, "w"))
+    for load in (lambda: pretrained.weights(name, root=root),
+                 lambda: pretrained.metadata(name, root)):
+        with pytest.raises(DataError, match=r"config\.json: sha256 .* differs from its model card"):
+            load()
+    # A card that states no digest of the config cannot vouch for it.
+    card = os.path.join(root, name, "README.md")
+    text = open(card).read()
+    open(card, "w").write(re.sub(r"sha256 \(config\.json\).*\n", "", text))
+    with pytest.raises(DataError, match=r"expected one line 'sha256 \(config\.json\)"):
+        pretrained.weights(name, root=root)
+
+
+def test_packager_cards_always_carry_both_digests_and_replace_atomically(tmp_path):
+    export, _ = _tiny_export(tmp_path / "export")
+    template = tmp_path / "card.md"
+    template.write_text("# {{name}}\n\nNo digest line in this template.\n")   # d486171: unloadable
+    root = str(tmp_path / "shipped")
+    out = package(export, "tiny-v1", str(template), {}, root=root)
+    assert pretrained.weights("tiny-v1", root=root) == os.path.join(out, "model.safetensors")
+    assert pretrained.card_digests("tiny-v1", root) == {
+        f: pretrained.file_sha256(os.path.join(out, f)) for f in pretrained.DIGESTED}
+    # The same name again: refused unless asked, so a recipe rerun keeps a shipped model.
+    with pytest.raises(ConfigError, match="exists: package under a new name, or pass --overwrite"):
+        package(export, "tiny-v1", str(template), {}, root=root)
+    # A packaging that died after renaming the old model aside (d486171 deleted it first,
+    # then left NAME.tmp listed as a model): the name still loads, nothing else is listed.
+    os.rename(out, os.path.join(root, ".tiny-v1.old"))
+    shutil.copytree(os.path.join(root, ".tiny-v1.old"), os.path.join(root, "tiny-v1.tmp"))
+    assert pretrained.available(root) == ["tiny-v1"]
+    pretrained.weights("tiny-v1", root=root)
+    # Replacing: the old one is put back first, then swapped; no staging dir is left.
+    template.write_text("# {{name}} again\n\nsha256 (model.safetensors): `{{sha256}}`\n")
+    package(export, "tiny-v1", str(template), {}, root=root, overwrite=True)
+    assert sorted(os.listdir(root)) == ["tiny-v1", "tiny-v1.tmp"]
+    assert pretrained.available(root) == ["tiny-v1"]
+    assert open(os.path.join(out, "README.md")).read().startswith("# tiny-v1 again")
+    pretrained.weights("tiny-v1", root=root)
+    # The binary's --overwrite.
+    from toolkit.bin import package_pretrained
+    argv = ["--export-dir", export, "--name", "tiny-v1", "--card", str(template),
+            "--out-root", root]
+    assert package_pretrained.main(argv) == 2
+    assert package_pretrained.main(argv + ["--overwrite"]) == 0
+
+
+# --------------------------------------------------------------------------- speaker paths
+
+@pytest.mark.parametrize("name, what", [("phone-voicebank-v2", "a phone front end"),
+                                        ("codec-voicebank-v1", "a speech codec")])
+def test_speaker_paths_refuse_another_tasks_model_in_one_line(tmp_path, capsys, name, what):
+    from toolkit.bin import extract_embeddings, speaker
+    from toolkit.tasks.speaker.embed import Embedder
+    message = f"pretrained model '{name}' is {what} (task "
+    with pytest.raises(DataError, match=re.escape(message)):
+        Embedder.from_pretrained(name)
+    a = _speech(tmp_path / "a.wav", 1, 2.0)
+    listing = tmp_path / "list"
+    listing.write_text(json.dumps({"key": "a", "wav": a, "spk": "s1", "duration": 2.0}) + "\n")
+    for run in (lambda: speaker.main(["--pretrained", name, a, a]),
+                lambda: extract_embeddings.main(["--pretrained", name, "--data-list",
+                                                 str(listing), "--out-dir",
+                                                 str(tmp_path / "emb")])):
+        rc = run()
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err[-1].startswith("error: " + message), err
+    # The file of another task's export, given by path.
+    with pytest.raises(DataError, match="is a .* model, not a speaker encoder"):
+        Embedder.from_path(os.path.join(pretrained.model_dir(name), "model.safetensors"))
+
+
+def test_a_silent_wav_is_one_line_naming_it(tmp_path, capsys):
+    from toolkit.bin import speaker
+    silent = str(tmp_path / "silent.wav")
+    sf.write(silent, np.zeros(RATE * 2, np.float32), RATE, subtype="PCM_16")
+    a = _speech(tmp_path / "a.wav", 1, 2.0)
+    assert speaker.main(["--pretrained", SPEAKER_ENCODER, a, silent]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {silent}: no speaker embedding of this audio (silent audio)"], err
+
+
+def test_extraction_parts_of_another_model_list_or_split_are_redone(tmp_path):
+    """d486171 kept a used out dir's parts whatever made them: another model's embeddings
+    came back (exit 0)."""
+    import kaldiio
+    from toolkit.tasks.speaker.embed import Embedder, extract_embeddings
+    export, _ = _tiny_export(tmp_path / "tiny")
+    tiny = os.path.join(export, "model.safetensors")
+    waves = [_speech(tmp_path / f"{i}.wav", i, 1.5, seed=i) for i in range(3)]
+    listing = tmp_path / "list"
+    listing.write_text("".join(json.dumps({"key": f"u{i}", "wav": w, "spk": f"s{i}",
+                                           "duration": 1.5}) + "\n" for i, w in enumerate(waves)))
+    out = str(tmp_path / "emb")
+
+    def extracted():
+        return kaldiio.load_scp(os.path.join(out, "embeddings.scp"))
+
+    def expect(model, keys):
+        got, embedder = extracted(), Embedder.from_path(model)
+        assert sorted(got) == keys
+        for i, key in enumerate(keys):
+            want = embedder.embed(waves[i])
+            assert np.shape(got[key]) == want.shape, "another model's embeddings came back"
+            assert np.max(np.abs(np.asarray(got[key]) - want)) < 1e-4
+
+    extract_embeddings("pretrained:" + SPEAKER_ENCODER, str(listing), out, nj=2)
+    expect("pretrained:" + SPEAKER_ENCODER, ["u0", "u1", "u2"])
+    extract_embeddings(tiny, str(listing), out, nj=2)             # another model
+    expect(tiny, ["u0", "u1", "u2"])
+    listing.write_text("".join(open(listing).readlines()[:2]))     # another list
+    extract_embeddings(tiny, str(listing), out, nj=2)
+    expect(tiny, ["u0", "u1"])
+    extract_embeddings(tiny, str(listing), out, nj=1)             # another split
+    expect(tiny, ["u0", "u1"])
+    done = json.load(open(os.path.join(out, "embeddings.1.done")))
+    assert done["source"]["model_sha256"].startswith(pretrained.file_sha256(tiny))
+    # The same model, list and split again: kept (the parts are not rewritten).
+    stamp = os.path.getmtime(os.path.join(out, "embeddings.1.ark"))
+    extract_embeddings(tiny, str(listing), out, nj=1)
+    assert os.path.getmtime(os.path.join(out, "embeddings.1.ark")) == stamp

@@ -5,8 +5,9 @@ model.onnx, model.safetensors + config.json), speaker models as an embedding ext
 codecs as encoder and decoder graphs.
 
 A pretrained model shipped with the toolkit (toolkit/pretrained/NAME) is exported the same
-way from its weights: --pretrained NAME --out-dir DIR [--test-data LIST]; without a test
-list the parity check runs on seeded random features.
+way from its weights (speaker encoders, codecs and phone front ends alike): --pretrained
+NAME --out-dir DIR [--test-data LIST]; without a test list the parity check runs on seeded
+random features (a phone front end: the fbank of seeded noise).
 
   python -m toolkit.bin.export_model --checkpoint exp/ecapa/avg_3.pt --exp-dir exp/ecapa \\
       --out-dir exp/ecapa/export --test-data data/test/data.list
@@ -59,6 +60,10 @@ def main(argv=None):
         if task_name not in TASKS:
             raise ConfigError(f"{weights}: config.json names task '{task_name}', not one of "
                               f"{', '.join(TASKS.names())}")
+        from toolkit.task import Task
+        if TASKS.get(task_name).export_weights.__func__ is Task.export_weights.__func__:
+            raise ConfigError(f"pretrained model '{args.pretrained}' (task {task_name}): this "
+                              "task exports from a checkpoint only (--checkpoint)")
         worst = TASKS.get(task_name).export_weights(weights, args.out_dir, args.test_data,
                                                     args.num_check, args.tolerance)
         logger.info("exported %s to %s: %s", args.pretrained, args.out_dir,

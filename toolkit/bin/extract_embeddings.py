@@ -3,7 +3,8 @@
 shipped with the toolkit (--pretrained NAME, toolkit/pretrained/): whole utterances,
 long ones in chunks whose embeddings are averaged. Writes OUT_DIR/embeddings.{scp,N.ark}
 (Kaldi float vectors, kaldiio) and the per-speaker means speaker_embeddings.{ark,scp}.
-The list is split into --nj parts extracted in parallel; a rerun skips finished parts.
+The list is split into --nj parts extracted in parallel; a rerun skips the parts finished
+with the same model, data list and --nj (each part records their sha256), redoing others.
 
   python -m toolkit.bin.extract_embeddings --model exp/resnet/export/model.onnx \\
       --data-list data/test/data.list --out-dir exp/resnet/embeddings/test --nj 2

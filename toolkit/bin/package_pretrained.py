@@ -1,9 +1,11 @@
 """Ships an export as one of the toolkit's pretrained models: copies model.safetensors and
 config.json into toolkit/pretrained/NAME/ and writes its model card (README.md) from the
-recipe's template, filling {{name}}, {{sha256}}, {{parameters}}, {{size_kb}}, {{commit}},
-{{date}}, {{task}}, {{summary}} (the --summary files' lines), each --set KEY=VALUE and
-each --set-file KEY=FILE (the file's text).
-A model over 10 MiB, or a template field nobody fills, is refused.
+recipe's template, filling {{name}}, {{sha256}}, {{config_sha256}}, {{parameters}},
+{{size_kb}}, {{commit}}, {{date}}, {{task}}, {{summary}} (the --summary files' lines), each
+--set KEY=VALUE and each --set-file KEY=FILE (the file's text).
+A model over 10 MiB, a template field nobody fills, or a NAME already shipped (unless
+--overwrite) is refused. The card always carries the sha256 lines of the weights and of
+config.json that loading checks; an existing model is replaced so that NAME always loads.
 
   python -m toolkit.bin.package_pretrained --export-dir exp/ecapa_c192/export \\
       --name ecapa-voicebank-v1 --card conf/card.md --summary exp/ecapa_c192/score/summary.txt \\
@@ -33,6 +35,8 @@ def get_args(argv=None):
                    help="a card field filled with a file's text (repeatable)")
     p.add_argument("--out-root", default=None,
                    help="where model dirs go (default: the installed toolkit/pretrained)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a model of the same NAME (default: refuse)")
     return p.parse_args(argv)
 
 
@@ -55,7 +59,7 @@ def main(argv=None):
         with open(path, encoding="utf-8") as f:
             extra[key] = f.read().strip()
     out = package(args.export_dir, args.name, args.card, extra, args.summary,
-                  root=args.out_root or ROOT)
+                  root=args.out_root or ROOT, overwrite=args.overwrite)
     logger.info("wrote %s (model.safetensors sha256 %s)", out,
                 file_sha256(f"{out}/model.safetensors"))
     return 0

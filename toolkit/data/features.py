@@ -86,6 +86,11 @@ def fbank_metadata(opts: "knf.FbankOptions") -> dict:
 
 # ----------------------------------------------------------------------------- registry
 
+# The field of a precomputed entry (toolkit.bin.compute_feats) recording the model its
+# features came from, for feature types computed by one (FeatureExtractor.stored_tag).
+STORED_TAG = "feat_frontend"
+
+
 class FeatureExtractor:
     """One feature type. Subclasses set the class attributes and implement the methods."""
     metadata_type = ""     # `type` in exported metadata
@@ -131,6 +136,14 @@ class FeatureExtractor:
     def streaming(self):
         """A fresh streaming extractor: accept(samples) -> the frames completed by them."""
         raise NotImplementedError
+
+    def stored_tag(self) -> Optional[dict]:
+        """What a precomputed entry records of the model that made its features (a type
+        computed by a model file), checked by `check_stored` on reading; None: nothing."""
+        return None
+
+    def check_stored(self, entry: dict, where: str = "") -> None:
+        """Raises DataError when precomputed `entry` was made by another model."""
 
 
 def build_extractor(feature_cfg, sample_rate: int) -> FeatureExtractor:

@@ -1,4 +1,6 @@
-"""Feature extraction into Kaldi archives, in parallel, one archive per job."""
+"""Feature extraction into Kaldi archives, in parallel, one archive per job. Features a
+model computes (a phone front end) carry that model's record in every entry
+(`feat_frontend`), which `check_stored_features` compares with the model a config names."""
 import json
 import logging
 import os
@@ -7,6 +9,7 @@ import numpy as np
 
 from toolkit.data.audio import BadEntry
 from toolkit.data.datalist import BadCounter, DataList, split_range
+from toolkit.data.features import STORED_TAG
 from toolkit.fileio import atomic_write_text
 from toolkit.progress import parallel_map, tick
 
@@ -37,6 +40,11 @@ def _job(args):
     datalist = DataList.load(list_path, require_label=False)
     processor = FeaturePipeline(dataset_cfg, seed=0, train=False)
     start, end = split_range(len(datalist), parts, part)
+    tag = processor.extractor.stored_tag()
+
+    def tagged(entry):
+        entry = {k: v for k, v in entry.items() if k != STORED_TAG}
+        return dict(entry, **{STORED_TAG: tag}) if tag else entry
     ark = os.path.join(out_dir, f"feats.{part + 1}.ark")
     scp = os.path.join(out_dir, f"feats.{part + 1}.scp")
     bad = BadCounter()
@@ -50,7 +58,7 @@ def _job(args):
                 bad.add(err.reason, entry["key"], err.detail)
                 continue
             writer(entry["key"], feats.astype(np.float32))
-            lines.append(entry)
+            lines.append(tagged(entry))
             tick()
             for factor in speeds:
                 try:
@@ -59,7 +67,7 @@ def _job(args):
                     bad.add(err.reason, perturbed_key(entry["key"], factor), err.detail)
                     continue
                 writer(copy["key"], feats.astype(np.float32))
-                lines.append(copy)
+                lines.append(tagged(copy))
     return scp, lines, bad
 
 
@@ -98,3 +106,17 @@ def compute_features_for_list(list_path: str, out_dir: str, dataset_cfg, nj: int
         logger.warning("features: %d utterances skipped: %s", bad.total(), bad.summary())
     logger.info("wrote %s (%d utterances) and feats.scp", out_list, len(entries))
     return out_list
+
+
+def check_stored_features(source, extractor, what: str) -> None:
+    """Refuses (DataError naming `what`, the list) precomputed entries of a list whose
+    features another model made than the one `extractor` runs (see FeatureExtractor.
+    stored_tag); lists of audio, and feature types no model computes, pass. `source`: a
+    toolkit.data.sources.DataSource (entries read through field_values)."""
+    if extractor.stored_tag() is None or not source.has_features():
+        return
+    tags = source.field_values(STORED_TAG) or []
+    feats = dict(source.field_values("feat") or [])
+    for key, tag in tags:
+        if feats.get(key) is not None:
+            extractor.check_stored({"key": key, STORED_TAG: tag}, what)

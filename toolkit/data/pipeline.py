@@ -149,6 +149,7 @@ class FeaturePipeline:
         """The whole chain. Precomputed features (`feat`) win over audio, per entry."""
         rng = rng if rng is not None else self.rng(epoch, entry["key"])
         if "feat" in entry and audio is None:
+            self.extractor.check_stored(entry)     # another front end's features: refused
             feats = self.read_features(entry)
             self.time_scale = 1.0
         else:

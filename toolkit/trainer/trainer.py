@@ -17,6 +17,7 @@ from torch import nn
 
 from toolkit.config import Config, Ramp
 from toolkit.data.datalist import BAD_REASONS, BadCounter, DataList
+from toolkit.data.features_store import check_stored_features
 from toolkit.data.pipeline import FeaturePipeline
 from toolkit.data.plan import rank_batches
 from toolkit.data.sources import DataSource, has_input, open_split
@@ -141,9 +142,14 @@ class Trainer(Resumable, Reporting):
         # The task gets its pipelines ready: the dataset section's decoding, augmentation
         # (training only, with the noise and RIR lists and the steps ramps follow) and
         # features; its builder adds what its examples need.
-        self.train_builder = task.example_builder(FeaturePipeline(
-            cfg.dataset, t.seed, True, noise, rirs, self.steps_per_epoch, self.total_steps))
+        train_pipeline = FeaturePipeline(cfg.dataset, t.seed, True, noise, rirs,
+                                         self.steps_per_epoch, self.total_steps)
+        self.train_builder = task.example_builder(train_pipeline)
         self.dev_builder = task.example_builder(FeaturePipeline(cfg.dataset, t.seed, False))
+        for name, source in (("train", self.train_list), ("dev", self.dev_list)):
+            if source is not None:     # precomputed by another front end: refused up front
+                check_stored_features(source, train_pipeline.extractor,
+                                      f"dataset.{name}_data {source.path}")
         if self.train_list.has_features():
             waveform_aug = [name for name, on in (
                 ("speed_perturb", bool(cfg.dataset.speed_perturb)),

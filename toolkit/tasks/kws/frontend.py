@@ -16,7 +16,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from toolkit.data.features import (FEATURES, FeatureExtractor, StreamingFbank,
+from toolkit.data.features import (FEATURES, STORED_TAG, FeatureExtractor, StreamingFbank,
                                    extractor_from_metadata, sha256_of)
 from toolkit.errors import DataError, MissingInputError
 
@@ -37,8 +37,8 @@ def _weights_path(source: str) -> str:
 
 
 class PhoneFrontEnd:
-    """The model of a phone_ctc export, eval mode, one thread per process by default
-    (feature jobs and loader workers already run in parallel)."""
+    """The model of a phone_ctc export, eval mode. It leaves torch's thread count alone:
+    the feature type below sets one thread in worker processes only."""
 
     def __init__(self, source: str = DEFAULT_FRONTEND, output: str = "posteriors"):
         from toolkit.export import read_metadata
@@ -99,20 +99,32 @@ class PhoneStream:
         return out
 
 
+def _in_worker(built_in: int) -> bool:
+    """A process forked or spawned to run beside others (a loader worker, a feature job):
+    not the one that built the extractor, or a multiprocessing child."""
+    import multiprocessing
+    return os.getpid() != built_in or multiprocessing.parent_process() is not None
+
+
 @FEATURES.register("phone_frontend")
 class PhoneFrontEndFeatures(FeatureExtractor):
     """Feature type `phone_frontend`: the frozen front end's outputs every 10 ms
     (dataset.feature.frontend_model, .frontend_output). The model is loaded on first use
-    in each process (loader workers are forked)."""
+    in each process (loader workers are forked). Worker processes run it on one torch
+    thread each (they already run side by side); the process that builds it (the trainer,
+    whose heads train on these frames) keeps its own thread count."""
     metadata_type = "phone_frontend"
 
     def __init__(self, source: str, output: str, sha256: str = ""):
         self.source, self.output = source, output
         self._frontend: Optional[PhoneFrontEnd] = None
+        self._built_in = os.getpid()
+        self._one_thread_in = 0          # the worker process whose threads were set
         front = self.frontend
         if sha256 and front.sha256 != sha256:
             raise DataError(f"{front.path} is not the phone front end this model was trained "
                             f"on (sha256 {front.sha256[:12]}..., expected {sha256[:12]}...)")
+        self.sha256 = front.sha256
         self.dim = front.dim
         self.sample_rate = int(front.fbank_metadata["sample_rate"])
         self.frame_shift_ms = float(front.fbank_metadata["frame_shift_ms"])
@@ -120,9 +132,14 @@ class PhoneFrontEndFeatures(FeatureExtractor):
     @property
     def frontend(self) -> PhoneFrontEnd:
         if self._frontend is None:
-            torch.set_num_threads(1)
             self._frontend = PhoneFrontEnd(self.source, self.output)
         return self._frontend
+
+    def _worker_threads(self) -> None:
+        pid = os.getpid()
+        if self._one_thread_in != pid and _in_worker(self._built_in):
+            torch.set_num_threads(1)
+        self._one_thread_in = pid
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -131,6 +148,11 @@ class PhoneFrontEndFeatures(FeatureExtractor):
 
     @classmethod
     def check_config(cls, dataset_cfg) -> Optional[str]:
+        # An empty frontend_model means the default of this release: named here, so the
+        # experiment's config.yaml records which front end it trains on and a later
+        # release's other default is a refused change on resume, not a silent switch.
+        if not dataset_cfg.feature.frontend_model:
+            dataset_cfg.feature.frontend_model = DEFAULT_FRONTEND
         if dataset_cfg.vtlp_range or dataset_cfg.voice_perturb.prob > 0:
             return ("dataset.vtlp_range and dataset.voice_perturb warp mel bins: they do not "
                     "apply to dataset.feature.type phone_frontend (set vtlp_range: [] and "
@@ -163,6 +185,7 @@ class PhoneFrontEndFeatures(FeatureExtractor):
                 "frontend_output": meta["frontend"]["output"]}
 
     def compute(self, wave: np.ndarray) -> np.ndarray:
+        self._worker_threads()
         return self.frontend.compute(wave)
 
     def frames_for_samples(self, num_samples: np.ndarray) -> np.ndarray:
@@ -181,7 +204,55 @@ class PhoneFrontEndFeatures(FeatureExtractor):
                              "units": front.units}}
 
     def streaming(self) -> PhoneStream:
+        self._worker_threads()
         return self.frontend.stream()
+
+    # Precomputed features (toolkit.bin.compute_feats) name the front end that made them:
+    # features of another front end (or another output) are never read as this one's.
+    def stored_tag(self) -> dict:
+        return {"sha256": self.sha256, "output": self.output}
+
+    def check_stored(self, entry: dict, where: str = "") -> None:
+        tag = entry.get(STORED_TAG)
+        if tag == self.stored_tag():
+            return
+        made_by = (f"by the front end with sha256 {str(tag.get('sha256'))[:12]}... "
+                   f"({tag.get('output')})" if isinstance(tag, dict) else
+                   "without a record of their front end")
+        raise DataError(f"{where or 'data list'}: the features of {entry.get('key')!r} were "
+                        f"computed {made_by}, not by {self.source} (sha256 "
+                        f"{self.sha256[:12]}..., {self.output}): recompute them with "
+                        "toolkit.bin.compute_feats --config of this experiment")
+
+
+# ----------------------------------------------------------------------------- export
+
+def export_frontend_weights(weights: str, out_dir: str, test_data: Optional[str] = None,
+                            num_check: int = 20, tolerance: float = 1e-4) -> dict:
+    """The streaming graph of a phone front end's safetensors + config.json (a shipped
+    model: toolkit.pretrained) as model.zip (TorchScript), model.onnx and model.safetensors
+    + config.json, each checked against PyTorch whole and chunk by chunk on the fbank of
+    `test_data`'s utterances, or without it of seeded noise of 1-4 s."""
+    from toolkit.data.augment import load_mono
+    from toolkit.export import parity_inputs, read_metadata
+    from toolkit.tasks.kws.export import check_parity, export_model_files, model_from_safetensors
+    metadata = read_metadata(weights)
+    if metadata.get("task") != "phone_ctc":
+        raise DataError(f"{weights}: a {metadata.get('task')!r} export, not a phone front end "
+                        "(task phone_ctc)")
+    model = model_from_safetensors(weights)
+    fbank = extractor_from_metadata(metadata["feature"])
+    rate = int(metadata["feature"]["sample_rate"])
+    if test_data:
+        features = parity_inputs(test_data, lambda e: fbank.compute(
+            load_mono(e["wav"], rate)[:10 * rate]), num_check)
+    else:
+        rng = np.random.default_rng(0)
+        features = [fbank.compute(rng.uniform(-0.3, 0.3, int(sec * rate)).astype(np.float32))
+                    for sec in np.linspace(1.0, 4.0, max(1, min(num_check, 4)))]
+    paths = export_model_files(model, out_dir, metadata)
+    return check_parity(model, paths, features, tolerance,
+                        activation=metadata.get("activation", "log_softmax"))
 
 
 # ----------------------------------------------------------------------------- evaluation

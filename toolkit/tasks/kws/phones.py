@@ -141,6 +141,13 @@ class PhoneCtcTask(Task):
         features = parity_inputs(test_data, lambda e: pipeline.features(e, 0), num_check)
         return check_parity(model, paths, features, tolerance, activation=ACTIVATION)
 
+    @classmethod
+    def export_weights(cls, weights: str, out_dir: str, test_data: Optional[str] = None,
+                       num_check: int = 20, tolerance: float = 1e-4) -> Dict[str, float]:
+        """A shipped front end's streaming graph (toolkit.bin.export_model --pretrained)."""
+        from toolkit.tasks.kws.frontend import export_frontend_weights
+        return export_frontend_weights(weights, out_dir, test_data, num_check, tolerance)
+
 
 def phone_errors(log_probs, lengths, tokens, token_lengths):
     """(edit distance summed over the batch, reference units) of greedy CTC decoding."""

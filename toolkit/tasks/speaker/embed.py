@@ -20,6 +20,7 @@ from toolkit import export as writers
 from toolkit.data.features import compute_fbank, fbank_metadata, fbank_options, options_from_config
 from toolkit.errors import DataError, MissingInputError
 from toolkit.export import compare, onnx_runner, parity_inputs, read_metadata, torch_runner
+from toolkit.fileio import atomic_write_text, sha256_file
 from toolkit.tasks.speaker.models import SPEAKER_MODELS, build_speaker_model
 from toolkit.trainer.checkpoint import load_payload, module_states_from_file
 
@@ -33,6 +34,7 @@ def model_from_checkpoint(path: str) -> Tuple[nn.Module, dict]:
     """The embedding network (eval mode) and its config dict from a training or averaged
     checkpoint."""
     payload = load_payload(path)
+    _check_speaker_task(path, payload.get("config", {}).get("task", {}).get("type", ""))
     raw = dict(payload["config"]["model"])
     model = build_speaker_model(SPEAKER_MODELS.get(raw["type"]).Config(**raw))
     model.load_state_dict(module_states_from_file(path)["model"])
@@ -130,6 +132,39 @@ def model_from_safetensors(path: str) -> nn.Module:
     return model.eval()
 
 
+def speaker_model_file(path: str) -> str:
+    """The file of a speaker model: `pretrained:NAME` resolved (and checked against its
+    card), the file checked to exist and to hold a speaker encoder (task speaker), so a
+    phone front end or codec is refused naming its task instead of failing on a key."""
+    from toolkit import pretrained
+    path = pretrained.resolve(path, task="speaker")
+    if not os.path.exists(path):
+        raise MissingInputError(f"speaker model {path} not found (run the export stage)")
+    if path.endswith((".onnx", ".zip", ".safetensors")):
+        try:
+            task = read_metadata(path).get("task", "")
+        except (OSError, ValueError) as err:
+            raise DataError(f"{path}: not a readable model export ({err})") from None
+        _check_speaker_task(path, task)
+    return path       # a checkpoint's task: model_from_checkpoint, which reads it anyway
+
+
+def _check_speaker_task(path: str, task: str) -> None:
+    if task != "speaker":
+        raise DataError(f"{path} is a {task or 'task-less'} model, not a speaker encoder "
+                        "(task speaker)")
+
+
+def model_fingerprint(path: str) -> str:
+    """sha256 of a speaker model's file (with the config.json a safetensors export is read
+    with): what a finished extraction part records it was made by."""
+    digest = sha256_file(path)
+    if path.endswith(".safetensors"):
+        side = os.path.join(os.path.dirname(os.path.abspath(path)), writers.SIDE_CONFIG)
+        digest += "+" + sha256_file(side)
+    return digest
+
+
 class Embedder:
     """Embeds waveforms or fbank features with an exported extractor (.onnx, .zip,
     .safetensors + config.json) or a checkpoint (.pt, with its exp dir's config)."""
@@ -153,11 +188,8 @@ class Embedder:
     @classmethod
     def from_path(cls, path: str, threads: int = 1) -> "Embedder":
         """`path`: an export (.onnx, .zip, .safetensors), a checkpoint (.pt), or
-        `pretrained:NAME` for a shipped model."""
-        from toolkit import pretrained
-        path = pretrained.resolve(path)
-        if not os.path.exists(path):
-            raise MissingInputError(f"speaker model {path} not found (run the export stage)")
+        `pretrained:NAME` for a shipped model; another task's model is refused in one line."""
+        path = speaker_model_file(path)
         torch.set_num_threads(threads)
         if path.endswith(".onnx"):
             return cls(onnx_runner(path, threads), read_metadata(path))
@@ -192,10 +224,16 @@ class Embedder:
         return (out / len(feats)).astype(np.float32)
 
     def embed(self, audio) -> np.ndarray:
-        """A WAV path or mono float samples at the model's rate -> embedding."""
+        """A WAV path or mono float samples at the model's rate -> embedding. A file with
+        no speaker to embed (silent, empty, unreadable) is a DataError naming it."""
         if isinstance(audio, str):
+            from toolkit.data.audio import BadEntry
             from toolkit.data.augment import load_mono
-            audio = load_mono(audio, self.sample_rate)
+            try:
+                audio = load_mono(audio, self.sample_rate)
+            except BadEntry as err:
+                raise DataError(f"{audio}: no speaker embedding of this audio "
+                                f"({err.reason.replace('_', ' ')})") from None
         return self.embed_features(self.features(audio))
 
     @staticmethod
@@ -210,7 +248,7 @@ class Embedder:
 # --------------------------------------------------------------------------- extraction
 
 def _extract_part(args) -> Tuple[int, int, List[str]]:
-    model_path, list_path, out_dir, part, parts, threads = args
+    model_path, list_path, out_dir, part, parts, threads, source = args
     import kaldiio
     from toolkit.data.audio import BadEntry
     from toolkit.data.datalist import BadCounter, DataList, split_range
@@ -237,9 +275,28 @@ def _extract_part(args) -> Tuple[int, int, List[str]]:
     with open(scp, "w", encoding="utf-8") as f_out:
         f_out.writelines(lines)
     os.remove(scp + ".tmp")
-    with open(os.path.join(out_dir, f"embeddings.{part + 1}.done"), "w") as f_done:
-        json.dump({"utterances": written, "skipped": bad.total()}, f_done)
+    atomic_write_text(os.path.join(out_dir, f"embeddings.{part + 1}.done"), json.dumps(
+        {"utterances": written, "skipped": bad.total(), "source": source}))
     return part, written, [f"{r}={n}" for r, n in bad.counts.items()]
+
+
+def _finished(out_dir: str, part: int, source: dict) -> bool:
+    """Whether part `part` is done from `source` (the same model, list and split); one
+    done from anything else is logged and extracted again."""
+    path = os.path.join(out_dir, f"embeddings.{part + 1}.done")
+    if not os.path.exists(path):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            done = json.load(f).get("source")
+    except (OSError, ValueError, AttributeError):
+        done = None
+    if done == source:
+        return True
+    changed = [k for k in source if not isinstance(done, dict) or done.get(k) != source[k]]
+    logger.info("%s: part %d was extracted with another %s: extracting it again", out_dir,
+                part + 1, " and ".join(k.replace("_sha256", "").replace("_", " ") for k in changed))
+    return False
 
 
 def extract_embeddings(model_path: str, list_path: str, out_dir: str, nj: int = 1,
@@ -253,12 +310,18 @@ def extract_embeddings(model_path: str, list_path: str, out_dir: str, nj: int = 
     from toolkit.data.datalist import DataList
     from toolkit.progress import Progress
     os.makedirs(out_dir, exist_ok=True)
-    todo = [p for p in range(nj)
-            if not os.path.exists(os.path.join(out_dir, f"embeddings.{p + 1}.done"))]
+    model_file = speaker_model_file(model_path)
+    if not os.path.exists(list_path):
+        raise MissingInputError(f"data list {list_path} not found")
+    # What a finished part is made of: a rerun with another model, list or split into
+    # parts must not keep embeddings of the old one.
+    source = {"model_sha256": model_fingerprint(model_file),
+              "data_list_sha256": sha256_file(list_path), "parts": nj}
+    todo = [p for p in range(nj) if not _finished(out_dir, p, source)]
     if len(todo) < nj:
         logger.info("%s: %d of %d parts already extracted; extracting the other %d", out_dir,
                     nj - len(todo), nj, len(todo))
-    jobs = [(model_path, list_path, out_dir, p, nj, threads) for p in todo]
+    jobs = [(model_file, list_path, out_dir, p, nj, threads, source) for p in todo]
     progress = Progress(len(jobs), "embedding parts", "parts")
     if len(jobs) > 1:
         with mp.get_context("fork").Pool(min(len(jobs), nj)) as pool:
@@ -277,7 +340,6 @@ def extract_embeddings(model_path: str, list_path: str, out_dir: str, nj: int = 
     for p in range(nj):
         with open(os.path.join(out_dir, f"embeddings.{p + 1}.scp"), encoding="utf-8") as f:
             lines += f.readlines()
-    from toolkit.fileio import atomic_write_text
     atomic_write_text(os.path.join(out_dir, "embeddings.scp"), "".join(sorted(lines)))
     vectors = kaldiio.load_scp(os.path.join(out_dir, "embeddings.scp"))
     datalist = DataList.load(list_path, require_label=False)
