@@ -15,7 +15,9 @@ LONG = "okay google turn on the kitchen lights please and also the bedroom light
 
 
 def kws(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "toolkit.bin.kws", *map(str, args)],
+    # Whole-second chunks: the streaming itself is tested elsewhere, here the decisions.
+    return subprocess.run([sys.executable, "-m", "toolkit.bin.kws", "--chunk-ms", "1000",
+                           *map(str, args)],
                           capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
@@ -100,11 +102,10 @@ def test_calibration_counts_every_firing_of_a_long_negative(audio):
     assert len(fired) <= 1, (threshold, fired)
     # One alarm per file at most would allow a threshold just above the second file's
     # peak, where the first fires 8 times.
-    other_peak = max([d[4] for d in detections(kws("--keywords", "hey jarvis", "--threshold",
-                                                    1e-4, audio["other"]).stdout)] or [0.0])
-    per_file = detections(kws("--keywords", "hey jarvis", "--threshold", other_peak + 1e-3,
-                              *files).stdout)
-    assert len(per_file) >= 6, (other_peak, per_file)
+    everything = detections(kws("--keywords", "hey jarvis", "--threshold", 1e-4, *files).stdout)
+    other_peak = max([d[4] for d in everything if d[0] == str(audio["other"])] or [0.0])
+    repeated = [d for d in everything if d[0] == str(audio["neighbours"]) and d[4] > other_peak]
+    assert len(repeated) >= 6, (other_peak, everything)
     assert threshold > other_peak + 0.1
 
 

@@ -160,6 +160,23 @@ def test_rerun_skips_finished_stages(recipe_run):
     assert sorted(p.name for p in (tmp / "exp").glob("ckpt-*.pt")) == before
 
 
+def test_packaging_stays_in_the_experiment_unless_asked_to_ship(recipe_run):
+    """Stage 8 without --pretrained-root writes $exp/pretrained/NAME, never the checkout's
+    toolkit/pretrained (whose shipped model of the default name it would replace)."""
+    from toolkit import pretrained
+    tmp, _ = recipe_run
+    shipped = pretrained.file_sha256(pretrained.weights("codec-voicebank-v1"))
+    run = run_recipe(tmp, "--stage", "8", "--stop-stage", "8", timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert pretrained.available(str(tmp / "exp" / "pretrained")) == ["codec-voicebank-v1"]
+    assert pretrained.file_sha256(pretrained.weights("codec-voicebank-v1")) == shipped
+    # Again: the name is there now, and packaging refuses to overwrite it unasked.
+    again = run_recipe(tmp, "--stage", "8", "--stop-stage", "8", timeout=300)
+    assert again.returncode != 0 and "overwrite" in again.stderr, again.stderr[-2000:]
+    bad = run_recipe(tmp, "--stage", "8", "--stop-stage", "8", "--ship", "yes", timeout=60)
+    assert bad.returncode != 0 and "--ship yes" in bad.stderr
+
+
 # --------------------------------------------------------------------------- generator
 
 def generate(out, nj, seed=3, noisy=True):

@@ -19,17 +19,19 @@
 #   5 export encoder/decoder ONNX + TorchScript + safetensors -> $exp/export/ (parity-checked)
 #   6 evaluation on each of eval_sets against the baselines -> $exp/eval/<set>/ (tables printed)
 #   7 (unused: the peers, Codec2 and Opus, are in stage 6's tables)
-#   8 packaging: $exp/export as the toolkit's pretrained codec toolkit/pretrained/$pretrained_name
-#     with its model card (conf/card.md; the tables of stage 6 quoted); only when asked for:
+#   8 packaging: $exp/export as a pretrained codec with its model card (conf/card.md; the
+#     tables of stage 6 quoted) in $exp/pretrained/$pretrained_name; only --ship true replaces
+#     the shipped toolkit/pretrained/$pretrained_name in the checkout (--pretrained-root DIR:
+#     DIR/$pretrained_name, never over a model already there); only when asked for:
 #     bash run.sh --config conf/codec_bank.yaml ... --stage 0 --stop-stage 8 (conf/codec_bank.yaml)
 set -euo pipefail
 # The model card's command (stage 8): this call's options from stage 0 to 8; where the
-# files go (--pretrained-root) does not change them.
+# files go (--pretrained-root, --ship) does not change them.
 card_command="bash egs/tts_codec/s0/run.sh"
 skip_value=false
 for arg in "$@"; do
   if [ "$skip_value" = true ]; then skip_value=false; continue; fi
-  case $arg in --stage|--stop-stage|--pretrained-root) skip_value=true; continue ;; esac
+  case $arg in --stage|--stop-stage|--pretrained-root|--ship) skip_value=true; continue ;; esac
   if [[ $arg =~ ^[A-Za-z0-9_./:=,+-]+$ ]]; then card_command+=" $arg"
   else card_command+=" '${arg//\'/\'\\\'\'}'"; fi
 done
@@ -84,11 +86,19 @@ eval_sets=""   # reserved: data/reserved/test (needs test_engines=); test: data/
                # (held-out voices of the training engines); default: both, or test alone
                # when there is no outside test set
 
-pretrained_name=codec-voicebank-v1   # stage 8: toolkit/pretrained/<this>
-pretrained_root=""                   # stage 8: where it goes (empty: the installed toolkit/pretrained)
+pretrained_name=codec-voicebank-v1   # stage 8: the model's name
+pretrained_root=""                   # stage 8: where it goes (empty: $exp/pretrained)
+ship=false                           # stage 8: true replaces the shipped toolkit/pretrained/<name>
 
 help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--config conf/codec_gpu.yaml] ..."
 . utils/parse_options.sh
+
+# Checked before any stage runs, not after training at stage 8.
+case $ship in true|false) ;; *) echo "$0: --ship $ship: expected true or false" >&2; exit 1 ;; esac
+if [ "$ship" = true ] && [ -n "$pretrained_root" ]; then
+  echo "$0: --ship true writes the installed toolkit/pretrained: drop --pretrained-root" >&2
+  exit 1
+fi
 
 # The evaluation sets by name (stage 5 checks its export on the first): test is
 # data/$test_set, reserved the outside test set data/reserved/test.
@@ -190,7 +200,10 @@ fi
 # Stage 7 is unused: the peers (Codec2, Opus) are evaluated beside the codec in stage 6.
 
 if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
-  echo "stage 8: packaging $exp/export as toolkit/pretrained/$pretrained_name"
+  # The shipped model in the checkout is replaced only when asked (--ship true).
+  ship_opts=(--out-root "${pretrained_root:-$exp/pretrained}")
+  [ "$ship" = true ] && ship_opts=(--overwrite)
+  echo "stage 8: packaging $exp/export as $pretrained_name (${ship_opts[*]})"
   # The card quotes stage 6's tables of both eval sets (the reserved voices: test_engines=).
   for name in reserved test; do
     [ -f "$exp/eval/$name/results.md" ] || {
@@ -200,7 +213,7 @@ if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
     }
   done
   python -m toolkit.bin.package_pretrained --export-dir "$exp/export" \
-    --name "$pretrained_name" ${pretrained_root:+--out-root "$pretrained_root"} \
+    --name "$pretrained_name" "${ship_opts[@]}" \
     --card conf/card.md --set-file "eval_reserved=$exp/eval/reserved/results.md" \
     --set-file "eval_test=$exp/eval/test/results.md" \
     --set "command=$card_command" --set "config=$config" \
