@@ -9,7 +9,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import yaml
@@ -149,18 +149,31 @@ def launcher(nproc: int) -> List[str]:
     return [TORCHRUN, "--standalone", "--nnodes=1", f"--nproc-per-node={nproc}"]
 
 
+def _stat(pid: int) -> Optional[Tuple[str, int, int]]:
+    """(state, parent pid, session id) of a process; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _all_stats() -> Dict[int, Tuple[str, int, int]]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat is not None:
+                out[int(name)] = stat
+    return out
+
+
 def descendants(pid: int) -> List[int]:
     """All descendant pids via /proc (torchrun's workers sit in their own sessions)."""
     children: Dict[int, List[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(name))
-        except (OSError, IndexError, ValueError):
-            continue
+    for child, (_, parent, _) in _all_stats().items():
+        children.setdefault(parent, []).append(child)
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -190,16 +203,122 @@ def rank_process(launcher_pid: int, rank: int, timeout: float = 60) -> int:
     raise AssertionError(f"no worker with RANK={rank} under pid {launcher_pid}")
 
 
-def kill_tree(proc: subprocess.Popen, launcher_only: bool = False) -> List[int]:
-    """SIGKILL the launcher and (unless launcher_only) every descendant at once."""
-    victims = [] if launcher_only else descendants(proc.pid)
-    for pid in [proc.pid] + victims:
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    """Running or stopped; a zombie holds nothing and its reaper is not ours to wait for."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in "ZX"
+
+
+def _stop_tree(root: int, timeout: float = 10) -> List[int]:
+    """SIGSTOP `root`, then its descendants, until a scan finds no new one while every
+    process found is stopped: a stopped process forks no more, and the children of forks
+    it had begun are then visible (and stopped in turn)."""
+    stopped: List[int] = []
+    todo = [root]
+    deadline = time.time() + timeout
+    while todo:
+        for pid in todo:
+            _signal(pid, signal.SIGSTOP)
+        stopped += todo
+        while time.time() < deadline and any(
+                (_stat(p) or ("T",))[0] not in "TtZX" for p in stopped):
+            time.sleep(0.001)
+        todo = [p for p in descendants(root) if p not in stopped]
+    return stopped
+
+
+def processes_in_sessions(sessions) -> List[int]:
+    """Live processes (zombies aside) in any of the session ids `sessions`."""
+    return [pid for pid, (state, _, sid) in _all_stats().items()
+            if sid in sessions and state not in "ZX"]
+
+
+def processes_naming(text: str) -> List[int]:
+    """Live processes (zombies aside, this one too) whose command line contains `text`:
+    for a test, its exp dir names every training process and loader worker it started."""
+    found = []
+    for pid in _all_stats():
+        if pid == os.getpid() or not _alive(pid):
+            continue
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(pid)
+    return found
+
+
+def _describe(pids: List[int]) -> str:
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            cmdline = "?"
+        lines.append(f"pid {pid} (parent {(_stat(pid) or ('', '?'))[1]}): {cmdline}")
+    return "; ".join(lines)
+
+
+def assert_none_alive(pids: List[int] = (), sessions=(), naming: str = "",
+                      timeout: float = 15) -> None:
+    """Waits until none of `pids`, no process in `sessions` and none whose command line
+    names `naming` is alive; fails naming those left (and SIGKILLs them, so that one
+    failure does not leave them running for the rest of the suite)."""
+    def left() -> List[int]:
+        out = [p for p in pids if _alive(p)]
+        if sessions:
+            out += [p for p in processes_in_sessions(set(sessions)) if p not in out]
+        if naming:
+            out += [p for p in processes_naming(naming) if p not in out]
+        return out
+    deadline = time.time() + timeout
+    remaining = left()
+    while remaining and time.time() < deadline:
+        time.sleep(0.05)
+        remaining = left()
+    if remaining:
+        described = _describe(remaining)
+        for pid in remaining:
+            _signal(pid, signal.SIGKILL)
+        raise AssertionError(f"processes outlived their run ({timeout:.0f} s after): {described}")
+
+
+def kill_tree(proc: subprocess.Popen, launcher_only: bool = False) -> List[int]:
+    """SIGKILL the launcher and (unless launcher_only) everything it started, and fail if
+    any of it lives on; returns the pids killed besides the launcher.
+
+    A snapshot of the descendants killed together is not enough: torchrun starts each
+    worker in a session of its own (setsid), so nothing reaches a worker or its loader
+    processes but their pids, and a process forked after the snapshot is orphaned (ppid
+    1). Such a data-loader worker, forked just before its trainer died, reads pid 1 as its
+    parent and so never sees it die: it waited forever, about 300 MB each. So the whole
+    tree is stopped first (nothing forks any more), then killed, and every process of the
+    sessions it ran in (the launcher's own with start_new_session, each worker's) must be
+    gone."""
+    if launcher_only:
+        _signal(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return []
+    stopped = _stop_tree(proc.pid)
+    own_session = os.getsid(0)
+    sessions = {stat[2] for stat in map(_stat, stopped) if stat is not None} - {own_session}
+    for pid in stopped:
+        _signal(pid, signal.SIGKILL)
+    for pid in processes_in_sessions(sessions):
+        _signal(pid, signal.SIGKILL)
     proc.wait()
-    return victims
+    assert_none_alive(stopped, sessions)
+    return [p for p in stopped if p != proc.pid]
 
 
 def wait_gone(pids: List[int], timeout: float = 30) -> None:

@@ -20,7 +20,8 @@ from codec_teachers import FrameFeatures, write_teachers
 from speaker_data import speaker_list
 from tensorboard_reader import scalars
 from test_trainer_resume import assert_same_run, newest_step
-from train_utils import ROOT, env, kill_tree, latest_payload, launcher, run_train
+from train_utils import (ROOT, assert_none_alive, env, kill_tree, latest_payload, launcher,
+                         run_train)
 
 PHASES_CONFIG = os.path.join(ROOT, "egs", "tts_codec", "s0", "conf", "codec_phases.yaml")
 # The recipe config at test size: 6 steps put phase 2 at step index 2 (0.3 x 6 rounded up)
@@ -329,6 +330,7 @@ def test_killed_before_each_phase_boundary_resumes_bitwise(corpus, phases_run, t
         resumed_at.append(latest_valid(exp).step)
     result = run_train(args)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert_none_alive(naming=exp)          # each kill checked its own; nothing lives on
     # Each rerun started before the boundary it then crossed.
     assert resumed_at[0] <= PHASE_2 < resumed_at[1] <= PHASE_3, resumed_at
     assert_same_run(latest_payload(reference_exp), latest_payload(exp))

@@ -1,8 +1,10 @@
 """The phone front end, end to end on real espeak-ng speech: the corpus writer's sentences,
 espeak-ng phone targets in unlabelled data lists, phone_ctc training through the generic
 trainer (its loss falls, its dev PER is logged), export with log-posterior parity, the
-front end streaming like the whole utterance, its PER binary, the `phone_frontend` feature
-type (fingerprinted) and zero-shot keyword search through `toolkit.bin.kws`."""
+front end streaming like the whole utterance, its PER binary (a bound the tiny model and the
+shipped one meet and their untrained networks do not), the `phone_frontend` feature type
+(fingerprinted) and zero-shot keyword search through `toolkit.bin.kws` (the keyword found,
+a confusable and other speech not)."""
 import json
 import os
 
@@ -106,9 +108,51 @@ def test_export_streams_like_the_whole_utterance_and_evaluates(trained):
                 f"held out={trained['dirs'][2]}/data.list", "--out-dir", str(out),
                 "--rtf-seconds", "3")
     result = json.loads((out / "results.json").read_text())
-    assert result["rows"][0]["utterances"] == 4 and 0.0 <= result["rows"][0]["per"] <= 2.0
-    assert 0 < result["rtf"] < 1.0
+    row = result["rows"][0]
+    # The tiny run emits a few right phones among blanks (PER 94.6 % here); a front end that
+    # emits nothing scores exactly 100 %, the same network untrained 138 %.
+    untrained = untrained_per(front, trained["dirs"][2] + "/data.list")
+    assert row["utterances"] == 4 and row["per"] < 1.0 < untrained, (row, untrained)
+    assert 0 < result["rtf"] < 0.5
     assert "PER %" in proc.stdout
+
+
+def test_per_binary_on_the_shipped_front_end(trained):
+    """The PER binary with a front end that learned phones: the shipped one on this
+    module's held-out voices (lists remade with its unit list) decodes 7.5 % PER here; the
+    same network untrained 153 %."""
+    from toolkit import pretrained
+    from toolkit.tasks.kws.frontend import PhoneFrontEnd
+    root = trained["root"]
+    units = root / "shipped_units.txt"
+    units.write_text("".join(u + "\n" for u in pretrained.metadata("phone-voicebank-v2")["units"]))
+    listed = str(root / "shipped_test.list")
+    _run("toolkit.bin.make_datalist", trained["dirs"][2], listed, "--label-mode", "none",
+         "--lexicon", str(trained["data"] / "dict" / "lexicon.txt"), "--units", str(units))
+    out = root / "eval_shipped"
+    _run("toolkit.bin.evaluate_frontend", "--frontend", "pretrained:phone-voicebank-v2",
+         "--data", f"held out={listed}", "--out-dir", str(out), "--rtf-seconds", "1")
+    row = json.loads((out / "results.json").read_text())["rows"][0]
+    untrained = untrained_per(PhoneFrontEnd("pretrained:phone-voicebank-v2"), listed)
+    assert row["utterances"] == 4 and row["per"] < 0.25 and untrained > 1.0, (row, untrained)
+
+
+def untrained_per(front, data_list: str) -> float:
+    """The phone error rate of the front end's network freshly initialised (seeded), decoded
+    like the trained one on the same utterances: what a pipeline that learned nothing gets."""
+    import torch
+    from toolkit.data.augment import load_mono
+    from toolkit.nn.ctc import edit_distance, greedy_decode
+    from toolkit.tasks.kws.models import build_model
+    torch.manual_seed(0)
+    model = build_model(type(front.model.config)(**vars(front.model.config))).eval()
+    errors = reference = 0
+    for entry in map(json.loads, open(data_list)):
+        feats = torch.from_numpy(front.fbank.compute(load_mono(entry["wav"], 16000)))[None]
+        with torch.no_grad():
+            errors += edit_distance(greedy_decode(model(feats)[0][0]), entry["tokens"])
+        reference += len(entry["tokens"])
+    return errors / reference
 
 
 def test_phone_frontend_features_are_fingerprinted(trained):
@@ -130,6 +174,26 @@ def test_phone_frontend_features_are_fingerprinted(trained):
 
 
 def test_zero_shot_cli_detects_and_calibrates(trained, tmp_path):
+    # The default front end (the shipped one) at the default threshold: the keyword said
+    # is found, once and where it was said; a confusable and other speech fire nothing.
+    import soundfile as sf
+    from toolkit.data.audio import resample
+    from toolkit.voicebank.espeak import Espeak
+    engine, pad = Espeak(), np.zeros(8000, np.float32)
+    said = {"positive": "hey jarvis, turn on the lights",
+            "confusable": "hey travis, turn on the lights",
+            "other": "good morning everyone, how are you"}
+    wavs = {}
+    for seed, (name, text) in enumerate(said.items()):
+        engine.seed(seed)        # espeak-ng's breath noise is otherwise seeded from the clock
+        wave = np.concatenate([pad, resample(engine.synth(text, "en-us"), engine.rate, 16000),
+                               pad])
+        wavs[name] = str(tmp_path / f"{name}.wav")
+        sf.write(wavs[name], wave, 16000, subtype="PCM_16")
+    proc = _run("toolkit.bin.kws", "--keywords", "hey jarvis", *wavs.values())
+    fired = [line.split("\t") for line in proc.stdout.splitlines()]
+    assert [(f[0], f[1]) for f in fired] == [(wavs["positive"], "hey jarvis")], proc.stdout
+    assert 0.8 < float(fired[0][3]) < 1.6        # "hey jarvis" ends 1.24 s in (0.5 s lead-in)
     export = str(trained["exp"] / "export")
     wav = json.loads(open(trained["dirs"][2] + "/data.list").readline())["wav"]
     proc = _run("toolkit.bin.kws", "--keywords", "hello there", "--frontend", export,

@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from train_utils import (TINY_CONFIG, Corpus, assert_states_identical, env, kill_tree,
-                         latest_payload, launcher, run_train)
+from train_utils import (TINY_CONFIG, Corpus, assert_none_alive, assert_states_identical, env,
+                         kill_tree, latest_payload, launcher, run_train)
 
 TWO_OPTIMIZER = {
     "task": {"type": "example"},
@@ -42,7 +42,8 @@ def newest_step(exp):
 def train_with_kills(args, nproc, kill_points, exp, rng, extra_env=None):
     """Starts training and SIGKILLs it (launcher and workers together) once a checkpoint
     at or past each step exists, plus a random delay so kills also land inside steps,
-    loader start-up and checkpoint writes; then lets a final rerun finish.
+    loader start-up and checkpoint writes; then lets a final rerun finish. Each kill, and
+    the end, checks that no process of the run (launcher, ranks, loader workers) lives on.
     Returns how many kills hit a live run."""
     hits = 0
     for target in kill_points:
@@ -59,6 +60,7 @@ def train_with_kills(args, nproc, kill_points, exp, rng, extra_env=None):
             hits += 1
     result = run_train(args, nproc, timeout=600, extra_env=extra_env)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert_none_alive(naming=exp)
     return hits
 
 

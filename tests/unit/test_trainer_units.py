@@ -160,14 +160,22 @@ def test_rng_state_round_trip():
 
 @pytest.fixture
 def tiny_disk(tmp_path):
+    """A real 256 KiB file system (tmpfs) that fills up. Mounting it needs root, as CI and
+    tools/test.sh run; without it the test fails saying so and never skips (a skip would
+    hide that the full-disk path never ran)."""
     mount = tmp_path / "disk"
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-                          capture_output=True)
+                          capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip("needs root to mount a small tmpfs: " + done.stderr.decode()[-200:])
-    yield mount
-    subprocess.run(["umount", str(mount)], check=False)
+        pytest.fail("mounting a 256 KiB tmpfs for the full-disk test failed (it needs root, "
+                    f"as CI runs): {done.stderr.strip()[-200:]}", pytrace=False)
+    try:
+        stat = os.statvfs(mount)
+        assert stat.f_blocks * stat.f_frsize <= 256 * 1024, "not the small tmpfs"
+        yield mount
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)
 
 
 def test_full_disk_during_save_keeps_previous_checkpoint(tiny_disk):

@@ -9,7 +9,8 @@
 #   bash run.sh                                  # stages 0-6 on CPU
 #   bash run.sh --stage 3 --stop-stage 3         # only training (resumes if killed)
 #   bash run.sh --gpus 0 --train-overrides "training.use_amp=true training.amp_dtype=bfloat16"
-#   bash run.sh --stage 0 --stop-stage 8         # also package toolkit/pretrained/$pretrained_name
+#   bash run.sh --stage 0 --stop-stage 8         # also package it into $exp/pretrained/
+#   bash run.sh --stage 8 --stop-stage 8 --ship true   # replace the shipped model of that name
 #
 # Stages (each rerunnable; outputs under $data and $exp):
 #   0 synthesize $data/{train,dev,test} (sizes: conf/corpus.yaml), each also in noise
@@ -25,15 +26,17 @@
 #   5 export TorchScript/ONNX/safetensors -> $exp/export/ (parity-checked, log posteriors)
 #   6 phone error rate on every test set and the streaming real-time factor -> $exp/eval/
 #   7 (unused)
-#   8 packaging: $exp/export as toolkit/pretrained/$pretrained_name with its card (conf/card.md)
+#   8 packaging: $exp/export with its card (conf/card.md) as $exp/pretrained/$pretrained_name;
+#     only --ship true replaces toolkit/pretrained/$pretrained_name in the checkout
+#     (--pretrained-root DIR: DIR/$pretrained_name, never over a model already there)
 set -euo pipefail
 # The model card's command (stage 8): this call's options from stage 0 to 8; where the
-# files go (--data, --exp, --pretrained-root) does not change them.
+# files go (--data, --exp, --pretrained-root, --ship) does not change them.
 card_command="bash egs/voice_bank/phone_frontend/run.sh"
 skip_value=false
 for arg in "$@"; do
   if [ "$skip_value" = true ]; then skip_value=false; continue; fi
-  case $arg in --stage|--stop-stage|--pretrained-root|--data|--exp) skip_value=true; continue ;; esac
+  case $arg in --stage|--stop-stage|--pretrained-root|--ship|--data|--exp) skip_value=true; continue ;; esac
   if [[ $arg =~ ^[A-Za-z0-9_./:=,+-]+$ ]]; then card_command+=" $arg"
   else card_command+=" '${arg//\'/\'\\\'\'}'"; fi
 done
@@ -54,7 +57,8 @@ corpus_config=conf/corpus.yaml
 corpus_opts=""     # generator options over $corpus_config, e.g. "--num-train 20000"
 seed=1234
 engines=espeak,kokoro   # TTS engines of the training corpus (comma list)
-num_test_outside=60     # utterances of each outside test set
+num_test_reserved=40    # utterances of Kokoro's reserved voices
+num_test_outside=60     # utterances of festival's voices
 nj=2
 
 config=conf/ds_tcn_phone.yaml
@@ -63,31 +67,39 @@ exp=exp/ds_tcn_phone
 train_overrides=""   # extra config overrides, e.g. "training.max_epoch=40"
 average_num=5
 
-pretrained_name=phone-voicebank-v2   # stage 8: toolkit/pretrained/<this>
-pretrained_root=""                   # stage 8: where it goes (empty: the installed toolkit/pretrained)
+pretrained_name=phone-voicebank-v2   # stage 8: the model's name
+pretrained_root=""                   # stage 8: where it goes (empty: $exp/pretrained)
+ship=false                           # stage 8: true replaces the shipped toolkit/pretrained/<name>
 
 help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--engines espeak,kokoro] ..."
 . utils/parse_options.sh
+
+# Checked before any stage runs, not hours later at stage 8.
+case $ship in true|false) ;; *) echo "$0: --ship $ship: expected true or false" >&2; exit 1 ;; esac
+if [ "$ship" = true ] && [ -n "$pretrained_root" ]; then
+  echo "$0: --ship true writes the installed toolkit/pretrained: drop --pretrained-root" >&2
+  exit 1
+fi
 
 test_sets="$data/test $data/reserved/test $data/festival/test"
 noisy_sets="$data/train_noisy $data/dev_noisy $data/test_noisy $data/reserved/test_noisy $data/festival/test_noisy"
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing read speech into $data"
-  case ",$engines," in *,kokoro,*) bash "$TOOLKIT_ROOT/tools/install_voices.sh" kokoro ;; esac
+  # Kokoro and festival whatever --engines says: the outside test sets are theirs.
+  bash "$TOOLKIT_ROOT/tools/install_voices.sh" kokoro festival
   if [ -n "$gpus" ] && [ "$gpus" != -1 ]; then
     # Kokoro on the GPU too, where onnxruntime offers CUDA (onnxruntime-gpu), in float32.
     export TOOLKIT_KOKORO_PROVIDER=${TOOLKIT_KOKORO_PROVIDER:-auto}
     python -m toolkit.bin.install_kokoro --graphs int8,float32
   fi
-  bash "$TOOLKIT_ROOT/tools/install_voices.sh" festival
   # $corpus_opts is split into separate options on purpose.
   # shellcheck disable=SC2086
   python -m toolkit.bin.synth_codec_data --config "$corpus_config" $corpus_opts \
     --out-dir "$data" --seed "$seed" --engines "$engines" --nj "$nj"
   # Voices reserved for evaluation: Kokoro's seven and all of festival's.
   python -m toolkit.bin.synth_codec_data --test-only --out-dir "$data/reserved" --seed "$seed" \
-    --num-test 40 --engines kokoro --nj "$nj"
+    --num-test "$num_test_reserved" --engines kokoro --nj "$nj"
   python -m toolkit.bin.synth_codec_data --test-only --out-dir "$data/festival" --seed "$seed" \
     --num-test "$num_test_outside" --engines festival --nj "$nj"
 fi
@@ -149,10 +161,23 @@ fi
 # Stage 7 is unused.
 
 if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
-  echo "stage 8: packaging $exp/export as toolkit/pretrained/$pretrained_name"
+  # The shipped model in the checkout is replaced only when asked (--ship true); by
+  # default the package is this run's own output under $exp, replaced on a rerun; a
+  # --pretrained-root that already holds the name is refused by the packager.
+  if [ "$ship" = true ]; then
+    package_opts=(--overwrite)
+    where="the shipped toolkit/pretrained/$pretrained_name (replacing it)"
+  elif [ -z "$pretrained_root" ]; then
+    package_opts=(--out-root "$exp/pretrained" --overwrite)
+    where="$exp/pretrained/$pretrained_name"
+  else
+    package_opts=(--out-root "$pretrained_root")
+    where="$pretrained_root/$pretrained_name"
+  fi
+  echo "stage 8: packaging $exp/export as $where"
   [ -f "$exp/eval/results.md" ] || { echo "$0: stage 8 quotes $exp/eval/results.md: run stage 6" >&2; exit 1; }
   python -m toolkit.bin.package_pretrained --export-dir "$exp/export" \
-    --name "$pretrained_name" ${pretrained_root:+--out-root "$pretrained_root"} \
+    --name "$pretrained_name" "${package_opts[@]}" \
     --card conf/card.md --set-file "eval=$exp/eval/results.md" \
     --set "command=$card_command" --set "config=$config" \
     --set "units=$(( $(grep -c . "$data/dict/units.txt") - 1 ))" \

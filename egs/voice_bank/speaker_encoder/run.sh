@@ -9,6 +9,7 @@
 #   bash run.sh                          # everything, about 2 h on 2 CPU cores
 #   bash run.sh --stage 3 --stop-stage 3 # only training (resumes where it was killed)
 #   bash run.sh --gpus 0                 # training on a GPU
+#   bash run.sh --stage 8 --ship true    # replace the shipped toolkit/pretrained/$name
 #
 # Stages (each rerunnable; the synthesis is cached per clip, training resumes):
 #   0 synthesize the training corpus ($data/{train,dev,test}) and the outside test set
@@ -21,7 +22,9 @@
 #   6 scoring: embeddings of the outside test set and of the AS-Norm cohort, every list
 #     scored with and without AS-Norm
 #   7 the peer on the same lists: Resemblyzer (tools/install_resemblyzer.sh installs it)
-#   8 the shipped model: toolkit/pretrained/$name (weights, config.json, model card)
+#   8 the model as the toolkit ships one (weights, config.json, model card) in
+#     $exp/pretrained/$name; only --ship true replaces toolkit/pretrained/$name in the
+#     checkout (--pretrained-root DIR: DIR/$name, never over a model already there)
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./path.sh
@@ -35,12 +38,18 @@ stage=0
 stop_stage=8
 
 seed=777             # the self-contained recipe's seed: the same espeak-ng voices held out
+engines=espeak,kokoro  # engines of the training corpus (blends need kokoro)
 blends=800           # Kokoro blends, each a speaker (5 % dev, 5 % test)
 kokoro_utts=4        # utterances per Kokoro training speaker (about 1 CPU-s each)
 espeak_utts=12       # per espeak-ng training speaker (about 1 ms each)
 speed_copies=0.9,1.1  # speed-perturbed copies of the training set, new speakers each
 outside_engines=espeak,kokoro,festival,flite
 outside_utts=20
+# Extra synth_speaker_data options after the ones above (the last one given wins), e.g.
+# "--num-train-speakers 20 --train-utts 4" for a small run; split into words on purpose.
+corpus_opts=""
+outside_opts=""
+train_overrides=""   # extra training config overrides, e.g. "training.max_epoch=3"
 nj=2
 
 config=conf/ecapa_c192.yaml
@@ -50,19 +59,41 @@ average_num=3
 as_norm_top=100
 cohort_utts_per_spk=4
 name=ecapa-voicebank-v1
+pretrained_root=""   # stage 8: where $name goes (empty: $exp/pretrained)
+ship=false           # stage 8: true replaces the shipped toolkit/pretrained/$name
 . utils/parse_options.sh
+
+# Checked before any stage runs, not hours later at stage 8.
+case $ship in true|false) ;; *) echo "$0: --ship $ship: expected true or false" >&2; exit 1 ;; esac
+if [ "$ship" = true ] && [ -n "$pretrained_root" ]; then
+  echo "$0: --ship true writes the installed toolkit/pretrained: drop --pretrained-root" >&2
+  exit 1
+fi
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: TTS engines, the training corpus and the outside test set"
-  bash "$TOOLKIT_ROOT/tools/install_voices.sh" kokoro festival flite
+  # The engines named that espeak-ng (a dependency of the toolkit) is not.
+  installs=()
+  for e in ${engines//,/ } ${outside_engines//,/ }; do
+    case " espeak ${installs[*]} " in *" $e "*) ;; *) installs+=("$e") ;; esac
+  done
+  [ ${#installs[@]} -eq 0 ] || bash "$TOOLKIT_ROOT/tools/install_voices.sh" "${installs[@]}"
+  # Kokoro's own sizes only where it speaks (the generator refuses sizes of an engine
+  # it was not given).
+  kokoro_opts=()
+  case ",$engines," in
+    *,kokoro,*) kokoro_opts=(--engine-train-utts "kokoro=$kokoro_utts" --engine-words kokoro=3-6) ;;
+  esac
+  # $corpus_opts and $outside_opts are split into separate options on purpose.
+  # shellcheck disable=SC2086
   python -m toolkit.bin.synth_speaker_data --out-dir "$data" --seed "$seed" --nj "$nj" \
     --num-train-speakers 300 --train-utts "$espeak_utts" \
     --num-dev-speakers 24 --dev-utts 4 --num-test-speakers 40 --test-utts 6 \
-    --engines espeak,kokoro --blends "$blends" \
-    --engine-train-utts "kokoro=$kokoro_utts" --engine-words kokoro=3-6
+    --engines "$engines" --blends "$blends" "${kokoro_opts[@]}" $corpus_opts
+  # shellcheck disable=SC2086
   python -m toolkit.bin.synth_speaker_data --out-dir "$data/outside" --test-only \
     --seed "$seed" --nj "$nj" --num-test-speakers 40 --test-utts "$outside_utts" \
-    --engines "$outside_engines"
+    --engines "$outside_engines" $outside_opts
   for x in train dev test outside/test; do
     utils/validate_data_dir.sh --no-audio "$data/$x"
   done
@@ -93,10 +124,12 @@ fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   echo "stage 3: training in $exp"
+  # $train_overrides is split into separate key=value words on purpose.
+  # shellcheck disable=SC2086
   utils/torchrun.sh "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
     -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
     --train-data "$data/train/fbank/data.list" --dev-data "$data/dev/fbank/data.list" \
-    --inventory "$data/dict/speakers.txt"
+    --inventory "$data/dict/speakers.txt" $train_overrides
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
@@ -125,6 +158,9 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   mkdir -p "$exp/score"
   : > "$exp/score/summary.txt"
   for t in "$data"/outside/test/trials "$data"/outside/test/trials_*; do
+    # trials_<engine> exist only with several outside engines: an unmatched glob stays
+    # literal, so score only the lists that are there.
+    [ -f "$t" ] || continue
     list=$(basename "$t")
     python -m toolkit.bin.score_speaker --trials "$t" \
       --embeddings "$exp/embeddings/outside/embeddings.scp" \
@@ -145,8 +181,22 @@ if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
 fi
 
 if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
-  echo "stage 8: packaging $name into toolkit/pretrained/$name"
+  # The shipped model in the checkout is replaced only when asked (--ship true); by
+  # default the package is this run's own output under $exp, replaced on a rerun; a
+  # --pretrained-root that already holds $name is refused by the packager.
+  if [ "$ship" = true ]; then
+    package_opts=(--overwrite)
+    where="the shipped toolkit/pretrained/$name (replacing it)"
+  elif [ -z "$pretrained_root" ]; then
+    package_opts=(--out-root "$exp/pretrained" --overwrite)
+    where="$exp/pretrained/$name"
+  else
+    package_opts=(--out-root "$pretrained_root")
+    where="$pretrained_root/$name"
+  fi
+  echo "stage 8: packaging $name into $where"
   python -m toolkit.bin.package_pretrained --export-dir "$exp/export" --name "$name" \
+    "${package_opts[@]}" \
     --card conf/card.md --summary "$exp/score/summary.txt" \
     --set-file "comparison=$exp/resemblyzer/results.md" \
     --set "blends=$blends" --set "kokoro_utts=$kokoro_utts" --set "espeak_utts=$espeak_utts" \
