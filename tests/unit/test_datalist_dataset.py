@@ -635,3 +635,40 @@ def test_worker_stuck_in_fork_is_replaced(caplog):
     left = set(descendants(os.getpid())) - before
     assert not left, f"the stuck worker was left behind: {sorted(left)}"
 
+
+
+def test_a_worker_whose_trainer_died_before_it_started_ends():
+    """A trainer SIGKILLed between forking a loader worker and the worker's start: the
+    worker sees init as its parent (torch's watchdog would take that for the trainer) and
+    must end instead of waiting forever."""
+    import multiprocessing
+    import signal
+    import time
+    from toolkit.data.loader import _ReportStarted
+    read, write = os.pipe()
+    trainer = os.fork()
+    if trainer == 0:                               # the "trainer"
+        report = _ReportStarted(multiprocessing.get_context("fork").Value("i", 0))
+        worker = os.fork()
+        if worker == 0:                            # its worker, slow to start
+            time.sleep(0.5)
+            report(0)
+            time.sleep(60)                         # a worker waiting for indices
+            os._exit(0)
+        os.write(write, f"{worker}\n".encode())
+        time.sleep(60)
+        os._exit(0)
+    worker = int(os.read(read, 64).decode())
+    os.kill(trainer, signal.SIGKILL)
+    os.waitpid(trainer, 0)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{worker}"):
+        with open(f"/proc/{worker}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break                              # a zombie has ended
+        time.sleep(0.05)
+    alive = os.path.exists(f"/proc/{worker}") and open(f"/proc/{worker}/stat").read().rsplit(
+        ")", 1)[1].split()[0] != "Z"
+    if alive:
+        os.kill(worker, signal.SIGKILL)
+    assert not alive, "the orphaned loader worker outlived its trainer by 5 s"

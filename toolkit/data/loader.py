@@ -4,6 +4,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from typing import List, Optional, Sequence
@@ -105,13 +106,31 @@ class ForkSafeLoader:
         wait_for_threads_gone(feeders, self.thread_timeout)
 
 
+def _die_with_parent(parent: int) -> None:
+    """Ends a forked worker whose parent is gone, now or later. torch's own watchdog
+    remembers the parent pid the worker sees first: a trainer killed between the fork and
+    that moment leaves a worker that takes init (pid 1) for its parent and waits forever,
+    holding hundreds of MB."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)     # PR_SET_PDEATHSIG: killed with the parent
+    except (OSError, AttributeError):
+        pass                                        # not Linux: the check below still runs
+    if os.getppid() != parent:                      # died before the signal was armed
+        os._exit(1)
+
+
 class _ReportStarted:
-    """worker_init_fn: counts workers that made it through fork."""
+    """worker_init_fn: counts workers that made it through fork; a worker dies with its
+    trainer."""
 
     def __init__(self, counter):
         self.counter = counter
+        self.parent = os.getpid()
 
     def __call__(self, worker_id: int) -> None:
+        _die_with_parent(self.parent)
         with self.counter.get_lock():
             self.counter.value += 1
 
