@@ -2,9 +2,6 @@
 ONNX and TorchScript: the binary's confusion matrix and accuracy must equal the ones
 computed here with NumPy from PyTorch's own predictions on the same WAV files."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,8 +12,8 @@ from toolkit.tasks.kws.classification import class_report, confusion_matrix, utt
 from toolkit.data.features import compute_fbank, fbank_metadata, fbank_options
 from toolkit.tasks.kws.export import build_metadata, export_onnx, export_torchscript
 from toolkit.tasks.kws.models import MODELS, build_model
+from in_process import run_main
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RATE = 16000
 CLASSES = ["yes", "no", "up"]
 NUM_UTTS = 12
@@ -24,11 +21,12 @@ torch.set_num_threads(1)
 
 
 def run_cli(*args, check=True):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "toolkit.bin.score_commands", *map(str, args)],
-                          cwd=REPO, capture_output=True, timeout=120, env=env)
+    """score_commands' real main(argv), in this process (in_process.run_main): its output,
+    files and exit status, without an interpreter start-up per call."""
+    from toolkit.bin import score_commands
+    proc = run_main(score_commands.main, args)
     if check:
-        assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+        assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
@@ -128,7 +126,7 @@ def test_score_commands_matches_pytorch(setup, fmt):
     correct = int((labels == preds).sum())
     summary = (f"accuracy {100 * correct / NUM_UTTS:.2f}% ({correct}/{NUM_UTTS}) "
                f"over {len(CLASSES)} classes")
-    assert proc.stdout.decode().strip() == summary
+    assert proc.stdout.strip() == summary
 
     doc = json.loads((out / "confusion.json").read_text())
     assert doc["classes"] == CLASSES
@@ -170,7 +168,7 @@ def test_score_commands_matches_pytorch(setup, fmt):
     assert "skipped utterances: 2" in report
     assert "neg-filler" in report and "odd-label" in report
     assert doc["skipped"]["total"] == 2
-    stderr = proc.stderr.decode()
+    stderr = proc.stderr
     assert "2 utterances skipped" in stderr and "odd-label" in stderr
 
     png = (out / "confusion.png").read_bytes()
@@ -187,7 +185,7 @@ def test_inventory_size_mismatch_is_an_error(setup, tmp_path):
     proc = run_cli("--model", setup["paths"]["onnx"], "--data-list", setup["list"],
                    "--inventory", inventory, "--out-dir", tmp_path / "out", check=False)
     assert proc.returncode != 0
-    assert "has 2 classes but the model was exported with 3" in proc.stderr.decode()
+    assert "has 2 classes but the model was exported with 3" in proc.stderr
     assert not (tmp_path / "out" / "confusion.json").exists()
 
 

@@ -2,6 +2,7 @@
 and the streaming detector on every backend, through the Python API and the CLIs."""
 import dataclasses
 import copy
+import importlib
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from toolkit.data.features import compute_fbank, fbank_options
 from toolkit.tasks.kws.detector import Detector, load_backend
 from toolkit.tasks.kws.export import StreamingScorer, check_parity, read_metadata
 from toolkit.tasks.kws.models import build_model
+from in_process import run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(REPO, "egs", "wake_word", "s0", "conf", "ds_tcn.yaml")
@@ -32,6 +34,12 @@ torch.set_num_threads(1)
 
 
 def run_cli(name, *args, input=None):
+    """The binary's real main(argv) in this process (in_process.run_main: no interpreter
+    start-up per call); with `input`, a real process reading it on stdin (kws -)."""
+    if input is None:
+        proc = run_main(importlib.import_module(f"toolkit.bin.{name}").main, args)
+        assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        return proc.stdout, proc.stderr
     # One intra-op thread: on a small shared machine torch's thread pool only spins.
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", f"toolkit.bin.{name}", *map(str, args)],
@@ -323,10 +331,9 @@ def test_fusion_with_zero_shot_search_needs_a_head_on_phone_posteriors(exported,
     model = str(exported["out"] / "model.onnx")
     with pytest.raises(DataError, match="phone posteriors.*reads 'kaldi_fbank'"):
         load_backend(model, fuse_zero_shot=True)
-    proc = subprocess.run([sys.executable, "-m", "toolkit.bin.compute_posteriors", "--model", model,
-                           "--data-list", "unused.list", "--output", str(tmp_path / "p.ark"),
-                           "--fuse-zero-shot"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    from toolkit.bin import compute_posteriors
+    proc = run_main(compute_posteriors.main, ["--model", model, "--data-list", "unused.list",
+                                              "--output", tmp_path / "p.ark", "--fuse-zero-shot"])
     assert proc.returncode != 0 and "phone posteriors" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 

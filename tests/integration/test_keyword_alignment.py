@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kws_data import make_datalist, make_kaldi_dir, write_keywords
+from in_process import run_main
 from train_utils import Corpus, run_train
 from toolkit.config import DatasetConfig
 from toolkit.data.datalist import DataList
@@ -17,7 +18,9 @@ from pipeline_utils import kws_builder, plan_batches
 
 
 def make_list(data_dir, out, inventory):
-    return run_train(["-m", "toolkit.bin.make_datalist", data_dir, out, "--inventory", inventory])
+    # The binary's real main(argv), in this process: no interpreter per call.
+    from toolkit.bin import make_datalist
+    return run_main(make_datalist.main, [data_dir, out, "--inventory", inventory])
 
 
 def test_make_datalist_carries_kw_times_and_names_bad_lines(tmp_path):
@@ -78,8 +81,10 @@ def test_training_with_end_window(tmp_path):
     run without the window fired early on 1 of 6)."""
     corpus = Corpus(str(tmp_path), num_train=60, num_dev=12)
     exp = str(tmp_path / "exp")
+    # Loading in the trainer process: the loader is not under test here.
     result = run_train(corpus.train_args(exp, "loss.end_window=[0,20]", "training.max_epoch=6",
-                                         "task.spec_aug_positives=false"))
+                                         "task.spec_aug_positives=false",
+                                         "dataset.num_workers=0"))
     assert result.returncode == 0, result.stderr[-3000:]
     import torch
     from toolkit.config import FeatureConfig

@@ -3,6 +3,7 @@ sha256 and size limit, loads, embeds chunked input as it embeds the whole, expor
 with the same output, extracts a data list and fine-tunes; the packager refuses a hole in a
 card, damaged weights and an oversized model; each recipe's card template is complete."""
 import glob
+import importlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from in_process import run_main
 from speaker_data import RATE, SpeakerCorpus, speaker_params, voice_wave
 from train_utils import run_train
 from toolkit import pretrained
@@ -26,10 +28,21 @@ CARD_FIGURES = {"speaker": ("EER",), "codec": ("STOI", "PESQ-WB", "Codec2", "Opu
                 "phone_ctc": ("PER", "real-time factor", "festival", "Kokoro reserved")}
 
 
-def _run(*args, timeout=300):
-    proc = run_train(["-m", *args], timeout=timeout, cwd=ROOT)
+def _run(module, *args):
+    """The binary's real main(argv) in this process (in_process.run_main): no interpreter
+    start-up or re-import per call; it must succeed."""
+    proc = run_main(importlib.import_module(module).main, args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The encoder's small convolutions: a second intra-op thread only spins on a shared CPU.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _speech(path, index, seconds, seed=0):

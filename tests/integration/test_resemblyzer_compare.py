@@ -2,19 +2,19 @@
 sets scored by the recipe's own score_speaker on the same trial lists, beside the recipe's
 results. The real encoder runs (tools/test.sh installs Resemblyzer; the tool itself is
 opt-in); without it the tool says how to install it, in one line."""
+import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from toolkit.tasks.speaker import corpus as sc
+from in_process import run_main
 from installed import require_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "benchmarks", "resemblyzer_compare.py")
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +25,30 @@ def corpus(tmp_path_factory):
     return out
 
 
-def run_tool(*args):
-    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True,
-                          env=ENV, cwd=ROOT, timeout=600)
+@pytest.fixture(scope="module")
+def tool():
+    """The tool's module, loaded from its file once (its environment defaults for thread
+    counts undone, so that they do not leak into later tests' processes)."""
+    environ = dict(os.environ)
+    spec = importlib.util.spec_from_file_location("resemblyzer_compare", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    return module
 
 
-def test_without_resemblyzer_it_says_how_to_install_it(corpus, tmp_path):
-    code = ("import runpy, sys; sys.modules['resemblyzer'] = None; sys.argv = sys.argv[1:]; "
-            "runpy.run_path(sys.argv[0], run_name='__main__')")
-    result = subprocess.run([sys.executable, "-c", code, TOOL, "--data", str(corpus),
-                             "--out-dir", str(tmp_path / "out")], capture_output=True,
-                            text=True, env=ENV, cwd=ROOT, timeout=300)
+def run_tool(tool, *args):
+    """The tool's real main(argv), in this process (in_process.run_main): no interpreter
+    start-up and torch, Resemblyzer and toolkit imports per run."""
+    return run_main(tool.main, args)
+
+
+def test_without_resemblyzer_it_says_how_to_install_it(tool, corpus, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "resemblyzer", None)         # import fails, as uninstalled
+    result = run_tool(tool, "--data", corpus, "--out-dir", tmp_path / "out")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: Resemblyzer is not "
                                                              "installed")
@@ -43,14 +56,14 @@ def test_without_resemblyzer_it_says_how_to_install_it(corpus, tmp_path):
     assert not (tmp_path / "out" / "embeddings").exists()
 
 
-def test_a_test_set_without_trials_is_named(corpus, tmp_path):
-    result = run_tool("--data", str(corpus), "--test-sets", "test dev", "--out-dir",
+def test_a_test_set_without_trials_is_named(tool, corpus, tmp_path):
+    result = run_tool(tool, "--data", str(corpus), "--test-sets", "test dev", "--out-dir",
                       str(tmp_path / "out"))
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == f"error: {corpus}/dev has no trials file"
 
 
-def test_resemblyzer_scored_by_score_speaker_beside_a_recipe(corpus, tmp_path):
+def test_resemblyzer_scored_by_score_speaker_beside_a_recipe(tool, corpus, tmp_path):
     require_module("resemblyzer", "bash tools/install_resemblyzer.sh")
     # A recipe's scores of the same list, as its scoring stage (utils/speaker_score.sh) leaves them.
     exp = tmp_path / "exp_x"
@@ -60,7 +73,7 @@ def test_resemblyzer_scored_by_score_speaker_beside_a_recipe(corpus, tmp_path):
     (exp / "score" / "trials" / "result.json").write_text(json.dumps(
         {"trials": str(corpus / "test" / "trials"), "systems": {"cosine": recipe}}))
     out = tmp_path / "out"
-    result = run_tool("--data", str(corpus), "--out-dir", str(out), "--exp", str(exp),
+    result = run_tool(tool, "--data", str(corpus), "--out-dir", str(out), "--exp", str(exp),
                       "--cohort-dir", str(corpus / "train"), "--cohort-utts-per-spk", "2",
                       "--as-norm-top", "2", "--nj", "1")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -90,6 +103,6 @@ def test_resemblyzer_scored_by_score_speaker_beside_a_recipe(corpus, tmp_path):
     assert "| trials | resemblyzer | 66 (12) |" in table and "| trials | exp_x: cosine |" in table
     # Rerun: the embeddings are reused.
     mtime = os.path.getmtime(out / "embeddings" / "test" / "embeddings.scp")
-    again = run_tool("--data", str(corpus), "--out-dir", str(out), "--nj", "1")
+    again = run_tool(tool, "--data", str(corpus), "--out-dir", str(out), "--nj", "1")
     assert again.returncode == 0 and "reusing" in again.stderr
     assert os.path.getmtime(out / "embeddings" / "test" / "embeddings.scp") == mtime

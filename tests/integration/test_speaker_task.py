@@ -4,7 +4,9 @@ the experiment contract (a reordered inventory is refused), fine-tuning onto ano
 speaker set (embedding strict, head re-initialised), export parity, extraction (resumable
 parts, speaker means), scoring with AS-Norm, and the two-WAV CLI."""
 import contextlib
+import copy
 import glob
+import importlib
 import json
 import os
 import random
@@ -15,14 +17,31 @@ import numpy as np
 import pytest
 import torch
 
-from speaker_data import SpeakerCorpus
+from in_process import run_main
+from speaker_data import TINY_SPEAKER_CONFIG, SpeakerCorpus
 from test_trainer_resume import assert_same_run, train_with_kills
 from train_utils import latest_payload, run_train
 
 
+# The speaker examples are drawn per seed, epoch and utterance, the same in a loader worker
+# as in the trainer: the loader is not under test here (test_trainer_resume.py kills runs
+# with loader workers), so every run loads in its trainer process.
+CONFIG = copy.deepcopy(TINY_SPEAKER_CONFIG)
+CONFIG["dataset"]["num_workers"] = 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny models in this process (export, embedding): extra threads only spin.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return SpeakerCorpus(str(tmp_path_factory.mktemp("speakers")))
+    return SpeakerCorpus(str(tmp_path_factory.mktemp("speakers")), config=CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -103,17 +122,34 @@ def test_fine_tuning_onto_another_speaker_set(corpus, trained, tmp_path):
     assert tuned["head"]["weight"].shape[0] == 4
 
 
-def test_export_extract_score_and_cli(corpus, trained, tmp_path):
+def run_binary(module, *args):
+    """A binary's real main(argv) in this process (in_process.run_main); it must succeed."""
+    proc = run_main(importlib.import_module(module).main, args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def export(exp, checkpoint, out, dev):
+    return run_main(importlib.import_module("toolkit.bin.export_model").main,
+                    ["--checkpoint", checkpoint, "--exp-dir", exp, "--out-dir", out,
+                     "--test-data", dev, "--num-check", "3"])
+
+
+@pytest.fixture(scope="module")
+def exported(corpus, trained, tmp_path_factory):
+    """The trained run's last checkpoint exported once, for every test of the export."""
     exp, _ = trained
     ckpt = sorted(glob.glob(os.path.join(exp, "ckpt-*.pt")))[-1]
-    out = str(tmp_path / "export")
+    out = str(tmp_path_factory.mktemp("exported") / "export")
+    proc = export(exp, ckpt, out, corpus.dev)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return ckpt, out, proc.stderr
 
-    def run(*args):
-        proc = run_train(["-m", *args])
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return proc
-    run("toolkit.bin.export_model", "--checkpoint", ckpt, "--exp-dir", exp, "--out-dir", out,
-        "--test-data", corpus.dev, "--num-check", "4")
+
+def test_export_extract_score_and_cli(corpus, trained, exported, tmp_path):
+    exp, _ = trained
+    ckpt, out, _ = exported
+    run = run_binary
     for name in ("model.onnx", "model.zip", "model.safetensors", "config.json"):
         assert os.path.exists(os.path.join(out, name))
     meta = json.load(open(os.path.join(out, "config.json")))
@@ -263,8 +299,7 @@ def test_utterances_shorter_than_the_model_needs_are_counted_skips(corpus, tmp_p
     dev = _write_list(tmp_path / "dev.list", _entries(corpus.dev) + [short])
     train = _write_list(tmp_path / "train.list", _entries(corpus.train)
                         + [dict(short, key="spk000-short", spk="spk000", label=0)])
-    from speaker_data import TINY_SPEAKER_CONFIG
-    raw = json.loads(json.dumps(TINY_SPEAKER_CONFIG))
+    raw = copy.deepcopy(CONFIG)
     raw["model"] = XVECTOR
     raw["training"]["max_epoch"] = 1
     config = str(tmp_path / "xvector.yaml")
@@ -322,25 +357,19 @@ def test_zero_frame_feature_matrix_is_a_counted_skip(tmp_path):
     assert err.value.reason == "too_short_after_processing"
 
 
-def test_export_checks_safetensors_and_refuses_a_diverged_checkpoint(corpus, trained, tmp_path):
+def test_export_checks_safetensors_and_refuses_a_diverged_checkpoint(corpus, trained, exported,
+                                                                    tmp_path):
     exp, _ = trained
-    ckpt = sorted(glob.glob(os.path.join(exp, "ckpt-*.pt")))[-1]
-
-    def export(checkpoint, out):
-        return run_train(["-m", "toolkit.bin.export_model", "--checkpoint", checkpoint,
-                          "--exp-dir", exp, "--out-dir", str(out), "--test-data", corpus.dev,
-                          "--num-check", "3"])
-    good = export(ckpt, tmp_path / "good")
-    assert good.returncode == 0, good.stderr[-3000:]
-    assert "parity safetensors vs PyTorch: max abs diff" in good.stderr
-    assert "safetensors max diff" in good.stderr
+    ckpt, _, log = exported
+    assert "parity safetensors vs PyTorch: max abs diff" in log
+    assert "safetensors max diff" in log
     payload = torch.load(ckpt, weights_only=True)
     weight = next(k for k, v in payload["modules"]["model"].items() if v.is_floating_point()
                   and v.dim() > 1)
     payload["modules"]["model"][weight].fill_(float("nan"))
     diverged = str(tmp_path / "diverged.pt")
     torch.save(payload, diverged)
-    bad = export(diverged, tmp_path / "bad")
+    bad = export(exp, diverged, tmp_path / "bad", corpus.dev)
     assert bad.returncode == 2, bad.stderr[-3000:]
     assert "error: exported embedding extractor: PyTorch output 0 of the checkpoint is not " \
            "finite" in bad.stderr

@@ -3,22 +3,46 @@ front end and real espeak-ng speech: a long spoken command is found, calibration
 every firing of a negative recording, nested keywords both report, detections start where
 the keyword began, and bad inputs or arguments get one line, not a traceback."""
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
+
+from in_process import run_main
 
 RATE = 16000
 LONG = "okay google turn on the kitchen lights please and also the bedroom lights"
+# Whole-second chunks: the streaming itself is tested elsewhere, here the decisions.
+CHUNK = ["--chunk-ms", "1000"]
 
 
-def kws(*args, cwd=None):
-    # Whole-second chunks: the streaming itself is tested elsewhere, here the decisions.
-    return subprocess.run([sys.executable, "-m", "toolkit.bin.kws", "--chunk-ms", "1000",
-                           *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=300)
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The front end's small convolutions: a second intra-op thread only spins on a shared
+    # CPU (it cost several times the work itself when the suite runs beside other tests).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def kws(*args):
+    """toolkit.bin.kws's real main(argv) in this process (in_process.run_main): a fresh
+    interpreter per call only added its imports; test_bad_files_are_named_skipped_and_the_
+    rest_scanned runs the real process."""
+    from toolkit.bin import kws as binary
+    return run_main(binary.main, CHUNK + list(args))
+
+
+def kws_process(*args):
+    """The binary as a user starts it: its own interpreter and exit status."""
+    return subprocess.run([sys.executable, "-m", "toolkit.bin.kws", *CHUNK, *map(str, args)],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 def detections(stdout):
@@ -118,8 +142,8 @@ def test_calibration_honours_smoothing(audio):
 
 
 def test_bad_files_are_named_skipped_and_the_rest_scanned(audio):
-    run = kws("--keywords", "hey jarvis", audio["empty"], audio["silent"], audio["nan"],
-              audio["jarvis"], audio["jarvis"].with_name("missing.wav"))
+    run = kws_process("--keywords", "hey jarvis", audio["empty"], audio["silent"],
+                      audio["nan"], audio["jarvis"], audio["jarvis"].with_name("missing.wav"))
     assert run.returncode == 1
     assert [d[0] for d in detections(run.stdout)] == [str(audio["jarvis"])]
     err = run.stderr

@@ -13,6 +13,7 @@ from toolkit.tasks.kws.losses import MaxPoolingLoss
 from toolkit.tasks.kws.models import build_model
 from toolkit.tasks.kws.models.base import MemberCombiner
 from toolkit.tasks.kws.models.ds_tcn import DSTCN
+from in_process import run_main
 from train_utils import ROOT, Corpus, run_train
 
 torch.set_num_threads(1)
@@ -151,14 +152,15 @@ def test_trainer_averaging_and_export_with_members(tmp_path):
     exp = str(tmp_path / "exp")
     args = corpus.train_args(exp, "model.members=2", "model.member_window=4",
                              "training.max_epoch=2", "dataset.num_workers=0")
-    # Each binary in its own process, forked from the pre-imported zygote (no import time).
-    run = lambda a: run_train(a, cwd=ROOT)
-    res = run(args)
+    # Training in its own process, forked from the pre-imported zygote (no import time);
+    # averaging and export are their binaries' real main(argv), in this process.
+    res = run_train(args, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
-    res = run(["-m", "toolkit.bin.average_model", "--exp-dir", exp, "--output",
-               f"{exp}/avg.pt", "--num", "2", "--mode", "last"])
+    from toolkit.bin import average_model, export_model
+    res = run_main(average_model.main, ["--exp-dir", exp, "--output", f"{exp}/avg.pt", "--num",
+                                        "2", "--mode", "last"])
     assert res.returncode == 0, res.stderr[-3000:]
-    res = run(["-m", "toolkit.bin.export_model", "--checkpoint", f"{exp}/avg.pt",
-               "--exp-dir", exp, "--out-dir", f"{exp}/export", "--test-data", corpus.dev])
+    res = run_main(export_model.main, ["--checkpoint", f"{exp}/avg.pt", "--exp-dir", exp,
+                                       "--out-dir", f"{exp}/export", "--test-data", corpus.dev])
     assert res.returncode == 0, res.stderr[-3000:]
     assert os.path.exists(f"{exp}/export/model.onnx") and os.path.exists(f"{exp}/export/model.zip")
