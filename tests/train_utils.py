@@ -1,4 +1,8 @@
-"""Helpers for tests that run the real training binary (directly or through torchrun)."""
+"""Helpers for tests that run the real training binary: forked from a pre-imported
+interpreter (the zygote, tests/train_zygote.py), one process or several ranks as torchrun
+would start them, or through the real torchrun where the launcher is under test."""
+import atexit
+import copy
 import glob
 import json
 import os
@@ -46,12 +50,17 @@ class Corpus:
     """Train/dev lists of real WAVs, an inventory and a config file in `root`."""
 
     def __init__(self, root: str, num_train: int = 30, num_dev: int = 8,
-                 config: Optional[dict] = None):
+                 config: Optional[dict] = None, workers: Optional[int] = None):
+        """`workers`: dataset.num_workers of the config file (0 where the data loader is
+        not under test: no worker processes to fork and feed)."""
         self.root = root
         self.train = make_datalist(root, "train", num_train // 3, num_train - num_train // 3, 1)
         self.dev = make_datalist(root, "dev", num_dev // 2, num_dev - num_dev // 2, 2)
         self.inventory = write_keywords(root, ["hey chirp"])
-        self.config = self.write_config(config or TINY_CONFIG)
+        config = copy.deepcopy(config or TINY_CONFIG)
+        if workers is not None:
+            config["dataset"]["num_workers"] = workers
+        self.config = self.write_config(config)
 
     def write_config(self, config: dict, name: str = "conf.yaml") -> str:
         path = os.path.join(self.root, name)
@@ -80,24 +89,96 @@ def env(**extra) -> Dict[str, str]:
 
 
 def run_train(args: List[str], nproc: int = 0, timeout: float = 300,
-              extra_env: Optional[Dict[str, str]] = None, **popen) -> subprocess.CompletedProcess:
-    """The binary in `args` (["-m", module, ...]) to completion: one process forked from
-    the zygote (tests/train_zygote.py) for nproc=0, torchrun with `nproc` ranks otherwise."""
-    cmd = launcher(nproc) + args
-    if nproc <= 0 and args[:1] == ["-m"] and set(popen) <= {"cwd"}:
-        return _ZYGOTE.run(cmd, env(**(extra_env or {})), popen.get("cwd") or os.getcwd(),
-                           timeout)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=env(**(extra_env or {})), **popen)
+              extra_env: Optional[Dict[str, str]] = None, torchrun: bool = False,
+              **popen) -> subprocess.CompletedProcess:
+    """The binary in `args` (["-m", module, ...]) to completion, forked from the zygote
+    (tests/train_zygote.py): one process for nproc=0, otherwise `nproc` ranks with the
+    environment, store and failure handling torchrun gives them. torchrun=True (or other
+    Popen arguments) runs the real launcher in fresh interpreters instead: for tests of
+    the launcher itself."""
+    if not torchrun and args[:1] == ["-m"] and set(popen) <= {"cwd"}:
+        return _ZYGOTE.start(args, env(**(extra_env or {})), popen.get("cwd") or os.getcwd(),
+                             nproc).result(timeout)
+    return subprocess.run(launcher(nproc) + args, capture_output=True, text=True,
+                          timeout=timeout, env=env(**(extra_env or {})), **popen)
+
+
+def start_train(args: List[str], nproc: int = 0,
+                extra_env: Optional[Dict[str, str]] = None, torchrun: Optional[bool] = None):
+    """The binary in `args` started in a session of its own (as Popen(start_new_session=
+    True)), output discarded, for tests that kill it (kill_tree): forked from the zygote,
+    except that a run of several ranks goes through the real torchrun unless torchrun=False
+    (killing torchrun and its workers is part of what those tests cover)."""
+    if torchrun is None:
+        torchrun = nproc > 0
+    if torchrun or args[:1] != ["-m"]:
+        return subprocess.Popen(launcher(nproc) + args, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=env(**(extra_env or {})),
+                                start_new_session=True)
+    return _ZYGOTE.start(args, env(**(extra_env or {})), os.getcwd(), nproc, session=True,
+                         capture=False)
+
+
+class _ZygoteRun:
+    """A run forked by the zygote: pid, poll(), wait(), kill() and returncode as a Popen
+    has (so kill_tree takes it); result() for its output."""
+
+    def __init__(self, zygote: "_Zygote", cmd: List[str], pid: int, tmp):
+        self.zygote, self.args, self.pid, self.tmp = zygote, cmd, pid, tmp
+        self.returncode: Optional[int] = None
+
+    def _finish(self, timeout: float) -> int:
+        if self.returncode is None:
+            self.returncode = self.zygote._reply(timeout)["rc"]      # TimeoutError if not yet
+        return self.returncode
+
+    def poll(self) -> Optional[int]:
+        try:
+            return self._finish(0)
+        except TimeoutError:
+            return None
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        try:
+            return self._finish(3600 if timeout is None else timeout)
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(self.args, timeout) from None
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            _signal(self.pid, signal.SIGKILL)    # a launcher's ranks die with it
+
+    def result(self, timeout: float) -> subprocess.CompletedProcess:
+        """Waits (SIGKILL at `timeout`, as subprocess.run does) and returns the output."""
+        try:
+            try:
+                rc = self.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                self.wait(60)
+                raise
+            out = []
+            for name in ("stdout", "stderr"):
+                with open(os.path.join(self.tmp.name, name), errors="replace") as f:
+                    out.append(f.read())
+            return subprocess.CompletedProcess(self.args, rc, *out)
+        finally:
+            self.tmp.cleanup()
 
 
 class _Zygote:
-    """One pre-imported interpreter per pytest worker, started on first use."""
+    """One pre-imported interpreter per pytest worker, started on first use and waited
+    for at exit (so that /usr/bin/time counts the CPU of its runs). It serves one run at a
+    time: a run left unwaited (a test that failed before its kill) is killed by the next."""
+
+    # Room for a run's command line in the zygote's argv (train_zygote._set_cmdline).
+    CMDLINE_ROOM = 32 * 1024
 
     def __init__(self):
         self.proc: Optional[subprocess.Popen] = None
         self.lock = threading.Lock()
         self.pending = b""
+        self.current: Optional[_ZygoteRun] = None
 
     def _reply(self, timeout: float) -> dict:
         """The next reply line; own buffering, so that select() sees every unread byte."""
@@ -114,32 +195,48 @@ class _Zygote:
         line, self.pending = self.pending.split(b"\n", 1)
         return json.loads(line)
 
-    def run(self, cmd: List[str], environ: Dict[str, str], cwd: str,
-            timeout: float) -> subprocess.CompletedProcess:
-        with self.lock, tempfile.TemporaryDirectory(prefix="zygote-") as tmp:
+    def start(self, cmd: List[str], environ: Dict[str, str], cwd: str, nproc: int = 0,
+              session: bool = False, capture: bool = True) -> _ZygoteRun:
+        with self.lock:
+            if self.current is not None and self.current.returncode is None:
+                self.current.kill()
+                try:
+                    self.current.wait(60)
+                except (RuntimeError, subprocess.TimeoutExpired):   # the zygote is gone
+                    self.proc.kill()
+                    self.proc.wait()
             if self.proc is None or self.proc.poll() is not None:
                 self.errors = tempfile.TemporaryFile()
                 self.proc = subprocess.Popen(
-                    [sys.executable, os.path.join(TESTS, "train_zygote.py")],
+                    [sys.executable, os.path.join(TESTS, "train_zygote.py"),
+                     " " * self.CMDLINE_ROOM],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
                     bufsize=0, env=env())
                 self.pending = b""
-            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-            request = {"module": cmd[2], "argv": cmd[3:], "env": environ,
-                       "cwd": os.path.abspath(cwd), "stdout": out, "stderr": err}
+            tmp = tempfile.TemporaryDirectory(prefix="zygote-") if capture else None
+            out, err = ((os.path.join(tmp.name, "stdout"), os.path.join(tmp.name, "stderr"))
+                        if capture else (os.devnull, os.devnull))
+            request = {"module": cmd[1], "argv": cmd[2:], "env": environ,
+                       "cwd": os.path.abspath(cwd), "stdout": out, "stderr": err,
+                       "nproc": max(0, nproc), "session": session}
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            pid = self._reply(60)["pid"]
+            self.current = _ZygoteRun(self, [sys.executable] + cmd, self._reply(60)["pid"], tmp)
+            return self.current
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            if self.current is not None and self.current.returncode is None:
+                self.current.kill()
+            self.proc.stdin.close()              # the zygote ends at EOF
             try:
-                rc = self._reply(timeout)["rc"]
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                self._reply(60)
-                raise subprocess.TimeoutExpired(cmd, timeout) from None
-            with open(out, errors="replace") as f_out, open(err, errors="replace") as f_err:
-                return subprocess.CompletedProcess(cmd, rc, f_out.read(), f_err.read())
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 _ZYGOTE = _Zygote()
+atexit.register(_ZYGOTE.close)
 
 
 def launcher(nproc: int) -> List[str]:

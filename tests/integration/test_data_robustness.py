@@ -172,8 +172,6 @@ def test_a_rank_whose_batch_is_all_bad_does_not_block(corpus, tmp_path):
 def test_training_straight_from_kaldi_feats_scp(corpus, tmp_path):
     """A Kaldi feats.scp (written with kaldiio, as Kaldi would) becomes a list with `feat`
     entries; training reads it and says waveform augmentation is off."""
-    import subprocess
-    import sys
     import kaldiio
     from kws_data import make_kaldi_dir, write_keywords
     from toolkit.data.features import compute_fbank, fbank_options
@@ -186,9 +184,8 @@ def test_training_straight_from_kaldi_feats_scp(corpus, tmp_path):
             writer(key, compute_fbank(wave, opts))
     inv = write_keywords(str(tmp_path), ["hey chirp"])
     out = str(tmp_path / "feats.list")
-    done = subprocess.run([sys.executable, "-m", "toolkit.bin.make_datalist", data_dir, out,
-                           "--inventory", inv, "--feats-scp", os.path.join(data_dir, "feats.scp")],
-                          capture_output=True, text=True)
+    done = run_train(["-m", "toolkit.bin.make_datalist", data_dir, out, "--inventory", inv,
+                      "--feats-scp", os.path.join(data_dir, "feats.scp")])
     assert done.returncode == 0, done.stderr
     entries = [json.loads(line) for line in open(out)]
     assert len(entries) == 16 and all(".ark:" in e["feat"] for e in entries)

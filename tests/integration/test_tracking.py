@@ -7,7 +7,6 @@ step in W&B's offline files and in TensorBoard's view exactly once."""
 import copy
 import glob
 import os
-import subprocess
 import time
 from typing import Dict, List
 
@@ -15,7 +14,7 @@ import pytest
 import yaml
 
 from tensorboard_reader import read_events
-from train_utils import TINY_CONFIG, Corpus, env, kill_tree, launcher, run_train
+from train_utils import TINY_CONFIG, Corpus, kill_tree, run_train, start_train
 from wandb_reader import read_run
 
 HF_TOKEN = "hf_abcdef123456789"
@@ -103,9 +102,7 @@ def test_sigkill_right_after_a_checkpoint_loses_and_repeats_no_step(corpus, tmp_
                              config=conf)
     plugin = {"TOOLKIT_PLUGINS": "paused_task"}
     marker = str(tmp_path / "paused")
-    proc = subprocess.Popen(launcher(0) + args, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True,
-                            env=env(PAUSE_AT_STEP="4", PAUSE_MARKER=marker, **plugin))
+    proc = start_train(args, extra_env=dict(PAUSE_AT_STEP="4", PAUSE_MARKER=marker, **plugin))
     try:
         deadline = time.time() + 120
         while not os.path.exists(marker):

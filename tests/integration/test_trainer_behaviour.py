@@ -1,11 +1,13 @@
 """Experiment-dir rules, locking, init_checkpoint, AMP, uneven ranks, rank death,
-two-launcher multi-node, secrets, TensorBoard — each with the real training binary."""
+two-launcher multi-node, secrets, TensorBoard — each with the real training binary.
+Runs of several ranks are forked from the test zygote (train_utils.run_train), except
+where torchrun itself is part of the test: a rank's death seen by its launcher, workers
+orphaned by a killed launcher, two launchers meeting at a rendezvous."""
 import glob
 import json
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
@@ -20,7 +22,14 @@ FAST = ["training.max_epoch=1"]
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return Corpus(str(tmp_path_factory.mktemp("behaviour")), num_train=24, num_dev=6)
+    # No loader workers: the loader is not under test here (the torchrun kill tests ask
+    # for them, so that the processes they check include loader workers).
+    return Corpus(str(tmp_path_factory.mktemp("behaviour")), num_train=24, num_dev=6,
+                  workers=0)
+
+
+# Loader workers for the tests that kill torchrun or one of its ranks.
+LOADER_WORKERS = "dataset.num_workers=2"
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +162,7 @@ def test_uneven_batches_do_not_hang(corpus, tmp_path):
 
 def test_rank_death_stops_others_quickly(corpus, tmp_path):
     exp = str(tmp_path / "exp")
-    args = corpus.train_args(exp, "training.max_epoch=50")
+    args = corpus.train_args(exp, "training.max_epoch=50", LOADER_WORKERS)
     proc = subprocess.Popen(launcher(2) + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env(), start_new_session=True)
     wait_for_checkpoint(exp, proc)
@@ -170,7 +179,7 @@ def test_rank_death_stops_others_quickly(corpus, tmp_path):
 
 def test_orphaned_workers_hold_the_exp_dir(corpus, tmp_path):
     exp = str(tmp_path / "exp")
-    args = corpus.train_args(exp, "training.max_epoch=50")
+    args = corpus.train_args(exp, "training.max_epoch=50", LOADER_WORKERS)
     proc = subprocess.Popen(launcher(2) + args, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
     wait_for_checkpoint(exp, proc)
@@ -191,7 +200,7 @@ def test_orphaned_workers_hold_the_exp_dir(corpus, tmp_path):
                 pass
         wait_gone(alive)
     # The dead run's lock is stale now: a rerun takes over and resumes.
-    again = run_train(corpus.train_args(exp, "training.max_epoch=2"))
+    again = run_train(corpus.train_args(exp, "training.max_epoch=2", LOADER_WORKERS))
     assert again.returncode == 0, again.stderr[-2000:]
 
 
@@ -229,9 +238,8 @@ def test_secrets_never_written(corpus, tmp_path):
     secret, env_secret = "s3cr3t-T0KEN-value", "envtok-XYZ-123456"
     exp = str(tmp_path / "exp")
     args = corpus.train_args(exp, *FAST, f"dataset.auth_token={secret}")
-    e = env(TOOLKIT_DATA_TOKEN=env_secret, MY_API_TOKEN=env_secret)
-    result = subprocess.run([sys.executable] + args, capture_output=True, text=True, env=e,
-                            timeout=300)
+    result = run_train(args, extra_env={"TOOLKIT_DATA_TOKEN": env_secret,
+                                        "MY_API_TOKEN": env_secret})
     assert result.returncode == 0, result.stderr[-2000:]
     files = [p for p in glob.glob(os.path.join(exp, "**", "*"), recursive=True)
              + glob.glob(os.path.join(exp, ".*", "*")) if os.path.isfile(p)]

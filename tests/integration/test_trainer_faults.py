@@ -3,26 +3,27 @@ training binary: world-size changes on resume, allowed changes applied, init vs 
 init onto another inventory size, environment-independent secret redaction, per-rank
 bad-input counters, data fingerprints of what training reads, duration-filtered
 utterances named, Python's RNG seeded, checkpoint housekeeping, the exp-dir lock, and
-gradient weighting on uneven data and accumulation."""
+gradient weighting on uneven data and accumulation. Runs of several ranks are forked
+from the test zygote (train_utils.run_train) with torchrun's environment; the SIGKILL of a
+two-rank run kills a real torchrun and its workers."""
 import errno
 import glob
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from train_utils import Corpus, assert_states_identical, env, latest_payload, run_train
+from train_utils import Corpus, assert_states_identical, latest_payload, run_train
 
 FAST = ["training.max_epoch=1"]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return Corpus(str(tmp_path_factory.mktemp("faults")), num_train=42, num_dev=6)
+    # No loader workers (the loader is not under test), except where a run is killed.
+    return Corpus(str(tmp_path_factory.mktemp("faults")), num_train=42, num_dev=6, workers=0)
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +87,13 @@ def test_sigkilled_two_ranks_resume_on_one(corpus, tmp_path):
     import time
 
     from test_trainer_resume import newest_step
-    from train_utils import kill_tree, launcher
+    from train_utils import kill_tree, start_train
     exp = str(tmp_path / "exp")
+    # Loader workers too: the kill must leave none of them (kill_tree checks).
     args = corpus.train_args(exp, "training.max_epoch=2", "training.trace_keys=true",
-                             "training.save_interval_steps=1", "dataset.feature.dither=1.0")
-    proc = subprocess.Popen(launcher(2) + args, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
+                             "training.save_interval_steps=1", "dataset.feature.dither=1.0",
+                             "dataset.num_workers=2")
+    proc = start_train(args, 2)          # real torchrun: its whole tree is killed
     deadline = time.time() + 180
     while proc.poll() is None and newest_step(exp) < 2 and time.time() < deadline:
         time.sleep(0.02)
@@ -363,9 +365,9 @@ def test_resume_with_another_thread_count_is_said(corpus, fast_run, tmp_path):
     """The CPU thread count is part of exactness: recorded, and a resume with another warns."""
     exp = copy_of(fast_run, str(tmp_path / "exp"))    # trained with OMP_NUM_THREADS=1
     assert latest_payload(exp)["num_threads"] == 1
-    second = subprocess.run([sys.executable, *corpus.train_args(exp, "training.max_epoch=2")],
-                            capture_output=True, text=True, timeout=300,
-                            env=env(OMP_NUM_THREADS="2"))
+    # Forked from the zygote, the run takes OMP_NUM_THREADS=2 as a fresh interpreter does.
+    second = run_train(corpus.train_args(exp, "training.max_epoch=2"),
+                       extra_env={"OMP_NUM_THREADS": "2"})
     assert second.returncode == 0, second.stderr[-2000:]
     assert "this run uses 2 CPU threads per process, the checkpoint's run 1" in second.stderr
 

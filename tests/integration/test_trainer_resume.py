@@ -7,12 +7,11 @@ process."""
 import copy
 import os
 import random
-import subprocess
 
 import pytest
 
-from train_utils import (TINY_CONFIG, Corpus, assert_none_alive, assert_states_identical, env,
-                         kill_tree, latest_payload, launcher, run_train)
+from train_utils import (TINY_CONFIG, Corpus, assert_none_alive, assert_states_identical,
+                         kill_tree, latest_payload, run_train, start_train)
 
 TWO_OPTIMIZER = {
     "task": {"type": "example"},
@@ -44,12 +43,12 @@ def train_with_kills(args, nproc, kill_points, exp, rng, extra_env=None):
     at or past each step exists, plus a random delay so kills also land inside steps,
     loader start-up and checkpoint writes; then lets a final rerun finish. Each kill, and
     the end, checks that no process of the run (launcher, ranks, loader workers) lives on.
-    Returns how many kills hit a live run."""
+    Returns how many kills hit a live run. A one-process run is forked from the test
+    zygote, in a session of its own; a run of several ranks is a real torchrun, whose
+    whole tree is killed; the final rerun of several ranks is forked from the zygote."""
     hits = 0
     for target in kill_points:
-        proc = subprocess.Popen(launcher(nproc) + args, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=env(**(extra_env or {})),
-                                start_new_session=True)
+        proc = start_train(args, nproc, extra_env)
         import time
         deadline = time.time() + 180
         while proc.poll() is None and newest_step(exp) < target and time.time() < deadline:
