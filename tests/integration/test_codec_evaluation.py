@@ -23,6 +23,18 @@ SENTENCES = ("The quick brown fox jumps over the lazy dog near the river bank.",
              "Please call Stella and ask her to bring these things with her from the store.")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    # Metrics of a few seconds of audio on a shared CPU: more intra-op threads only spin and
+    # wait (under load, the RVQ fits of test_codec_modules.py took 50 s of CPU on two
+    # threads, 3 s on one).
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def noisy(x: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:
     noise = np.random.default_rng(seed).standard_normal(len(x))
     scale = np.sqrt(np.mean(x ** 2) / np.mean(noise ** 2) / 10 ** (snr_db / 10))
@@ -246,13 +258,16 @@ def test_missing_package_or_unscorable_pair_is_one_error_line(speech, tmp_path, 
     assert not out.exists()
 
 
-def test_evaluate_codec_baselines_only(speech, tmp_path):
+def test_evaluate_codec_baselines_only(speech, tmp_path, capsys):
+    from toolkit.bin import evaluate_codec
     out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "toolkit.bin.evaluate_codec", "--sample-rate", "16000",
-           "--test-data", speech[1], "--out-dir", str(out), "--baseline", "codec2:2400",
-           "--baseline", "opus:8", "--metrics", "mel_distance,stoi,pesq_nb", "--jobs", "2"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    # The binary in process (its @cli wrapper included; its --jobs workers are spawned).
+    capsys.readouterr()
+    assert evaluate_codec.main(["--sample-rate", "16000", "--test-data", speech[1], "--out-dir",
+                                str(out), "--baseline", "codec2:2400", "--baseline", "opus:8",
+                                "--metrics", "mel_distance,stoi,pesq_nb", "--jobs", "2"]) == 0, \
+        capsys.readouterr().err[-2000:]
+    stdout = capsys.readouterr().out
     table = (out / "results.md").read_text()
     rows = [line.split("|")[1:-1] for line in table.splitlines()
             if line.startswith("| ") and "---" not in line]
@@ -261,7 +276,7 @@ def test_evaluate_codec_baselines_only(speech, tmp_path):
                                             "STOI (higher better)", "PESQ-NB (higher better)"]
     assert [r[0].strip() for r in rows[1:]] == ["Codec2 2400", "Opus 8 kbit/s CBR"]
     assert rows[1][1].strip() == "2.4" and 8.0 <= float(rows[2][1]) <= 8.8
-    assert "n/a" not in table and all(line in result.stdout for line in table.splitlines()[2:])
+    assert "n/a" not in table and all(line in stdout for line in table.splitlines()[2:])
     summary = json.loads((out / "results.json").read_text())
     assert summary["metrics"] == ["mel_distance", "stoi", "pesq_nb"]
     codec2, opus = summary["systems"]

@@ -25,6 +25,16 @@ ENCODER_RATE = 16000
 DECODER_STRIDES = {24000: [5, 4, 3, 4], 44100: [7, 7, 3, 3]}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    # Tiny tensors on a shared CPU: more intra-op threads only spin and wait (under load,
+    # the RVQ fits of test_codec_modules.py took 50 s of CPU on two threads, 3 s on one).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def dual_config(rate: int, **model) -> dict:
     raw = copy.deepcopy(CONFIG)
     raw["dataset"].update(sample_rate=rate, speed_perturb=[], volume_range=[])
@@ -185,14 +195,11 @@ def test_dual_rate_training_validates_and_exports_both_rates(dual_run):
         DECODER_STRIDES[24000]
 
 
-def codec_cli(*args):
-    return run_train(["-m", "toolkit.bin.codec", *args])
-
-
-def test_codec_cli_round_trip_at_the_output_rate(dual_run, tmp_path):
+def test_codec_cli_round_trip_at_the_output_rate(dual_run, tmp_path, capsys):
     """A 16 kHz file (the encoder's rate: streamed, through the CLI) and a 24 kHz file
     (resampled whole) both decode to 24 kHz WAVs of their durations; streamed codes and
     audio equal the whole-signal ones."""
+    from toolkit.bin import codec as codec_bin
     from toolkit.data.audio import resample
     from toolkit.tasks.codec.runtime import ExportedCodec, decode_file, encode_file, read_codes
     corpus, _, out, _ = dual_run
@@ -205,11 +212,11 @@ def test_codec_cli_round_trip_at_the_output_rate(dual_run, tmp_path):
     assert (codec.sample_rate, codec.encoder_sample_rate) == (24000, 16000)
     paths = {name: (str(tmp_path / f"{name}.codes"), str(tmp_path / f"{name}.wav"))
              for name in ("from16", "from24")}
-    enc = codec_cli("encode", "--model", out, "--chunk-seconds", "0.2", wav16, paths["from16"][0])
-    assert enc.returncode == 0, enc.stderr[-2000:]
-    dec = codec_cli("decode", "--model", out, "--backend", "torch", "--chunk-seconds", "0.3",
-                    *paths["from16"])
-    assert dec.returncode == 0, dec.stderr[-2000:]
+    # The binary in process (its @cli wrapper included), as test_codec_cli.py runs it.
+    assert codec_bin.main(["encode", "--model", out, "--chunk-seconds", "0.2", wav16,
+                           paths["from16"][0]]) == 0, capsys.readouterr().err[-2000:]
+    assert codec_bin.main(["decode", "--model", out, "--backend", "torch", "--chunk-seconds",
+                           "0.3", *paths["from16"]]) == 0, capsys.readouterr().err[-2000:]
     encode_file(codec, wav24, paths["from24"][0])
     decode_file(codec, *paths["from24"])
     for name, expected_codes in (("from16", codec.encode(original, 16000)),

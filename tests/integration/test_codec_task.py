@@ -3,8 +3,9 @@
 (1 process with bf16 autocast, 2 gloo ranks with fp16 and GradScalers), the fp32 islands
 of a bf16 step, fine-tuning from a safetensors export, secrets kept out of every file,
 export parity, the encode/decode CLI and the evaluation table with baselines. Models are a
-few ten thousand parameters on 0.25 s segments, so the file runs in a few minutes on one
-core."""
+few ten thousand parameters on 0.25 s segments; runs are forked from the test zygote (two
+ranks too: torchrun itself is test_trainer_resume's), without data-loader workers except
+where a resume covers them, so the file runs in about a minute on one core."""
 import contextlib
 import copy
 import glob
@@ -20,14 +21,14 @@ import torch
 
 from speaker_data import speaker_list
 from tensorboard_reader import scalars
-from test_trainer_resume import assert_same_run, train_with_kills
-from train_utils import latest_payload, run_train
+from test_trainer_resume import assert_same_run, newest_step
+from train_utils import assert_none_alive, kill_tree, latest_payload, run_train, start_train
 
 PHASE = {"initial": 0.0, "start": 0.5, "end": 0.5, "shape": "step"}
 CONFIG = {
     "task": {"type": "codec", "segment_seconds": 0.25, "eval_seconds": 0.5},
     "dataset": {"volume_range": [0.6, 1.0], "speed_perturb": [0.95, 1.0, 1.05],
-                "batch_size": 3, "sort_window": 20, "num_workers": 1},
+                "batch_size": 3, "sort_window": 20, "num_workers": 0},
     "model": {"channels": 4, "strides": [2, 4, 5], "dilations": [1, 3], "n_codebooks": 2,
               "codebook_size": 16, "codebook_dim": 4, "causal": True},
     "discriminator": {"mpd": {"periods": [2, 3], "channels": [4, 8, 8], "max_channels": 8},
@@ -43,12 +44,31 @@ CONFIG = {
 SECRET, ENV_SECRET = "c0dec-S3CRET-token", "envtok-C0DEC-987654"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    # Tiny tensors on a shared CPU: more intra-op threads only spin and wait (under load,
+    # the RVQ fits of test_codec_modules.py took 50 s of CPU on two threads, 3 s on one).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class Corpus:
     def __init__(self, root: str):
         self.root = root
         self.train = speaker_list(root, "train", range(3), 4, 1, {})
-        self.dev = speaker_list(root, "dev", range(10, 12), 2, 2, {})
+        # Two dev utterances, validated at every epoch end.
+        self.dev = speaker_list(root, "dev", range(10, 12), 1, 2, {})
         self.config = self.write_config(CONFIG)
+
+    def first(self, n: int) -> str:
+        """A list of the first `n` training utterances: n / batch_size steps per epoch, for
+        the tests that count epochs (batches of 3, not of all 12: a quarter of the work)."""
+        path = os.path.join(self.root, f"first{n}.list")
+        with open(self.train) as f, open(path, "w") as out:
+            out.writelines(f.readlines()[:n])
+        return path
 
     def write_config(self, config: dict, name: str = "codec.yaml") -> str:
         import yaml
@@ -57,9 +77,9 @@ class Corpus:
             yaml.safe_dump(config, f)
         return path
 
-    def train_args(self, exp: str, *overrides: str, config: str = None):
+    def train_args(self, exp: str, *overrides: str, config: str = None, train: str = None):
         return ["-m", "toolkit.bin.train", "--config", config or self.config, "--exp-dir", exp,
-                "--train-data", self.train, "--dev-data", self.dev, *overrides]
+                "--train-data", train or self.train, "--dev-data", self.dev, *overrides]
 
 
 @pytest.fixture(scope="module")
@@ -156,11 +176,11 @@ def test_dataset_token_is_written_nowhere(phase_run):
 # --------------------------------------------------------------------------- how long
 
 def test_max_steps_alone_trains_past_ten_epochs(corpus, tmp_path):
-    """One step per epoch (12 utterances, batches of 12) and max_steps=12 with no
+    """One step per epoch (3 utterances, batches of 3) and max_steps=12 with no
     max_epoch: training runs the 12 steps over 12 epochs; no epoch default cuts it short."""
     exp = str(tmp_path / "exp")
-    result = run_train(corpus.train_args(exp, "training.max_steps=12", "dataset.batch_size=12",
-                                         "training.save_interval_steps=100"))
+    result = run_train(corpus.train_args(exp, "training.max_steps=12",
+                                         "training.save_interval_steps=100", train=corpus.first(3)))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "1 optimizer steps/epoch" in result.stderr
     final = latest_payload(exp)
@@ -176,14 +196,14 @@ def test_max_steps_alone_trains_past_ten_epochs(corpus, tmp_path):
 def test_both_limits_the_first_reached_ends_and_is_named(corpus, tmp_path):
     exp = str(tmp_path / "exp")
     result = run_train(corpus.train_args(exp, "training.max_steps=12", "training.max_epoch=3",
-                                         "dataset.batch_size=12"))
+                                         train=corpus.first(3)))
     assert result.returncode == 0, result.stderr[-3000:]
     assert latest_payload(exp)["step"] == 3
     assert "training finished: 3 steps (training.max_epoch=3 reached at step 3)" in result.stderr
     assert "step 3/3" in result.stderr
     exp2 = str(tmp_path / "exp2")
     result = run_train(corpus.train_args(exp2, "training.max_steps=2", "training.max_epoch=3",
-                                         "dataset.batch_size=12"))
+                                         train=corpus.first(3)))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "training finished: 2 steps (training.max_steps=2 reached at epoch 2)" in result.stderr
 
@@ -199,42 +219,47 @@ def test_no_limit_given_is_one_error_line(corpus, tmp_path):
 
 
 def test_a_begun_phase_stays_on_when_max_steps_grows(corpus, tmp_path):
-    """8 steps with the phase at 0.5 (the discriminators start at step 4), then a resume
-    with max_steps=24: the phase would now begin at step 12, but it had begun, so steps
-    9-24 keep training the discriminators with the adversarial terms on."""
+    """4 steps with the phase at 0.5 (the discriminators start at step index 2), then a
+    resume with max_steps=12: the phase would now begin at step index 6, but it had begun,
+    so steps 5-12 keep training the discriminators with the adversarial terms on."""
     exp = str(tmp_path / "exp")
-    first = run_train(corpus.train_args(exp, "training.max_steps=8"))
+    first = run_train(corpus.train_args(exp, "training.max_steps=4",
+                                         "training.save_interval_steps=100"))
     assert first.returncode == 0, first.stderr[-3000:]
-    assert latest_payload(exp)["schedules"]["discriminator"]["step_count"] == 4
-    again = run_train(corpus.train_args(exp, "training.max_steps=24"))
+    assert latest_payload(exp)["schedules"]["discriminator"]["step_count"] == 2
+    again = run_train(corpus.train_args(exp, "training.max_steps=12",
+                                         "training.save_interval_steps=100"))
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "allowed configuration change on resume: training.max_steps: 8 -> 24" in again.stderr
+    assert "allowed configuration change on resume: training.max_steps: 4 -> 12" in again.stderr
     final = latest_payload(exp)
-    assert final["step"] == 24
-    assert final["schedules"]["discriminator"]["step_count"] == 20
-    for step in (9, 12, 24):
-        line = again.stderr.split(f"step {step}/24")[1].split("\n")[0]
+    assert final["step"] == 12
+    assert final["schedules"]["discriminator"]["step_count"] == 10
+    for step in (5, 6, 12):
+        line = again.stderr.split(f"step {step}/12")[1].split("\n")[0]
         assert "d_loss" in line and "adv_g" in line, line
-    assert final["phase_starts"]["discriminator"] == 4
-    assert final["ramp_totals"] == [[0, 8], [8, 24]]
+    assert final["phase_starts"]["discriminator"] == 2
+    assert final["ramp_totals"] == [[0, 4], [4, 12]]
 
 
 def test_plateau_schedule_counts_no_validation_before_its_phase(corpus, tmp_path):
     """A reduce_on_plateau discriminator schedule with validation at every step: the
-    validations before the phase (steps 1-4) judge steps it never took and are not
-    counted; from its first step on they are."""
+    validations before the phase (steps 1-2 of 4) judge steps it never took and are not
+    counted; from its first step on they are. Two steps per epoch: steps 1 and 3 validate
+    mid-epoch, steps 2 and 4 at an epoch end."""
     exp = str(tmp_path / "exp")
     result = run_train(corpus.train_args(
-        exp, "training.max_steps=8", "training.val_interval_steps=1",
+        exp, "training.max_steps=4", "training.val_interval_steps=1",
         "optim.discriminator.scheduler.type=reduce_on_plateau",
-        "optim.discriminator.scheduler.patience=0"))
+        "optim.discriminator.scheduler.patience=0", train=corpus.first(6)))
     assert result.returncode == 0, result.stderr[-3000:]
-    for step in (1, 4):
+    for step in (1, 2):
         sched = payload(checkpoint_at(exp, step))["schedules"]["discriminator"]
         assert (sched["best"], sched["bad_validations"], sched["scale"]) == \
             (float("inf"), 0, 1.0), (step, sched)
-    assert np.isfinite(payload(checkpoint_at(exp, 6))["schedules"]["discriminator"]["best"])
-    assert payload(checkpoint_at(exp, 6))["schedules"]["generator"]["step_count"] == 6
+    for step in (3, 4):
+        state = payload(checkpoint_at(exp, step))["schedules"]
+        assert np.isfinite(state["discriminator"]["best"]), step
+        assert state["generator"]["step_count"] == step
 
 
 # --------------------------------------------------------------------------- fp32 islands
@@ -367,11 +392,35 @@ RESUME = {
 }
 
 
+def train_with_kills(args, nproc, kill_points, exp, rng):
+    """test_trainer_resume.train_with_kills with every run forked from the test zygote,
+    two ranks included (killing a real torchrun's tree is covered there): SIGKILL the run,
+    ranks and loader workers once a checkpoint at or past each point exists (plus a random
+    delay), none may live on; then a rerun to the end. Returns the kills that hit a run."""
+    import time
+    hits = 0
+    for target in kill_points:
+        proc = start_train(args, nproc, torchrun=False)
+        deadline = time.time() + 180
+        while proc.poll() is None and newest_step(exp) < target and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.4))
+        if proc.poll() is None:
+            kill_tree(proc)
+            hits += 1
+    result = run_train(args, nproc, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_none_alive(naming=exp)
+    return hits
+
+
 @pytest.mark.parametrize("case", sorted(RESUME))
 def test_killed_codec_runs_end_bitwise_identical(corpus, tmp_path, case):
     nproc, overrides, kills = RESUME[case]
+    # A loader worker: its random streams (speed and volume perturbation) resume too.
     overrides = overrides + ["training.max_steps=8", "training.save_interval_steps=2",
-                             "training.keep_last=2", "training.log_interval=2"]
+                             "training.keep_last=2", "training.log_interval=2",
+                             "dataset.num_workers=1"]
     ref_exp = str(tmp_path / "reference")
     result = run_train(corpus.train_args(ref_exp, *overrides), nproc)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -401,7 +450,7 @@ def exported(corpus, phase_run, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("export") / "export")
     result = run_train(["-m", "toolkit.bin.export_model", "--checkpoint", checkpoint_at(exp, 4),
                         "--exp-dir", exp, "--out-dir", out, "--test-data", corpus.dev,
-                        "--num-check", "4"])
+                        "--num-check", "2"])
     assert result.returncode == 0, result.stderr[-3000:]
     return out, result.stderr
 
@@ -485,12 +534,10 @@ def test_init_from_safetensors_export(corpus, phase_run, exported, tmp_path):
 
 # --------------------------------------------------------------------------- CLI
 
-def codec_cli(*args):
-    return run_train(["-m", "toolkit.bin.codec", *args])
-
-
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
 def test_codec_cli_round_trip_and_wrong_model(corpus, phase_run, exported, tmp_path, capsys):
     import toolkit.tasks  # noqa: F401
+    from toolkit.bin import codec as codec_bin
     from toolkit.trainer.experiment import load_exp_config
     from toolkit.tasks.codec.runtime import ExportedCodec, read_codes
     from toolkit.tasks.codec.task import CodecTask
@@ -498,11 +545,11 @@ def test_codec_cli_round_trip_and_wrong_model(corpus, phase_run, exported, tmp_p
     wav = json.loads(open(corpus.dev).readline())["wav"]
     original, rate = sf.read(wav, dtype="float32")
     codes_path, decoded_path = str(tmp_path / "utt.codes"), str(tmp_path / "utt.wav")
-    enc = codec_cli("encode", "--model", out, "--chunk-seconds", "0.1", wav, codes_path)
-    assert enc.returncode == 0, enc.stderr[-2000:]
-    dec = codec_cli("decode", "--model", out, "--backend", "torch", "--chunk-seconds", "0.15",
-                    codes_path, decoded_path)
-    assert dec.returncode == 0, dec.stderr[-2000:]
+    # The binary in process (its @cli wrapper included), as test_codec_cli.py runs it.
+    assert codec_bin.main(["encode", "--model", out, "--chunk-seconds", "0.1", wav,
+                           codes_path]) == 0, capsys.readouterr().err[-2000:]
+    assert codec_bin.main(["decode", "--model", out, "--backend", "torch", "--chunk-seconds",
+                           "0.15", codes_path, decoded_path]) == 0, capsys.readouterr().err[-2000:]
     decoded, decoded_rate = sf.read(decoded_path, dtype="float32")
     assert decoded_rate == rate == 16000 and len(decoded) == len(original)
     # Chunked encoding gives the codes of the whole file; chunked decoding its audio (to
@@ -519,7 +566,6 @@ def test_codec_cli_round_trip_and_wrong_model(corpus, phase_run, exported, tmp_p
     exp, _ = phase_run
     other = str(tmp_path / "other_export")
     CodecTask(load_exp_config(exp)).export(checkpoint_at(exp, 2), other, corpus.dev, num_check=1)
-    from toolkit.bin import codec as codec_bin
     capsys.readouterr()
     assert codec_bin.main(["decode", "--model", other, codes_path,
                            str(tmp_path / "wrong.wav")]) == 2
@@ -531,25 +577,26 @@ def test_codec_cli_round_trip_and_wrong_model(corpus, phase_run, exported, tmp_p
 
 def test_evaluate_codec_writes_table_with_baselines(corpus, exported, tmp_path, monkeypatch,
                                                     capsys):
+    from toolkit.bin import evaluate_codec
     out, _ = exported
     report = str(tmp_path / "eval")
-    result = run_train(["-m", "toolkit.bin.evaluate_codec", "--model", out, "--test-data",
-                        corpus.dev, "--out-dir", report, "--max-utts", "2", "--baseline",
-                        "mulaw:8000:8", "--baseline", "melgl:40:50:4"])
-    assert result.returncode == 0, result.stderr[-2000:]
+    capsys.readouterr()
+    assert evaluate_codec.main(["--model", out, "--test-data", corpus.dev, "--out-dir", report,
+                                "--max-utts", "1", "--baseline", "mulaw:8000:8", "--baseline",
+                                "melgl:40:50:4"]) == 0, capsys.readouterr().err[-2000:]
+    stdout = capsys.readouterr().out
     table = open(os.path.join(report, "results.md")).read()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     assert [r.split("|")[1].strip() for r in rows[1:]] == [
         "codec", "mu-law 8 kHz 8 bit", "mel+Griffin-Lim 40 mels 50 fps 4 bit"]
     assert [r.split("|")[2].strip() for r in rows[1:]] == ["3.2", "64", "8"]
-    assert "n/a" not in table and all(r in result.stdout for r in rows)
+    assert "n/a" not in table and all(r in stdout for r in rows)
     summary = json.load(open(os.path.join(report, "results.json")))
-    assert summary["utterances"] == 2
+    assert summary["utterances"] == 1                   # --max-utts of the 2 in the list
     mulaw = summary["systems"][1]
     assert mulaw["si_sdr"] > 20 and 0.9 < mulaw["stoi"] <= 1.0
     assert open(os.path.join(report, "spectrograms.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     # Without pystoi the table is refused with the fix, not filled with gaps.
-    from toolkit.bin import evaluate_codec
     monkeypatch.setitem(sys.modules, "pystoi", None)
     other = str(tmp_path / "eval_no_stoi")
     assert evaluate_codec.main(["--model", out, "--test-data", corpus.dev, "--out-dir", other,

@@ -9,7 +9,6 @@ import copy
 import glob
 import os
 import re
-import subprocess
 import time
 
 import numpy as np
@@ -20,20 +19,31 @@ from codec_teachers import FrameFeatures, write_teachers
 from speaker_data import speaker_list
 from tensorboard_reader import scalars
 from test_trainer_resume import assert_same_run, newest_step
-from train_utils import (ROOT, assert_none_alive, env, kill_tree, latest_payload, launcher,
-                         run_train)
+from train_utils import (ROOT, assert_none_alive, kill_tree, latest_payload, run_train,
+                         start_train)
 
 PHASES_CONFIG = os.path.join(ROOT, "egs", "tts_codec", "s0", "conf", "codec_phases.yaml")
 # The recipe config at test size: 6 steps put phase 2 at step index 2 (0.3 x 6 rounded up)
-# and phase 3 at step index 4 (0.6 x 6).
+# and phase 3 at step index 4 (0.6 x 6). No loader workers: the loader is not under test here
+# (test_codec_task.py's resume covers a codec run's workers).
 TINY = ["model.channels=4", "model.strides=[2,4,5]", "model.dilations=[1]",
         "model.kernel_size=3", "model.n_codebooks=2", "model.codebook_size=16",
         "model.codebook_dim=4", "discriminator.mpd.periods=[2,3]",
         "task.segment_seconds=0.25", "task.eval_seconds=0.5", "dataset.batch_size=3",
-        "dataset.num_workers=1", "dataset.sort_window=20", "training.max_steps=6",
+        "dataset.num_workers=0", "dataset.sort_window=20", "training.max_steps=6",
         "training.seed=3", "training.log_interval=1", "training.save_interval_steps=1",
         "training.val_interval_steps=0", "training.keep_last=10"]
 PHASE_2, PHASE_3 = 2, 4           # step indices where the phases begin
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    # Tiny tensors on a shared CPU: more intra-op threads only spin and wait (under load,
+    # the RVQ fits of test_codec_modules.py took 50 s of CPU on two threads, 3 s on one).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 class Corpus:
@@ -307,8 +317,7 @@ def test_init_checkpoint_starts_the_distillation_head_fresh(corpus, phases_run, 
 def _kill_after_checkpoint(args, exp, step: int) -> None:
     """Starts the run and SIGKILLs it (with its loader workers) as soon as the checkpoint
     of `step` exists: the next phase begins with step index `step`."""
-    proc = subprocess.Popen(launcher(0) + args, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
+    proc = start_train(args)                 # forked from the test zygote, own session
     deadline = time.time() + 180
     while proc.poll() is None and newest_step(exp) < step and time.time() < deadline:
         time.sleep(0.005)

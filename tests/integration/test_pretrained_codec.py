@@ -11,12 +11,20 @@ import soundfile as sf
 import torch
 
 from speaker_data import RATE, speaker_params, voice_wave
-from train_utils import run_train
 from toolkit import pretrained
 from toolkit.errors import MissingInputError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CODEC = "codec-voicebank-v1"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    # Streaming-size calls on a shared CPU: more intra-op threads only spin and wait (under
+    # load, the RVQ fits of test_codec_modules.py took 50 s of CPU on two threads, 3 s on one).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _speech(seconds=3.0, index=3, seed=0):
@@ -24,10 +32,10 @@ def _speech(seconds=3.0, index=3, seed=0):
     return voice_wave(np.random.default_rng(seed), pitch, formants, seconds).astype(np.float32)
 
 
-def _cli(*args):
-    proc = run_train(["-m", "toolkit.bin.codec", *args], timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+def _cli(capsys, *args):
+    """The binary in process (its @cli wrapper included), as test_codec_cli.py runs it."""
+    from toolkit.bin import codec as codec_bin
+    assert codec_bin.main(list(args)) == 0, capsys.readouterr().err[-3000:]
 
 
 # --------------------------------------------------------------------------- shipped codec
@@ -40,14 +48,15 @@ def test_the_codec_is_shipped_causal_within_its_card():
     assert meta["bitrate"] == 6000.0
 
 
-def test_pretrained_cli_round_trip_streams_like_whole_decoding(tmp_path):
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
+def test_pretrained_cli_round_trip_streams_like_whole_decoding(tmp_path, capsys):
     from toolkit.tasks.codec.runtime import ExportedCodec, open_codec, read_codes
     wave = _speech(4.0)
     wav = str(tmp_path / "in.wav")
     sf.write(wav, wave, RATE, subtype="FLOAT")
     codes, decoded = str(tmp_path / "in.codes"), str(tmp_path / "out.wav")
-    _cli("encode", "--pretrained", CODEC, "--chunk-seconds", "0.3", wav, codes)
-    _cli("decode", "--pretrained", CODEC, "--chunk-seconds", "0.5", codes, decoded)
+    _cli(capsys, "encode", "--pretrained", CODEC, "--chunk-seconds", "0.3", wav, codes)
+    _cli(capsys, "decode", "--pretrained", CODEC, "--chunk-seconds", "0.5", codes, decoded)
     codec = ExportedCodec.pretrained(CODEC)
     assert open_codec("pretrained:" + CODEC).fingerprint == codec.fingerprint
     data = read_codes(codes, codec)
@@ -61,10 +70,10 @@ def test_pretrained_cli_round_trip_streams_like_whole_decoding(tmp_path):
         data["codes"][:, i:i + 7] for i in range(0, data["codes"].shape[1], 7))))
     assert np.abs(pieces[:len(wave)] - codec.decode(data["codes"], len(wave))).max() < 1e-4
     # ONNX and TorchScript graphs from the shipped weights give the same codes and audio.
+    from toolkit.bin import export_model
     out_dir = str(tmp_path / "onnx")
-    proc = run_train(["-m", "toolkit.bin.export_model", "--pretrained", CODEC, "--out-dir",
-                      out_dir, "--num-check", "2"], timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert export_model.main(["--pretrained", CODEC, "--out-dir", out_dir,
+                              "--num-check", "2"]) == 0, capsys.readouterr().err[-3000:]
     graphs = ExportedCodec(out_dir, "onnx")
     # ONNX Runtime rounds differently: a near-tie may pick the other codebook entry.
     from toolkit.tasks.codec.export import CODE_FRAME_TOLERANCE, differing_frames
@@ -104,14 +113,16 @@ def test_the_shipped_codec_learned_speech():
     assert stoi(wave, raw, RATE) < 0.6
 
 
-def test_an_unknown_codec_name_is_refused():
+def test_an_unknown_codec_name_is_refused(tmp_path, capsys):
     # Damaged weights: test_pretrained.py::test_damaged_weights_are_refused, for every model.
+    from toolkit.bin import codec as codec_bin
     from toolkit.tasks.codec.runtime import ExportedCodec
     with pytest.raises(MissingInputError, match="no pretrained model 'nope'"):
         ExportedCodec.pretrained("nope")
-    proc = run_train(["-m", "toolkit.bin.codec", "encode", "--pretrained", "nope", "a.wav",
-                      "a.codes"], timeout=120, cwd=ROOT)
-    assert proc.returncode != 0 and "no pretrained model 'nope'" in proc.stderr
+    capsys.readouterr()
+    assert codec_bin.main(["encode", "--pretrained", "nope", str(tmp_path / "a.wav"),
+                           str(tmp_path / "a.codes")]) != 0
+    assert "no pretrained model 'nope'" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- the backend

@@ -2,6 +2,8 @@
 metrics and signal-processing baselines. Sizes are kept tiny so the file runs in well under a
 minute on one core."""
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -26,6 +28,16 @@ from toolkit.tasks.codec.quantizer import ResidualVectorQuantizer, VectorQuantiz
 from toolkit.tasks.codec.streaming import StreamingDecoder, decode_streaming, encode_streaming
 
 SR = 16000
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    # Tiny tensors on a shared CPU: more intra-op threads only spin and wait (under load,
+    # the RVQ fits below took 50 s of CPU on two threads, 3 s on one).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)
@@ -623,11 +635,12 @@ def test_ema_codebooks_ignore_zero_weight_steps():
     assert not torch.equal(rvq.stages[0].codebook, state["stages.0.codebook"])
 
 
-def _ema_rank(rank, world, port, out):
+def _ema_rank(out):
+    """One of the two gloo ranks of the test below (`python -m test_codec_modules OUT`)."""
     import torch.distributed as dist
     from toolkit.trainer.context import frozen_norm_stats
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
     torch.manual_seed(0)
     rvq = ResidualVectorQuantizer(8, n_codebooks=2, codebook_size=16, codebook_dim=4,
                                   quantizer_dropout=0.0, ema_decay=0.9).train()
@@ -643,25 +656,21 @@ def _ema_rank(rank, world, port, out):
     dist.destroy_process_group()
 
 
+if __name__ == "__main__":
+    _ema_rank(sys.argv[1])
+
+
 def test_ema_codebooks_with_a_stand_in_rank_stay_in_sync(tmp_path):
     """Two gloo ranks, rank 0 on stand-in batches after its first step: the collectives
     still meet, the codebooks stay identical, and only rank 1's vectors move them."""
-    import socket
-    import torch.multiprocessing as tmp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from train_utils import run_train
     out = str(tmp_path / "state")
-    # spawn: a child forked after this process ran OpenMP kernels can hang in them.
-    context = tmp.start_processes(_ema_rank, args=(2, port, out), nprocs=2, join=False,
-                                  start_method="spawn")
-    import time
-    deadline = time.time() + 120
-    while not context.join(timeout=1):
-        if time.time() > deadline:          # ranks disagreeing on a collective hang
-            for proc in context.processes:
-                proc.kill()
-            pytest.fail("the two ranks did not finish within 120 s")
+    # Ranks forked from the test zygote (torchrun's environment and store, no fresh
+    # interpreters, no port guessed); ranks disagreeing on a collective hang: the timeout
+    # kills them and fails the test.
+    result = run_train(["-m", "test_codec_modules", out], nproc=2, timeout=120,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert result.returncode == 0, result.stderr[-3000:]
     a, b = torch.load(f"{out}.0"), torch.load(f"{out}.1")
     for key in a:
         assert torch.equal(a[key], b[key]), key
