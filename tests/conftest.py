@@ -54,6 +54,11 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_configure(config):
+    # The suite runs one worker more than cores: a second intra-op thread in a test process
+    # only spins against the other workers (two RVQ fits took 54 CPU-s on two threads, 4 on
+    # one). Subprocesses set their own (the training environment's OMP_NUM_THREADS).
+    import torch
+    torch.set_num_threads(1)
     # Set before xdist starts its workers, so they and every subprocess share it.
     if "TOOLKIT_TTS_CACHE" not in os.environ:
         config._tts_clip_dir = tempfile.mkdtemp(prefix="toolkit-tts-clips-")

@@ -29,35 +29,77 @@ CONFIG = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """This module's own torch work (the binaries run in process, the untrained networks,
+    the streaming checks) on one thread, as the forked runs have it (OMP_NUM_THREADS=1):
+    with pytest's workers on every core, idle OpenMP threads spin for nothing."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _run(*args, timeout=300):
+    """A binary in a process of its own, forked from the pre-imported zygote: training and
+    export, which set process-wide state (torch's threads, seeds, allocator)."""
     proc = run_train(["-m", *args], timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+def _main(module, *args, status=0):
+    """A binary's real main(argv) in this process, for the data stages and the evaluation
+    and detection binaries, whose output (exit status, stdout, files) is what is checked: a
+    forked process per call cost more than the work. The root logger (setup_logging
+    replaces its handlers) and torch's thread count (evaluate_frontend sets one) are put
+    back afterwards, for the tests that follow in this process."""
+    import importlib
+    import logging
+    import torch
+    root, threads = logging.getLogger(), torch.get_num_threads()
+    handlers, level = root.handlers[:], root.level
+    try:
+        got = importlib.import_module(module).main(list(args))
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+        torch.set_num_threads(threads)
+    assert (got or 0) == status, (module, got)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("phone_frontend")
     data = root / "data"
-    _run("toolkit.bin.synth_codec_data", "--out-dir", str(data), "--num-train", "24",
-         "--num-dev", "4", "--num-test", "4", "--max-voices", "10", "--sentences", "1,1",
-         "--no-noisy", "--nj", "2")
+    _main("toolkit.bin.synth_codec_data", "--out-dir", str(data), "--num-train", "24",
+          "--num-dev", "4", "--num-test", "4", "--max-voices", "10", "--sentences", "1,1",
+          "--no-noisy", "--nj", "2")
     dirs = [str(data / s) for s in ("train", "dev", "test")]
     dict_dir = data / "dict"
+    # espeak-ng phonemizes the lexicon: in a process of its own, never in this one (a
+    # process that loaded espeak-ng renders differently afterwards; toolkit.voicebank.pool).
     _run("toolkit.bin.make_lexicon", "--unit", "phone", *dirs, "--lexicon",
          str(dict_dir / "lexicon.txt"), "--units", str(dict_dir / "units.txt"))
     pairs = [x for d in dirs for x in (d, d + "/data.list")]
-    _run("toolkit.bin.make_datalist", *pairs, "--label-mode", "none", "--lexicon",
-         str(dict_dir / "lexicon.txt"), "--units", str(dict_dir / "units.txt"))
-    _run("toolkit.bin.compute_cmvn", dirs[0] + "/data.list", str(data / "cmvn.json"))
+    _main("toolkit.bin.make_datalist", *pairs, "--label-mode", "none", "--lexicon",
+          str(dict_dir / "lexicon.txt"), "--units", str(dict_dir / "units.txt"))
+    _main("toolkit.bin.compute_cmvn", dirs[0] + "/data.list", str(data / "cmvn.json"))
     config = root / "conf.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     exp = root / "exp"
     train = _run("toolkit.bin.train", "--config", str(config), "--exp-dir", str(exp),
                  "--train-data", dirs[0] + "/data.list", "--dev-data", dirs[1] + "/data.list",
                  "--inventory", str(dict_dir / "units.txt"), "--cmvn", str(data / "cmvn.json"))
-    _run("toolkit.bin.average_model", "--exp-dir", str(exp), "--output", str(exp / "avg.pt"),
-         "--num", "2", "--mode", "best")
+    _main("toolkit.bin.average_model", "--exp-dir", str(exp), "--output", str(exp / "avg.pt"),
+          "--num", "2", "--mode", "best")
     _run("toolkit.bin.export_model", "--checkpoint", str(exp / "avg.pt"), "--exp-dir", str(exp),
          "--out-dir", str(exp / "export"), "--test-data", dirs[2] + "/data.list")
     return {"root": root, "data": data, "dirs": dirs, "exp": exp, "log": train.stderr,
@@ -82,7 +124,7 @@ def test_training_learns_and_reports_the_phone_error_rate(trained):
     assert dev and all(" per " in line for line in dev)
 
 
-def test_export_streams_like_the_whole_utterance_and_evaluates(trained):
+def test_export_streams_like_the_whole_utterance_and_evaluates(trained, capsys):
     from toolkit.data.augment import load_mono
     from toolkit.tasks.kws.frontend import PhoneFrontEnd
     export = trained["exp"] / "export"
@@ -104,9 +146,10 @@ def test_export_streams_like_the_whole_utterance_and_evaluates(trained):
         start += n
     assert np.abs(np.concatenate(parts) - whole).max() < 1e-4
     out = trained["root"] / "eval"
-    proc = _run("toolkit.bin.evaluate_frontend", "--frontend", str(export), "--data",
-                f"held out={trained['dirs'][2]}/data.list", "--out-dir", str(out),
-                "--rtf-seconds", "3")
+    capsys.readouterr()
+    _main("toolkit.bin.evaluate_frontend", "--frontend", str(export), "--data",
+          f"held out={trained['dirs'][2]}/data.list", "--out-dir", str(out), "--rtf-seconds", "3")
+    stdout = capsys.readouterr().out
     result = json.loads((out / "results.json").read_text())
     row = result["rows"][0]
     # The tiny run emits a few right phones among blanks (PER 94.6 % here); a front end that
@@ -114,7 +157,7 @@ def test_export_streams_like_the_whole_utterance_and_evaluates(trained):
     untrained = untrained_per(front, trained["dirs"][2] + "/data.list")
     assert row["utterances"] == 4 and row["per"] < 1.0 < untrained, (row, untrained)
     assert 0 < result["rtf"] < 0.5
-    assert "PER %" in proc.stdout
+    assert "PER %" in stdout
 
 
 def test_per_binary_on_the_shipped_front_end(trained):
@@ -127,11 +170,11 @@ def test_per_binary_on_the_shipped_front_end(trained):
     units = root / "shipped_units.txt"
     units.write_text("".join(u + "\n" for u in pretrained.metadata("phone-voicebank-v2")["units"]))
     listed = str(root / "shipped_test.list")
-    _run("toolkit.bin.make_datalist", trained["dirs"][2], listed, "--label-mode", "none",
-         "--lexicon", str(trained["data"] / "dict" / "lexicon.txt"), "--units", str(units))
+    _main("toolkit.bin.make_datalist", trained["dirs"][2], listed, "--label-mode", "none",
+          "--lexicon", str(trained["data"] / "dict" / "lexicon.txt"), "--units", str(units))
     out = root / "eval_shipped"
-    _run("toolkit.bin.evaluate_frontend", "--frontend", "pretrained:phone-voicebank-v2",
-         "--data", f"held out={listed}", "--out-dir", str(out), "--rtf-seconds", "1")
+    _main("toolkit.bin.evaluate_frontend", "--frontend", "pretrained:phone-voicebank-v2",
+          "--data", f"held out={listed}", "--out-dir", str(out), "--rtf-seconds", "1")
     row = json.loads((out / "results.json").read_text())["rows"][0]
     untrained = untrained_per(PhoneFrontEnd("pretrained:phone-voicebank-v2"), listed)
     assert row["utterances"] == 4 and row["per"] < 0.25 and untrained > 1.0, (row, untrained)
@@ -178,18 +221,26 @@ def test_zero_shot_cli_detects_and_calibrates(trained, tmp_path):
     # is found, once and where it was said; a confusable and other speech fire nothing.
     import soundfile as sf
     from toolkit.data.audio import resample
-    from toolkit.voicebank.espeak import Espeak
-    engine, pad = Espeak(), np.zeros(8000, np.float32)
+    from toolkit.voicebank.pool import run_forked
     said = {"positive": "hey jarvis, turn on the lights",
             "confusable": "hey travis, turn on the lights",
             "other": "good morning everyone, how are you"}
-    wavs = {}
-    for seed, (name, text) in enumerate(said.items()):
-        engine.seed(seed)        # espeak-ng's breath noise is otherwise seeded from the clock
-        wave = np.concatenate([pad, resample(engine.synth(text, "en-us"), engine.rate, 16000),
-                               pad])
+
+    def speak(_):
+        """In a forked child: a process that loaded espeak-ng renders differently afterwards
+        (toolkit.voicebank.pool), and the tests after this one in this process use it."""
+        from toolkit.voicebank.espeak import Espeak
+        engine, waves = Espeak(), []
+        for seed, text in enumerate(said.values()):
+            engine.seed(seed)    # espeak-ng's breath noise is otherwise seeded from the clock
+            waves.append(resample(engine.synth(text, "en-us"), engine.rate, 16000))
+        return waves
+
+    pad, wavs = np.zeros(8000, np.float32), {}
+    for name, wave in zip(said, run_forked(speak, [None], 1, str(tmp_path))[0]):
         wavs[name] = str(tmp_path / f"{name}.wav")
-        sf.write(wavs[name], wave, 16000, subtype="PCM_16")
+        sf.write(wavs[name], np.concatenate([pad, wave, pad]), 16000, subtype="PCM_16")
+    # The detector phonemizes the keywords with espeak-ng: each run a process of its own.
     proc = _run("toolkit.bin.kws", "--keywords", "hey jarvis", *wavs.values())
     fired = [line.split("\t") for line in proc.stdout.splitlines()]
     assert [(f[0], f[1]) for f in fired] == [(wavs["positive"], "hey jarvis")], proc.stdout

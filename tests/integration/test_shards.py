@@ -482,15 +482,22 @@ def test_index_rejects_a_shard_it_does_not_know(corpus, tmp_path):
         ShardIndex.load(str(listing), os.path.join(corpus.out, "shards.index.json"))
 
 
-def test_training_from_shards_end_to_end(tmp_path):
+@pytest.fixture(scope="module")
+def shard_corpus(tmp_path_factory):
+    """The training tests' data, written once: a KWS corpus (train_utils.Corpus, 24 train
+    utterances) whose train list is made into shards of 6 (the library call the make_shards
+    binary makes; the binary itself is tested above)."""
+    from train_utils import Corpus
+    root = tmp_path_factory.mktemp("train_shards")
+    corpus = Corpus(str(root / "corpus"), num_train=24, num_dev=6)
+    make_shards(corpus.train, str(root / "shards"), 6)
+    return corpus, root / "shards"
+
+
+def test_training_from_shards_end_to_end(shard_corpus, tmp_path):
     """The trainer reads a shard list and resumes from it."""
-    import subprocess
-    from train_utils import Corpus, latest_payload, run_train
-    corpus = Corpus(str(tmp_path / "corpus"), num_train=24, num_dev=6)
-    out = tmp_path / "train_shards"
-    done = subprocess.run([sys.executable, "-m", "toolkit.bin.make_shards", corpus.train, str(out),
-                           "--utts-per-shard", "5"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    from train_utils import latest_payload, run_train
+    corpus, out = shard_corpus
     exp = str(tmp_path / "exp")
     # dataset.data_type defaults to auto: shard list for train, JSON data list for dev.
     args = corpus.train_args(exp, "training.max_epoch=1", train=str(out / "shards.list"))
@@ -574,22 +581,19 @@ def test_keeps_credentials_like_requests():
     assert not keeps_credentials("https://a.org/x", "http://a.org/x")       # downgrade
 
 
-def _remote_shard_corpus(tmp_path):
-    """A KWS corpus whose train list is made into shards, served by URL beside their index."""
-    from train_utils import Corpus
-    corpus = Corpus(str(tmp_path / "corpus"), num_train=24, num_dev=6)
-    out = tmp_path / "train_shards"
-    done = subprocess.run([sys.executable, "-m", "toolkit.bin.make_shards", corpus.train,
-                           str(out), "--utts-per-shard", "6"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return corpus, out
+def _own_copy(shards, dest):
+    """The shard dir copied to `dest`, its list naming the copies: a test may change it."""
+    shutil.copytree(shards, dest)
+    names = [os.path.basename(p) for p in (dest / "shards.list").read_text().split()]
+    (dest / "shards.list").write_text("".join(f"{dest / n}\n" for n in names))
+    return dest
 
 
-def test_training_from_an_authenticated_list_with_the_config_token_only(tmp_path):
+def test_training_from_an_authenticated_list_with_the_config_token_only(shard_corpus, tmp_path):
     """dataset.auth_token alone (no TOOLKIT_DATA_TOKEN): the data fingerprint reads the
     remote list and index with it too, instead of failing with HTTP 401."""
     from train_utils import latest_payload, run_train
-    corpus, out = _remote_shard_corpus(tmp_path)
+    corpus, out = shard_corpus
     token = "only-in-C0NFIG-42"
     handler = _recording_handler(token=token)
     with _server(handler, str(out)) as base:
@@ -609,9 +613,10 @@ def test_training_from_an_authenticated_list_with_the_config_token_only(tmp_path
     assert token not in open(os.path.join(exp, "log", "train.rank0.log")).read()
 
 
-def test_relabelled_shard_index_is_refused_on_resume(tmp_path):
+def test_relabelled_shard_index_is_refused_on_resume(shard_corpus, tmp_path):
     from train_utils import run_train
-    corpus, out = _remote_shard_corpus(tmp_path)
+    corpus, shards = shard_corpus
+    out = _own_copy(shards, tmp_path / "shards")             # its index is changed below
     exp = str(tmp_path / "exp")
     args = corpus.train_args(exp, "training.max_epoch=1", "dataset.num_workers=0",
                              train=str(out / "shards.list"))

@@ -252,19 +252,21 @@ def test_cleaning_removes_only_what_the_generator_writes(family, tmp_path):
     assert sorted(os.listdir(out)) == sorted(kept)
 
 
-def run_cli(family, out, *extra):
-    """The binary in a process of its own: (exit status, stderr)."""
-    res = subprocess.run([sys.executable, "-m", *BINARIES[family], "--out-dir", str(out),
-                          "--nj", "1", *extra], capture_output=True, text=True, cwd=ROOT,
-                         timeout=300)
-    return res.returncode, res.stderr
+def run_cli(family, out, capsys, *extra):
+    """The binary's real main() in this process (what these tests check is its exit status,
+    its `error:` lines and the files; a fresh interpreter per run only cost its start-up):
+    (exit status, stderr)."""
+    capsys.readouterr()
+    module = __import__(BINARIES[family][0], fromlist=["main"])
+    status = module.main(BINARIES[family][1:] + ["--out-dir", str(out), "--nj", "1", *extra])
+    return status, capsys.readouterr().err
 
 
-def refused(family, out, *extra):
+def refused(family, out, capsys, *extra):
     """The binary's one `error:` line for a run it must refuse, checked to leave every
     file of `out` as it was."""
     before = tree(out)
-    status, err = run_cli(family, out, *extra)
+    status, err = run_cli(family, out, capsys, *extra)
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert status == 2 and "Traceback" not in err and len(errors) == 1, (family, err)
     assert tree(out) == before, family
@@ -272,48 +274,48 @@ def refused(family, out, *extra):
 
 
 @pytest.mark.parametrize("family", ["kws", "speaker", "codec"])
-def test_a_corpus_of_the_other_kind_is_refused_not_emptied(family, tmp_path):
+def test_a_corpus_of_the_other_kind_is_refused_not_emptied(family, tmp_path, capsys):
     """Issue 34, fault 4: --test-only into a full corpus's --out-dir removed its train/,
     dev/ and wavs/. A test-only corpus's test split is the full corpus's files (the same
     wavs/test names), so the two never share a directory: either way round the run is
     refused with one line naming the directory and what it holds, and no byte changes."""
     full, only = tmp_path / "full", tmp_path / "only"
-    assert run_cli(family, full)[0] == 0
+    assert run_cli(family, full, capsys)[0] == 0
     assert {"train", "dev", "test", "wavs"} <= set(os.listdir(full))
-    line = refused(family, full, "--test-only")
+    line = refused(family, full, capsys, "--test-only")
     assert line.startswith(f"error: {full} holds a finished full corpus (") and \
         "train/, dev/, test/" in line and "--test-only an --out-dir of its own" in line, line
-    assert run_cli(family, only, "--test-only")[0] == 0
-    line = refused(family, only)
+    assert run_cli(family, only, capsys, "--test-only")[0] == 0
+    line = refused(family, only, capsys)
     assert line.startswith(f"error: {only} holds a finished test-only corpus (") and \
         "train/" not in line and "full corpus an --out-dir of its own" in line, line
     # Each kind still remakes its own kind for other arguments, as the stamp decides.
-    assert run_cli(family, only, "--test-only", "--seed", "5")[0] == 0
+    assert run_cli(family, only, capsys, "--test-only", "--seed", "5")[0] == 0
     assert all(n.startswith("test") for n in os.listdir(only / "wavs"))
     assert json.loads(next(only.glob(".synth_*.json")).read_text())["seed"] == 5
 
 
-def test_files_no_stamp_of_the_generator_accounts_for_are_refused(tmp_path):
+def test_files_no_stamp_of_the_generator_accounts_for_are_refused(tmp_path, capsys):
     """Another generator's corpus in the --out-dir (both write train/, test/, wavs/,
     voices.tsv), or the user's own data dirs, are not this generator's to remove."""
     out = tmp_path / "data"
     generate("kws", out)
     for family in ("speaker", "codec"):
-        line = refused(family, out)
+        line = refused(family, out, capsys)
         assert line.startswith(f"error: {out} holds voices.tsv, train/, dev/, test/, ") and \
             "wavs/train/" in line and " but no " in line and \
             "(it has .synth_kws_data.json: another generator's corpus)" in line, line
     own = tmp_path / "own"
     (own / "train").mkdir(parents=True)
     (own / "train" / "wav.scp").write_text("u1 /data/u1.wav\n")
-    line = refused("speaker", own)
+    line = refused("speaker", own, capsys)
     assert line == (f"error: {own} holds train/ but no .synth_speaker_data.json: they are "
                     "not a corpus this generator wrote, so they are left alone; give this "
                     "corpus an --out-dir of its own, or remove them first"), line
     # An unreadable stamp tells nothing of what is there: refused too.
     stamp = out / kws.STAMP_NAME
     stamp.write_text('{"format": 4, "seed"')
-    line = refused("kws", out)
+    line = refused("kws", out, capsys)
     assert line.startswith(f"error: {stamp}: unreadable stamp (") and \
         "nothing there is removed" in line, line
 

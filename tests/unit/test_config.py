@@ -279,14 +279,13 @@ def test_a_numeric_token_reaches_no_log(tmp_path):
     """The issue's case: a numeric token on the command line, before the fix quoted by a
     ConfigError in the log and on stderr. Training stops later here (no train list), after
     the token was read as text and registered as a secret."""
-    import subprocess
-    import sys
+    from train_utils import run_train      # a process of its own, forked from the zygote
     token = "20240917123456"
     exp = tmp_path / "exp"
-    result = subprocess.run(
-        [sys.executable, "-m", "toolkit.bin.train", "--config", RECIPE, "--exp-dir", str(exp),
+    result = run_train(
+        ["-m", "toolkit.bin.train", "--config", RECIPE, "--exp-dir", str(exp),
          "--train-data", str(tmp_path / "missing.list"), "--inventory", str(tmp_path / "kw.txt"),
-         f"dataset.auth_token={token}"], capture_output=True, text=True, timeout=120)
+         f"dataset.auth_token={token}"], timeout=120)
     assert result.returncode == 2
     assert "expected a string" not in result.stderr
     assert token not in result.stderr + result.stdout

@@ -295,8 +295,9 @@ def test_binaries_are_thin_and_documented():
 
 def test_config_reference_is_current():
     doc = os.path.join(ROOT, "docs", "config_reference.md")
-    out = subprocess.run([sys.executable, "-m", "toolkit.bin.train", "--print-config-reference"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    from train_utils import run_train      # a process of its own, forked from the zygote
+    out = run_train(["-m", "toolkit.bin.train", "--print-config-reference"], cwd=ROOT,
+                    timeout=120)
     assert out.returncode == 0, out.stderr
     assert open(doc, encoding="utf-8").read() == out.stdout, \
         "regenerate: python -m toolkit.bin.train --print-config-reference > docs/config_reference.md"
