@@ -77,7 +77,10 @@ dist.init_process_group("gloo")
 total = torch.tensor([dist.get_rank() + 1.0])
 dist.all_reduce(total)
 env = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
-print(f"{env} sum {int(total.item())}", flush=True)
+# One write per line: the ranks share one unbuffered stdout, and print() writes the line
+# and its newline apart, so two ranks' lines could interleave.
+sys.stdout.write(f"{env} sum {int(total.item())}\\n")
+sys.stdout.flush()
 if sys.argv[1:2] == ["fail"]:
     if dist.get_rank() == 1:
         sys.exit(3)

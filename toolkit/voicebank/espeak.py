@@ -17,6 +17,8 @@ import numpy as np
 from toolkit.voicebank import SynthError, Voice, seeded_rng
 
 logger = logging.getLogger(__name__)
+# The voice the process's one libespeak-ng holds (every Espeak instance shares it).
+_voice_in_use: Optional[str] = None
 
 INSTALL_HINT = "install the TTS extra: pip install -e .[tts]  (package espeakng-loader)"
 
@@ -126,6 +128,8 @@ class Espeak:
             raise SynthError(f"espeak-ng failed to initialise (data dir {data_path}): "
                              f"{INSTALL_HINT}")
         self.lib, self.rate = lib, int(rate)
+        global _voice_in_use
+        _voice_in_use = None                  # initialising leaves no voice we chose
         # espeak-ng's own noise generator (breath, echo voices such as +f3/+f5) is seeded
         # from the clock at initialisation: without a fixed seed no two runs match.
         self._set_seed = getattr(lib, "espeak_ng_SetRandSeed", None)
@@ -159,7 +163,10 @@ class Espeak:
 
     def set_voice(self, voice: str) -> bool:
         """False when espeak does not know the voice (it would silently fall back)."""
-        return self.lib.espeak_SetVoiceByName(voice.encode()) == 0
+        global _voice_in_use
+        ok = self.lib.espeak_SetVoiceByName(voice.encode()) == 0
+        _voice_in_use = voice if ok else None
+        return ok
 
     def current_identifier(self) -> str:
         """Data-dir path of the voice in use, with `+variant` only when the variant file
@@ -186,7 +193,9 @@ class Espeak:
     def phonemes(self, text: str, voice: str, separator: str = "") -> str:
         """espeak's ASCII phoneme string for `text` (all clauses joined); `separator`
         (one ASCII character) goes between the phonemes of a word."""
-        if not self.set_voice(voice):
+        # Loading a voice costs more than the lookup: a lexicon of thousands of words in
+        # one voice loads it once (the library holds one voice for the whole process).
+        if _voice_in_use != voice and not self.set_voice(voice):
             raise SynthError(f"espeak-ng has no voice {voice!r}")
         # Bits 8-23 of the phoneme mode hold the separator character.
         mode = (ord(separator) << 8) if separator else 0
