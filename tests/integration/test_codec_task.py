@@ -21,8 +21,8 @@ import torch
 
 from speaker_data import speaker_list
 from tensorboard_reader import scalars
-from test_trainer_resume import assert_same_run, newest_step
-from train_utils import assert_none_alive, kill_tree, latest_payload, run_train, start_train
+from test_trainer_resume import assert_same_run, train_with_kills
+from train_utils import latest_payload, run_train
 
 PHASE = {"initial": 0.0, "start": 0.5, "end": 0.5, "shape": "step"}
 CONFIG = {
@@ -392,28 +392,6 @@ RESUME = {
 }
 
 
-def train_with_kills(args, nproc, kill_points, exp, rng):
-    """test_trainer_resume.train_with_kills with every run forked from the test zygote,
-    two ranks included (killing a real torchrun's tree is covered there): SIGKILL the run,
-    ranks and loader workers once a checkpoint at or past each point exists (plus a random
-    delay), none may live on; then a rerun to the end. Returns the kills that hit a run."""
-    import time
-    hits = 0
-    for target in kill_points:
-        proc = start_train(args, nproc, torchrun=False)
-        deadline = time.time() + 180
-        while proc.poll() is None and newest_step(exp) < target and time.time() < deadline:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.4))
-        if proc.poll() is None:
-            kill_tree(proc)
-            hits += 1
-    result = run_train(args, nproc, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert_none_alive(naming=exp)
-    return hits
-
-
 @pytest.mark.parametrize("case", sorted(RESUME))
 def test_killed_codec_runs_end_bitwise_identical(corpus, tmp_path, case):
     nproc, overrides, kills = RESUME[case]
@@ -428,7 +406,9 @@ def test_killed_codec_runs_end_bitwise_identical(corpus, tmp_path, case):
     exp = str(tmp_path / "killed")
     rng = random.Random(4321 + nproc)
     points = sorted(rng.sample(range(1, 6), kills))
-    hits = train_with_kills(corpus.train_args(exp, *overrides), nproc, points, exp, rng)
+    # Killing a real torchrun's tree is covered by the kws and speaker cases.
+    hits = train_with_kills(corpus.train_args(exp, *overrides), nproc, points, exp, rng,
+                            torchrun=False)
     assert hits >= 1
     resumed = latest_payload(exp)
     assert_same_run(reference, resumed)

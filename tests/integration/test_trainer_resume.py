@@ -38,17 +38,18 @@ def newest_step(exp):
     return infos[-1].step if infos else -1
 
 
-def train_with_kills(args, nproc, kill_points, exp, rng, extra_env=None):
+def train_with_kills(args, nproc, kill_points, exp, rng, extra_env=None, torchrun=None):
     """Starts training and SIGKILLs it (launcher and workers together) once a checkpoint
     at or past each step exists, plus a random delay so kills also land inside steps,
     loader start-up and checkpoint writes; then lets a final rerun finish. Each kill, and
     the end, checks that no process of the run (launcher, ranks, loader workers) lives on.
     Returns how many kills hit a live run. A one-process run is forked from the test
     zygote, in a session of its own; a run of several ranks is a real torchrun, whose
-    whole tree is killed; the final rerun of several ranks is forked from the zygote."""
+    whole tree is killed, unless torchrun=False (ranks forked from the zygote: where the
+    launcher is not what a test is about); the final rerun is forked from the zygote."""
     hits = 0
     for target in kill_points:
-        proc = start_train(args, nproc, extra_env)
+        proc = start_train(args, nproc, extra_env, torchrun=torchrun)
         import time
         deadline = time.time() + 180
         while proc.poll() is None and newest_step(exp) < target and time.time() < deadline:
@@ -102,8 +103,10 @@ def test_killed_runs_end_bitwise_identical(corpus, tmp_path, case):
     # Kill points stay in the first two thirds of the run: a kill aimed at the last
     # steps can arrive after a loaded machine has already finished the whole run.
     points = sorted(rng.sample(range(1, max(4, total * 2 // 3)), 3))
+    # Ranks forked from the zygote: killing a real torchrun's tree (launcher, ranks in their
+    # own sessions, loader workers) and resuming bitwise is test_speaker_task's torchrun case.
     hits = train_with_kills(corpus.train_args(exp, *overrides, config=conf), nproc, points, exp,
-                            rng)
+                            rng, torchrun=False)
     assert hits == 3, "every kill should land while the run is alive"
     resumed = latest_payload(exp)
     assert_same_run(reference, resumed)
