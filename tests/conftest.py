@@ -18,27 +18,25 @@ for _dir in [TESTS] + [os.path.join(TESTS, g) for g in GROUPS]:
     if _dir not in sys.path:
         sys.path.insert(0, _dir)
 
-# Files of 10 s or more, longest first: seconds per file of `pytest -n 3 --dist loadfile
-# -m "not recipe" tests` on 2 cores, the recipes' from a whole-suite run (`tools/test.sh`
-# lists the slowest) scaled to the same load. Files not listed keep their order after these.
-# Except the codec recipe (about 130 s): started beside the other long recipes (each two
-# ranks on the 2 cores) the suite took 867 s, started late 737 s and 828 s.
+# Files of a few seconds or more, longest first: the recipes' from a whole-suite run
+# (`tools/test.sh` lists the slowest), the others from `pytest -n 3 --dist loadfile -m "not
+# recipe" tests` on 2 cores (seconds per file, 2026-12-06). Files not listed keep their
+# order after these. Except the codec recipe (about 130 s): started beside the other long
+# recipes (each two ranks on the 2 cores) the suite took 867 s, started late 737 s and 828 s.
 SLOWEST_FIRST = [
-    "test_recipe_tts_speakers.py", "test_trainer_faults.py", "test_recipe_wake_word.py",
-    "test_codec_task.py", "test_trainer_behaviour.py", "test_hf_datasets.py",
-    "test_speaker_task.py", "test_recipe_speech_embedding.py", "test_recipe_voxceleb.py",
-    "test_trainer_resume.py", "test_recipe_corpora.py", "test_recipe_libritts.py",
-    "test_phone_frontend.py", "test_recipe_phone_frontend.py",
-    "test_tts_corpus.py", "test_trainer_restarts.py", "test_shards.py",
-    "test_benchmark_tools.py", "test_new_corpus_guide.py", "test_synth.py",
-    "test_speech_embedding_frontend.py", "test_data_robustness.py", "test_ctc.py",
-    "test_codec_teachers.py", "test_codec_rates.py", "test_tracking.py",
-    "test_bins_help.py", "test_expected_errors.py", "test_codec_evaluation.py",
-    "test_resemblyzer_compare.py", "test_codec_modules.py", "test_classification.py",
-    "test_installers.py", "test_export_detector.py", "test_voicebank.py",
-    "test_pretrained.py", "test_pretrained_phone.py", "test_models.py", "test_keyword_alignment.py",
-    "test_speaker_models.py", "test_recipe_tts_codec.py", "test_datalist_dataset.py",
-    "test_ensemble_members.py", "test_memory.py",
+    "test_recipe_tts_speakers.py", "test_recipe_wake_word.py", "test_recipe_speech_embedding.py",
+    "test_recipe_voxceleb.py", "test_recipe_corpora.py", "test_recipe_libritts.py",
+    "test_recipe_phone_frontend.py", "test_recipe_voice_bank_speaker.py",
+    "test_recipe_voice_bank_phone.py", "test_new_corpus_guide.py",
+    "test_trainer_behaviour.py", "test_hf_datasets.py", "test_benchmark_tools.py",
+    "test_trainer_faults.py", "test_installers.py", "test_codec_task.py", "test_tts_corpus.py",
+    "test_trainer_restarts.py", "test_trainer_resume.py", "test_synth.py", "test_speaker_task.py",
+    "test_speech_embedding_frontend.py", "test_shards.py", "test_phone_frontend.py",
+    "test_codec_teachers.py", "test_codec_evaluation.py", "test_memory.py", "test_codec_rates.py",
+    "test_datalist_dataset.py", "test_pretrained_codec.py", "test_voicebank.py",
+    "test_codec_modules.py", "test_ctc.py", "test_data_robustness.py", "test_expected_errors.py",
+    "test_models.py", "test_recipe_tts_codec.py", "test_bins_help.py", "test_utils_shell.py",
+    "test_pretrained.py", "test_layout.py",
 ]
 
 
