@@ -52,11 +52,6 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_configure(config):
-    # The suite runs one worker more than cores: a second intra-op thread in a test process
-    # only spins against the other workers (two RVQ fits took 54 CPU-s on two threads, 4 on
-    # one). Subprocesses set their own (the training environment's OMP_NUM_THREADS).
-    import torch
-    torch.set_num_threads(1)
     # Set before xdist starts its workers, so they and every subprocess share it.
     if "TOOLKIT_TTS_CACHE" not in os.environ:
         config._tts_clip_dir = tempfile.mkdtemp(prefix="toolkit-tts-clips-")
@@ -67,3 +62,16 @@ def pytest_unconfigure(config):
     path = getattr(config, "_tts_clip_dir", None)
     if path:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Every test module's own torch work on one intra-op thread: the suite runs one worker
+    more than cores, and a second thread only spins against the other workers (two RVQ fits
+    took 54 CPU-s on two threads, 4 on one). Restored after the module, so a test that sets
+    its own count leaves no trace; subprocesses set theirs (OMP_NUM_THREADS)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -17,7 +17,6 @@ from in_process import run_main
 RATE = 16000
 CLASSES = ["yes", "no", "up"]
 NUM_UTTS = 12
-torch.set_num_threads(1)
 
 
 def run_cli(*args, check=True):

@@ -23,18 +23,6 @@ SENTENCES = ("The quick brown fox jumps over the lazy dog near the river bank.",
              "Please call Stella and ask her to bring these things with her from the store.")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # Metrics of a few seconds of audio on a shared CPU: more intra-op threads only spin and
-    # wait (under load, the RVQ fits of test_codec_modules.py took 50 s of CPU on two
-    # threads, 3 s on one).
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def noisy(x: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:
     noise = np.random.default_rng(seed).standard_normal(len(x))
     scale = np.sqrt(np.mean(x ** 2) / np.mean(noise ** 2) / 10 ** (snr_db / 10))

@@ -25,16 +25,6 @@ ENCODER_RATE = 16000
 DECODER_STRIDES = {24000: [5, 4, 3, 4], 44100: [7, 7, 3, 3]}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # Tiny tensors on a shared CPU: more intra-op threads only spin and wait (under load,
-    # the RVQ fits of test_codec_modules.py took 50 s of CPU on two threads, 3 s on one).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def dual_config(rate: int, **model) -> dict:
     raw = copy.deepcopy(CONFIG)
     raw["dataset"].update(sample_rate=rate, speed_perturb=[], volume_range=[])

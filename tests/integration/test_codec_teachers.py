@@ -36,16 +36,6 @@ TINY = ["model.channels=4", "model.strides=[2,4,5]", "model.dilations=[1]",
 PHASE_2, PHASE_3 = 2, 4           # step indices where the phases begin
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # Tiny tensors on a shared CPU: more intra-op threads only spin and wait (under load,
-    # the RVQ fits of test_codec_modules.py took 50 s of CPU on two threads, 3 s on one).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class Corpus:
     def __init__(self, root: str):
         self.root = root

@@ -30,7 +30,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RECIPE = os.path.join(REPO, "egs", "wake_word", "s0", "conf", "ds_tcn.yaml")
 RATE = 16000
 KEYWORDS = ["hey_box", "ok_box"]
-torch.set_num_threads(1)
 
 
 def run_cli(name, *args, input=None):

@@ -29,18 +29,6 @@ CONFIG = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """This module's own torch work (the binaries run in process, the untrained networks,
-    the streaming checks) on one thread, as the forked runs have it (OMP_NUM_THREADS=1):
-    with pytest's workers on every core, idle OpenMP threads spin for nothing."""
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _run(*args, timeout=300):
     """A binary in a process of its own, forked from the pre-imported zygote: training and
     export, which set process-wide state (torch's threads, seeds, allocator)."""

@@ -36,15 +36,6 @@ def _run(module, *args):
     return proc
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The encoder's small convolutions: a second intra-op thread only spins on a shared CPU.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _speech(path, index, seconds, seed=0):
     pitch, formants = speaker_params(index)
     sf.write(path, voice_wave(np.random.default_rng(seed), pitch, formants, seconds), RATE,

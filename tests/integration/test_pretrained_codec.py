@@ -17,16 +17,6 @@ from toolkit.errors import MissingInputError
 CODEC = "codec-voicebank-v1"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # Streaming-size calls on a shared CPU: more intra-op threads only spin and wait (under
-    # load, the RVQ fits of test_codec_modules.py took 50 s of CPU on two threads, 3 s on one).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _speech(seconds=3.0, index=3, seed=0):
     pitch, formants = speaker_params(index)
     return voice_wave(np.random.default_rng(seed), pitch, formants, seconds).astype(np.float32)

@@ -24,17 +24,6 @@ SENTENCES = ["hey jarvis, turn on the lights", "hey travis, turn on the lights",
 VOICES = ["en-us", "en-us+f3"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread for the front end's small convolutions: a second one only spins
-    on a shared CPU (the streamed zero-shot test burnt 20 s of CPU so beside other tests).
-    The thread test sets its own count (keep_threads restores this one)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def speech():
     """espeak-ng speech, rendered before any front end or search starts (espeak-ng is one

@@ -30,15 +30,6 @@ CONFIG = copy.deepcopy(TINY_SPEAKER_CONFIG)
 CONFIG["dataset"]["num_workers"] = 0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models in this process (export, embedding): extra threads only spin.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return SpeakerCorpus(str(tmp_path_factory.mktemp("speakers")), config=CONFIG)

@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 
 from in_process import run_main
 
@@ -18,16 +17,6 @@ RATE = 16000
 LONG = "okay google turn on the kitchen lights please and also the bedroom lights"
 # Whole-second chunks: the streaming itself is tested elsewhere, here the decisions.
 CHUNK = ["--chunk-ms", "1000"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The front end's small convolutions: a second intra-op thread only spins on a shared
-    # CPU (it cost several times the work itself when the suite runs beside other tests).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def kws(*args):

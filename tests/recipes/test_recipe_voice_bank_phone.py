@@ -12,6 +12,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from test_recipe_voice_bank_speaker import shipped_state
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "voice_bank", "phone_frontend")
 NAME = "phone-voicebank-v2"
@@ -34,19 +36,10 @@ def run_recipe(tmp, *args, timeout=600):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
-def shipped_state():
-    """What the checkout ships: the model names and each file of NAME (size, mtime)."""
-    from toolkit import pretrained
-    model = os.path.join(pretrained.ROOT, NAME)
-    return sorted(os.listdir(pretrained.ROOT)), {
-        f: (os.stat(os.path.join(model, f)).st_size, os.stat(os.path.join(model, f)).st_mtime_ns)
-        for f in sorted(os.listdir(model))}
-
-
 @pytest.fixture(scope="module")
 def recipe_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("voice_bank_phone")
-    before = shipped_state()
+    before = shipped_state(NAME)
     result = run_recipe(tmp, "--stop-stage", "8")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return tmp, result, before
@@ -92,7 +85,7 @@ def test_stage8_packages_into_exp_and_leaves_the_shipped_model(recipe_run):
     exp = tmp / "exp"
     out = exp / "pretrained" / NAME
     assert f"stage 8: packaging {exp / 'export'} as {out}" in result.stdout
-    assert shipped_state() == before, "stage 8 touched the shipped model"
+    assert shipped_state(NAME) == before, "stage 8 touched the shipped model"
     pretrained.weights(NAME, root=str(exp / "pretrained"))       # its card's digest holds
     card = (out / "README.md").read_text()
     command = re.search(r"bash egs/voice_bank/phone_frontend/run.sh .*--stop-stage 8", card)

@@ -36,10 +36,10 @@ def run_recipe(tmp, *args, timeout=600):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
-def shipped_state():
-    """What the checkout ships: the model names and each file of NAME (size, mtime)."""
+def shipped_state(name=NAME):
+    """What the checkout ships: the model names and each file of `name` (size, mtime)."""
     from toolkit import pretrained
-    model = os.path.join(pretrained.ROOT, NAME)
+    model = os.path.join(pretrained.ROOT, name)
     return sorted(os.listdir(pretrained.ROOT)), {
         f: (os.stat(os.path.join(model, f)).st_size, os.stat(os.path.join(model, f)).st_mtime_ns)
         for f in sorted(os.listdir(model))}

@@ -16,7 +16,6 @@ from toolkit.tasks.kws.models import MODELS, build_model
 from toolkit.trainer.checkpoint import list_checkpoints, load_payload, save_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-torch.set_num_threads(1)
 
 # step -> dev loss; the best two (5, 9) are neither the first nor the last two.
 DEV_LOSS = {3: 0.50, 5: 0.20, 7: 0.90, 9: 0.30}

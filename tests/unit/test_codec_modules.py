@@ -30,16 +30,6 @@ from toolkit.tasks.codec.streaming import StreamingDecoder, decode_streaming, en
 SR = 16000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # Tiny tensors on a shared CPU: more intra-op threads only spin and wait (under load,
-    # the RVQ fits below took 50 s of CPU on two threads, 3 s on one).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -34,16 +34,6 @@ REFUSED_ON_CUDA = (
     "aten::median", "aten::grid_sampler", "aten::_embedding_bag_backward")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # Tiny tensors on a shared CPU: more intra-op threads only spin and wait (under load,
-    # the RVQ fits of test_codec_modules.py took 50 s of CPU on two threads, 3 s on one).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class RefusedOps(TorchDispatchMode):
     """Records the refused-on-CUDA aten ops that run inside it, forward and backward."""
 

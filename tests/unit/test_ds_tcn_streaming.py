@@ -7,7 +7,6 @@ import torch
 from toolkit.tasks.kws.models import build_model, count_parameters
 from toolkit.tasks.kws.models.ds_tcn import DSTCN
 
-torch.set_num_threads(1)
 
 
 def make_model(seed=0, input_dim=40, num_outputs=2, **kw):

@@ -16,7 +16,6 @@ from toolkit.tasks.kws.models.ds_tcn import DSTCN
 from in_process import run_main
 from train_utils import ROOT, Corpus, run_train
 
-torch.set_num_threads(1)
 
 
 def make_model(seed=0, members=3, **kw):

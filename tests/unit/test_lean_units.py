@@ -12,7 +12,6 @@ from torch import nn
 from toolkit.nn.lean import conv_bn_relu, plain_pass, use_lean_pass
 from toolkit.tasks.kws.models.ds_tcn import DSTCN
 
-torch.set_num_threads(1)
 
 CONFIGS = {
     "benchmark": dict(hidden_dim=32, num_layers=4, kernel_size=8, dilations=[1, 2, 4, 8],

@@ -23,15 +23,6 @@ RECIPE_PARAMS = {"ds_tcn": (215_000, 240_000), "tcn": (15_000, 30_000),
 BCRESNET_PARAMS = {1.0: (8_000, 10_500), 3.0: (45_000, 65_000)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # Tiny tensors: intra-op threads only add synchronisation overhead on a shared CPU.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def max_diff(a, b) -> float:
     a, b = torch.as_tensor(a), torch.as_tensor(b)
     assert a.shape == b.shape, (a.shape, b.shape)

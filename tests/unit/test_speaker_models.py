@@ -14,12 +14,8 @@ from toolkit.tasks.speaker.models import (SPEAKER_MODELS, ECAPATDNN, SpeakerResN
 
 
 @pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _seeded():
     torch.manual_seed(0)
-    yield
-    torch.set_num_threads(threads)
 
 
 def build(name, **fields):
