@@ -192,16 +192,14 @@ def test_packager_writes_a_checkable_card_and_refuses_holes(tmp_path):
 def test_every_recipe_card_template_is_filled_by_its_recipe():
     """The fields a recipe's packaging stage passes (--set/--set-file), with the
     packager's own, fill every field of its template."""
-    recipes = [os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "egs", "*", "*", "conf",
-                                                                   "card.md"))]
-    assert recipes
-    for recipe in recipes:
-        run_sh = open(os.path.join(os.path.dirname(recipe), "run.sh")).read()
-        assert "toolkit.bin.package_pretrained" in run_sh, recipe
+    templates = glob.glob(os.path.join(ROOT, "egs", "*", "*", "conf", "card*.md"))
+    assert templates
+    for template in templates:
+        run_sh = open(os.path.join(os.path.dirname(os.path.dirname(template)), "run.sh")).read()
+        assert "toolkit.bin.package_pretrained" in run_sh, template
         given = set(re.findall(r'--set(?:-file)? "([a-z0-9_]+)=', run_sh))
-        fields = set(re.findall(r"\{\{\s*([a-z0-9_]+)\s*\}\}",
-                                open(os.path.join(recipe, "card.md")).read()))
-        assert fields <= given | set(AUTO_FIELDS), (recipe, fields - given - set(AUTO_FIELDS))
+        fields = set(re.findall(r"\{\{\s*([a-z0-9_]+)\s*\}\}", open(template).read()))
+        assert fields <= given | set(AUTO_FIELDS), (template, fields - given - set(AUTO_FIELDS))
 
 
 # --------------------------------------------------------------------------- licence

@@ -1,7 +1,9 @@
 """egs/voice_bank/speaker_encoder end to end at a tiny size through the real run.sh (stages
-0-8): espeak-ng speakers, one outside engine (so no trials_<engine> list exists: stage 6
-scores the lists that are there), training through torchrun, averaging, export, scoring
-with and without AS-Norm, Resemblyzer beside it, and packaging into the run's own exp dir,
+0-8), its default (v2) path: espeak-ng speakers, one outside engine (so no trials_<engine>
+list exists: stage 6 scores the lists that are there) and its short noisy crops, the room
+and noise banks, training on audio augmented on the fly through torchrun (from scratch at
+this width: v1's weights do not fit it), averaging, export, scoring with and without
+AS-Norm, Resemblyzer beside it, and packaging with the cohort into the run's own exp dir,
 never over the shipped toolkit/pretrained model unless asked (--ship true)."""
 import json
 import os
@@ -13,20 +15,24 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "voice_bank", "speaker_encoder")
-NAME = "ecapa-voicebank-v1"
+NAME = "ecapa-voicebank-v2"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-# The recipe's ECAPA-TDNN config (AAM margin ramp included) at a tiny width; 20 short epochs
-# are a few seconds and enough to separate the training speakers.
+# The recipe's v2 config at a tiny width, from scratch (a higher rate, no margin), fewer crops
+# in rooms and noise:
+# 50 short epochs (450 steps) are seconds and enough to separate the training speakers.
 TINY_TRAIN = ("model.channels=32 model.mfa_channels=64 model.se_bottleneck=8 "
               "model.attention_bottleneck=8 model.embed_dim=32 task.chunk_frames=100 "
-              "task.eval_max_frames=300 dataset.batch_size=16 training.max_epoch=20 "
-              "optim.scheduler.warmup_steps=5 training.log_interval=5")
+              "task.eval_max_frames=300 dataset.batch_size=16 training.max_epoch=50 "
+              "optim.scheduler.warmup_steps=5 training.log_interval=5 "
+              "training.init_checkpoint= dataset.reverb.prob=0.2 dataset.noise.prob=0.2 "
+              "optim.lr=0.005 head.margin=0.0")
 TINY = ["--engines", "espeak", "--blends", "0", "--espeak-utts", "6",
         "--corpus-opts", "--num-train-speakers 24 --num-dev-speakers 3 --dev-utts 2 "
                          "--num-test-speakers 6 --test-utts 2",
         "--outside-engines", "espeak", "--outside-utts", "4",
         "--outside-opts", "--num-test-speakers 6",
         "--num-procs", "1", "--average-num", "2", "--as-norm-top", "8",
+        "--num-rirs", "6", "--num-noise", "6",
         "--cohort-utts-per-spk", "2", "--train-overrides", TINY_TRAIN]
 
 
@@ -36,7 +42,7 @@ def run_recipe(tmp, *args, timeout=600):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
-def shipped_state(name=NAME):
+def shipped_state(name="ecapa-voicebank-v1"):
     """What the checkout ships: the model names and each file of `name` (size, mtime)."""
     from toolkit import pretrained
     model = os.path.join(pretrained.ROOT, name)
@@ -71,29 +77,41 @@ def test_every_stage_runs_with_one_outside_engine(recipe_run):
     train = {v.strip() for v in read_table(data / "train" / "utt2spk").values()}
     assert len(utt2spk) == 6 * 4 and len(set(utt2spk.values())) == 6
     assert not set(utt2spk.values()) & train              # held-out voices only
-    # Speed copies are speakers of their own: three times the voices in the inventory.
-    assert len((data / "dict" / "speakers.txt").read_text().split()) == 3 * len(train)
+    # The audio list's inventory: the training voices; the banks it is augmented with.
+    assert len((data / "dict" / "speakers_audio.txt").read_text().split()) == len(train)
+    assert len((data / "aug" / "rirs.list").read_text().splitlines()) == 6
+    assert len((data / "aug" / "noise.list").read_text().splitlines()) == 6
+    short = data / "outside_short" / "test"
+    assert (short / "trials").read_text() == (outside / "trials").read_text()
+    assert read_table(short / "utt2spk") == read_table(outside / "utt2spk")
     for f in ("model.onnx", "model.zip", "model.safetensors", "config.json"):
         assert (exp / "export" / f).exists(), f
     assert len((exp / "embeddings" / "outside" / "embeddings.scp").read_text().splitlines()) == 24
     summary = (exp / "score" / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in summary] == [
-        f"{NAME} outside_trials cosine", f"{NAME} outside_trials cosine + AS-Norm top 8"]
+        f"{NAME} outside_trials cosine", f"{NAME} outside_trials cosine + AS-Norm top 8",
+        f"{NAME} outside_short_trials cosine", f"{NAME} outside_short_trials cosine + AS-Norm top 8"]
     for line in summary:
         assert re.search(r"EER \d+\.\d\d% minDCF\(0\.01\) \d\.\d{3} minDCF\(0\.05\) \d\.\d{3} "
                          r"over 276 trials \(36 target\)$", line), line
     table = (exp / "resemblyzer" / "results.md").read_text()
     assert "| trials | resemblyzer |" in table and "| trials | exp: cosine |" in table
+    assert "| outside_short_trials | resemblyzer |" in table
+    assert "| outside_short_trials | exp: cosine |" in table
 
 
 def test_the_encoder_learned_its_training_speakers(recipe_run):
-    """Cosine EER among the training speakers' cohort embeddings (stage 6): 16 % here, 34 %
-    for the same network untrained (optim.lr=0), 50 % for a pipeline that lost the labels."""
+    """Cosine EER among the training speakers' cohort embeddings (stage 6): 25 % here, 34 %
+    for the same network untrained (optim.lr=0), 50 % for a pipeline that lost the labels
+    (21 % without rooms and noise: 1 s crops of 24 speakers at this width are few). And the
+    AAM head's accuracy on the last augmented crops: 1/24 untrained, above 0.5 trained."""
     from toolkit.bin.score_speaker import load_vectors
     from toolkit.tasks.speaker.scoring import compute_eer
     tmp, result, _ = recipe_run
     log = (tmp / "exp" / "log" / "train.rank0.log").read_text()
     assert "training finished" in log
+    accuracy = [float(a) for a in re.findall(r" acc (\d\.\d+) ", log)]
+    assert accuracy and np.mean(accuracy[-3:]) > 0.5, accuracy[-3:]
     vectors = load_vectors(str(tmp / "exp" / "embeddings" / "cohort" / "embeddings.scp"))
     speaker = {k: v.strip() for k, v in read_table(tmp / "data" / "train" / "utt2spk").items()}
     keys = sorted(vectors)
@@ -103,7 +121,7 @@ def test_the_encoder_learned_its_training_speakers(recipe_run):
     i, j = np.triu_indices(len(keys), 1)
     same = np.array([speaker[keys[a]] == speaker[keys[b]] for a, b in zip(i, j)], dtype=int)
     eer = compute_eer((x @ x.T)[i, j], same)[0]
-    assert eer < 0.25, eer
+    assert eer < 0.30, eer
 
 
 def test_stage8_packages_into_exp_and_leaves_the_shipped_model(recipe_run):
@@ -114,8 +132,13 @@ def test_stage8_packages_into_exp_and_leaves_the_shipped_model(recipe_run):
     out = exp / "pretrained" / NAME
     assert f"stage 8: packaging {NAME} into {out}" in result.stdout
     assert shipped_state() == before, "stage 8 touched the shipped model"
-    # A model like a shipped one: the card's digest matches, and it embeds as the export.
+    # A model like a shipped one: the card's digests match (the cohort's too), and it embeds
+    # as the export.
     pretrained.weights(NAME, root=str(exp / "pretrained"))
+    pretrained.verify_files(NAME, str(exp / "pretrained"), (pretrained.COHORT,))
+    from toolkit.tasks.kws.enrol import load_cohort
+    cohort = load_cohort(str(out / "model.safetensors"))
+    assert cohort.shape == (24, 32)
     wav = json.loads((tmp / "data" / "outside" / "test" / "data.list").read_text()
                      .splitlines()[0])["wav"]
     packaged = Embedder.from_path(str(out / "model.safetensors")).embed(wav)

@@ -10,6 +10,10 @@ with the same model, data list and --nj (each part records their sha256), redoin
       --data-list data/test/data.list --out-dir exp/resnet/embeddings/test --nj 2
   python -m toolkit.bin.extract_embeddings --pretrained ecapa-voicebank-v1 \\
       --data-list data/test/data.list --out-dir exp/pretrained/embeddings/test
+
+With --cohort-out FILE the per-speaker means are also written as an AS-Norm cohort in
+safetensors (tensor `embeddings`, speakers x dim; `speakers` in its metadata): put it as
+cohort.safetensors beside an export and the packager ships it with the model.
 """
 import argparse
 import logging
@@ -32,6 +36,8 @@ def get_args(argv=None):
     p.add_argument("--out-dir", required=True)
     p.add_argument("--nj", type=int, default=1, help="parallel parts (default %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="threads per part")
+    p.add_argument("--cohort-out", default="", metavar="FILE",
+                   help="also write the per-speaker means as a safetensors cohort")
     return p.parse_args(argv)
 
 
@@ -45,6 +51,10 @@ def main(argv=None):
                                 args.threads)
     logger.info("wrote %s/embeddings.scp (%d utterances) and speaker_embeddings.scp "
                 "(%d speakers)", args.out_dir, counts["utterances"], counts["speakers"])
+    if args.cohort_out:
+        from toolkit.tasks.speaker.embed import write_cohort
+        count = write_cohort(f"{args.out_dir}/speaker_embeddings.scp", args.cohort_out)
+        logger.info("wrote the cohort %s (%d speakers)", args.cohort_out, count)
     return 0
 
 

@@ -8,6 +8,8 @@ search (--fuse-zero-shot; threshold `fused_threshold`, stored by the recipe's st
   python -m toolkit.bin.kws --keywords "hey jarvis,alexa" a.wav          # zero-shot
   python -m toolkit.bin.kws --keywords "hey jarvis" --calibrate neg/data.list --fa-per-hour 1
   python -m toolkit.bin.kws --model exp/phone_ds_tcn/export/model.onnx --fuse-zero-shot a.wav
+  python -m toolkit.bin.kws --keywords "hey jarvis" --enroll me/ --out me.enrol  # your voice
+  python -m toolkit.bin.kws --keywords "hey jarvis" --enrolled me.enrol a.wav    # only it wakes
 
 Prints one line per detection: source, keyword, start and end time (s), score. With `-`
 it reads 16-bit little-endian mono PCM at the model's sample rate from stdin and reports
@@ -15,6 +17,11 @@ detections as they happen (chunks of --chunk-ms). With --calibrate it runs over 
 list of speech without the keywords instead and prints, per keyword, the lowest threshold
 that keeps to --fa-per-hour false alarms, counted as detection fires them (every firing
 under --refractory-s and --smooth-frames, over the list's hours).
+
+Personal wake word: --enroll embeds the keyword in clips of your voice (3 or more) with a
+speaker encoder and writes them and a speaker threshold, calibrated from the clips (and the
+encoder's cohort), to --out; --enrolled then keeps only detections in that voice, with the
+speaker score as a 6th column.
 
 A file that cannot be scanned (missing, empty, unreadable, NaN samples) is named on stderr
 and skipped, the others are scanned, and the exit status is 1; silence is scanned as audio."""
@@ -24,6 +31,8 @@ import sys
 import numpy as np
 
 from toolkit.errors import cli
+from toolkit.tasks.kws.enrol import (SpeakerGate, add_enrolment_arguments,
+                                     check_enrolment_arguments, enrol_to_file)
 
 
 def get_args(argv=None):
@@ -49,10 +58,12 @@ def get_args(argv=None):
     p.add_argument("--refractory-s", type=float, default=1.0,
                    help="no new detection this long after one")
     p.add_argument("--smooth-frames", type=int, default=1)
+    add_enrolment_arguments(p)
     p.add_argument("inputs", nargs="*", help="WAV files, or - for raw PCM on stdin")
     args = p.parse_args(argv)
-    if not args.inputs and not args.calibrate:
-        p.error("give WAV files (or -) to detect in, or --calibrate DATA_LIST")
+    check_enrolment_arguments(p, args)
+    if not args.inputs and not args.calibrate and not args.enroll:
+        p.error("give WAV files (or -) to detect in, --calibrate DATA_LIST, or --enroll CLIPS")
     if args.fuse_zero_shot and not args.model:
         p.error("--fuse-zero-shot fuses a --model with zero-shot search of its keywords")
     if args.keywords is not None:
@@ -68,7 +79,9 @@ def get_args(argv=None):
 
 
 def _print(source, det, out):
-    out.write(f"{source}\t{det.keyword_name}\t{det.start_s:.2f}\t{det.end_s:.2f}\t{det.score:.3f}\n")
+    speaker = "" if det.speaker_score is None else f"\t{det.speaker_score:.3f}"
+    out.write(f"{source}\t{det.keyword_name}\t{det.start_s:.2f}\t{det.end_s:.2f}"
+              f"\t{det.score:.3f}{speaker}\n")
     out.flush()
 
 
@@ -93,8 +106,12 @@ def main(argv=None):
     threshold = args.threshold
     if threshold is None and not args.model:
         threshold = ZERO_SHOT_THRESHOLD
+    gate = SpeakerGate(args.enrolled, encoder=args.speaker_model) if args.enrolled else None
     detector = Detector(backend, threshold, args.smooth_frames,
-                        _refractory_frames(backend, args.refractory_s))
+                        _refractory_frames(backend, args.refractory_s), enrolled=gate)
+    if args.enroll is not None:
+        print(enrol_to_file(detector, args.enroll, args.out, args.speaker_model, args.context_s))
+        return 0
     found, skipped = 0, 0
     for source in args.inputs:
         detector.reset()
@@ -116,8 +133,10 @@ def main(argv=None):
         for det in detector.flush():
             _print(source, det, sys.stdout)
             found += 1
-    sys.stderr.write(f"{found} detection(s)" + (f"; {skipped} of {len(args.inputs)} "
-                                                 "input(s) skipped" if skipped else "") + "\n")
+    sys.stderr.write(f"{found} detection(s)"
+                     + (f"; {detector.rejected} not in the enrolled voice" if gate else "")
+                     + (f"; {skipped} of {len(args.inputs)} input(s) skipped"
+                        if skipped else "") + "\n")
     return 1 if skipped else 0
 
 

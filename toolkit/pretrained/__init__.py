@@ -17,7 +17,7 @@ Apache-2.0 (LICENSE at the repository root).
 import json
 import os
 import re
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from toolkit.errors import DataError, MissingInputError
 from toolkit.fileio import sha256_file
@@ -28,7 +28,12 @@ CONFIG = "config.json"
 CARD = "README.md"
 PREFIX = "pretrained:"
 DIGESTED = (WEIGHTS, CONFIG)          # the files a card states the sha256 of
-_CARD_SHA = re.compile(r"sha256 \((model\.safetensors|config\.json)\)\W+([0-9a-f]{64})")
+# Files some models ship beside the weights, digested on the card when they do: a speaker
+# encoder's AS-Norm cohort (training speakers' mean embeddings, tensor `embeddings`).
+COHORT = "cohort.safetensors"
+OPTIONAL = (COHORT,)
+_CARD_SHA = re.compile(
+    r"sha256 \((model\.safetensors|config\.json|cohort\.safetensors)\)\W+([0-9a-f]{64})")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 # Left by an interrupted packaging (the packager of d486171 staged into NAME.tmp): never a
 # model, even when it holds one's files.
@@ -74,7 +79,7 @@ file_sha256 = sha256_file
 
 def card_lines(text: str) -> Dict[str, List[str]]:
     """file -> the digests a card's text states for it."""
-    found: Dict[str, List[str]] = {f: [] for f in DIGESTED}
+    found: Dict[str, List[str]] = {f: [] for f in DIGESTED + OPTIONAL}
     for filename, digest in _CARD_SHA.findall(text):
         found[filename].append(digest)
     return found
@@ -86,11 +91,13 @@ def card_digests(name: str, root: str = ROOT) -> Dict[str, str]:
     with open(card, encoding="utf-8") as f:
         found = card_lines(f.read())
     for filename, digests in found.items():
+        if filename in OPTIONAL and len(digests) <= 1:
+            continue
         if len(digests) != 1:
             raise DataError(f"{card}: expected one line 'sha256 ({filename}): `HEX`', found "
                             f"{len(digests)} (repackage the model with toolkit.bin."
                             "package_pretrained)")
-    return {filename: digests[0] for filename, digests in found.items()}
+    return {filename: digests[0] for filename, digests in found.items() if digests}
 
 
 def card_sha256(name: str, root: str = ROOT) -> str:
@@ -105,11 +112,29 @@ def verify_files(name: str, root: str = ROOT, files: Tuple[str, ...] = DIGESTED)
     stated = card_digests(name, root)
     for filename in files:
         path = os.path.join(folder, filename)
+        if filename not in stated:
+            raise DataError(f"{os.path.join(folder, CARD)} states no sha256 ({filename}): the "
+                            f"model ships no {filename} (repackage it to add one)")
         actual = file_sha256(path)
         if stated[filename] != actual:
             raise DataError(f"{path}: sha256 {actual} differs from its model card's "
                             f"{stated[filename]} ({os.path.join(folder, CARD)}); reinstall the "
                             "package")
+
+
+def companion(weights_path: str, filename: str) -> Optional[str]:
+    """`filename` beside a model's weights (e.g. COHORT), or None when there is none. Beside
+    a shipped model's weights it counts only when the card states its sha256, and is
+    checked against it (a DataError when it differs or has gone)."""
+    folder = os.path.dirname(os.path.abspath(weights_path))
+    path = os.path.join(folder, filename)
+    if os.path.dirname(folder) == ROOT:
+        name = os.path.basename(folder)
+        if filename not in card_digests(name, ROOT):
+            return None
+        verify_files(name, ROOT, (filename,))
+        return path
+    return path if os.path.exists(path) else None
 
 
 def weights(name: str, verify: bool = True, root: str = ROOT) -> str:

@@ -22,8 +22,8 @@ import subprocess
 from typing import Dict, Sequence
 
 from toolkit.errors import ConfigError, DataError, MissingInputError
-from toolkit.pretrained import (CARD, CONFIG, DIGESTED, ROOT, STAGING_SUFFIXES, WEIGHTS, _NAME,
-                                _aside, card_lines, file_sha256)
+from toolkit.pretrained import (CARD, CONFIG, DIGESTED, OPTIONAL, ROOT, STAGING_SUFFIXES,
+                                WEIGHTS, _NAME, _aside, card_lines, file_sha256)
 
 MAX_BYTES = 10 * 1024 * 1024        # the project's limit per shipped model
 AUTO_FIELDS = ("name", "sha256", "config_sha256", "parameters", "size_kb", "commit", "date",
@@ -114,7 +114,8 @@ def package(export_dir: str, name: str, template: str, extra: Dict[str, str],
             summaries: Sequence[str] = (), root: str = ROOT,
             toolkit_root: str = os.path.dirname(os.path.dirname(ROOT)),
             max_bytes: int = MAX_BYTES, overwrite: bool = False) -> str:
-    """Copies `export_dir`'s model.safetensors + config.json into root/name/ and renders
+    """Copies `export_dir`'s model.safetensors + config.json (and the OPTIONAL files it
+    holds, e.g. a speaker encoder's cohort.safetensors) into root/name/ and renders
     the card; returns that directory. Refuses a model over `max_bytes`, and a name already
     shipped unless `overwrite` (a recipe rerun must not replace a shipped model unasked)."""
     if not _NAME.match(name) or name.endswith(STAGING_SUFFIXES):
@@ -131,7 +132,8 @@ def package(export_dir: str, name: str, template: str, extra: Dict[str, str],
     for path in (weights, side, template, *summaries):
         if not os.path.exists(path):
             raise MissingInputError(f"{path} not found")
-    size = os.path.getsize(weights) + os.path.getsize(side)
+    size = sum(os.path.getsize(os.path.join(export_dir, f)) for f in DIGESTED + OPTIONAL
+               if os.path.exists(os.path.join(export_dir, f)))
     if size > max_bytes:
         raise DataError(f"{weights}: {size / 2**20:.2f} MiB with its config, over the "
                         f"{max_bytes / 2**20:.2f} MiB a shipped model may take")
@@ -152,7 +154,13 @@ def package(export_dir: str, name: str, template: str, extra: Dict[str, str],
         # Digests of the copies that ship, not of the export they came from.
         shutil.copyfile(weights, os.path.join(staged, WEIGHTS))
         shutil.copyfile(side, os.path.join(staged, CONFIG))
-        digests = {f: file_sha256(os.path.join(staged, f)) for f in DIGESTED}
+        shipped = list(DIGESTED)
+        for extra_file in OPTIONAL:       # e.g. a speaker encoder's AS-Norm cohort
+            if os.path.exists(os.path.join(export_dir, extra_file)):
+                shutil.copyfile(os.path.join(export_dir, extra_file),
+                                os.path.join(staged, extra_file))
+                shipped.append(extra_file)
+        digests = {f: file_sha256(os.path.join(staged, f)) for f in shipped}
         values = {"name": name, "sha256": digests[WEIGHTS], "config_sha256": digests[CONFIG],
                   "parameters": f"{parameter_count(weights):,}",
                   "size_kb": f"{os.path.getsize(weights) / 1024:,.0f}",

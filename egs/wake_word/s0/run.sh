@@ -21,6 +21,10 @@
 #   5 export TorchScript/ONNX/safetensors -> $exp/export/ (parity-checked)
 #   6 score the test set with the ONNX model -> $exp/score/ (DET table, plot, summary),
 #     each outside test set -> $exp/score_outside_<engine>/
+#   7 personal wake word: on each outside test set, every voice in turn enrolled from
+#     $enrol_clips of its keyword clips, the detector gated by its voice (the speaker
+#     encoder $speaker_model) -> $exp/score_personal_<engine>/ (FRR, impostors accepted,
+#     FA/h, with and without the gate)
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./path.sh
@@ -32,7 +36,7 @@ node_rank=0
 rdzv_endpoint=127.0.0.1:29400
 master_port=""     # one node: fixed torchrun port (default: a free one)
 stage=0
-stop_stage=6
+stop_stage=7
 
 keyword="hey snips"
 seed=777           # the corpus: its voices, texts and noise (one seed, one corpus)
@@ -69,6 +73,10 @@ target_fa_per_hour=1.0
 # phone posteriors.
 fuse_zero_shot=auto
 ctc_unit=phone  # CTC targets (conf/*_ctc.yaml): espeak-ng phones
+# Stage 7: the personal wake word (needs outside_engines): the encoder that gates, and how
+# many keyword clips each test voice enrols with.
+speaker_model=pretrained:ecapa-voicebank-v2
+enrol_clips=3
 
 help_message="Usage: $0 [--keyword \"hey snips\"] [--stage N] [--stop-stage M] [--gpus 0,1] ..."
 . utils/parse_options.sh
@@ -219,4 +227,18 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   done
   echo "false alarms, per-speaker misses and missed utterances at that threshold:" \
     "$exp/score/errors_*.txt"
+fi
+
+if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
+  echo "stage 7: personal wake word (each outside voice enrolled in turn, $speaker_model)"
+  [ -n "$outside_engines" ] || echo "stage 7: no outside_engines: nothing to measure"
+  fuse_opts=()
+  [ "$fuse_zero_shot" = true ] && fuse_opts=(--fuse-zero-shot)
+  for e in ${outside_engines//,/ }; do
+    python -m toolkit.bin.score_personal_kws --model "$exp/export/model.onnx" "${fuse_opts[@]}" \
+      --test-dir "$data/outside_$e/test" --speaker-model "$speaker_model" \
+      --enrol-clips "$enrol_clips" --seed "$seed" --name "$e" \
+      --negative-reference "$data/dev/data.list" --out-dir "$exp/score_personal_$e"
+    cat "$exp/score_personal_$e/results.md"
+  done
 fi

@@ -11,7 +11,8 @@ across calls, so feeding audio in pieces gives what the whole file gives.
 Backends: ONNX Runtime, TorchScript, or a training checkpoint, chosen by extension;
 `Detector.zero_shot(["hey jarvis"])` needs no model of the keyword at all, and
 `Detector.from_path(path, fuse_zero_shot=True)` scores a head on phone posteriors together
-with that search.
+with that search. `enrolled=` (an enrolment of toolkit.tasks.kws.enrol) keeps only the
+detections said in the enrolled voice: "only my voice wakes it".
 """
 import json
 import os
@@ -148,6 +149,48 @@ class NamedDetection:
     start_s: float
     end_s: float
     score: float
+    speaker_score: Optional[float] = None    # set by a speaker gate (Detector(enrolled=...))
+
+
+class _RecentAudio:
+    """The stream's recent samples with the absolute index of the first one kept, so a
+    detection's window can be cut after the fact. Forgetting only moves an offset; the kept
+    samples are moved to the front when an append finds no room: amortised O(1)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.data = np.zeros(0, np.float32)
+        self.head = 0       # data[head:head + size] are the kept samples
+        self.size = 0
+        self.start = 0      # absolute index of data[head]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def append(self, samples: np.ndarray) -> None:
+        if self.head + self.size + len(samples) > len(self.data):
+            kept = self.data[self.head:self.head + self.size]
+            if self.size + len(samples) > len(self.data) // 2:
+                self.data = np.zeros(max(2 * (self.size + len(samples)), 1024), np.float32)
+            self.data[:self.size] = kept
+            self.head = 0
+        self.data[self.head + self.size:self.head + self.size + len(samples)] = samples
+        self.size += len(samples)
+
+    def drop_before(self, sample: int) -> None:
+        """Forget the samples before absolute index `sample`."""
+        cut = min(max(0, sample - self.start), self.size)
+        self.head, self.start, self.size = self.head + cut, self.start + cut, self.size - cut
+
+    def cut(self, a: int, b: int) -> np.ndarray:
+        if a < self.start:
+            raise RuntimeError(f"speaker gate: samples from {a} asked, the buffer keeps them "
+                               f"from {self.start} (its look-back is too short)")
+        lo = self.head + a - self.start
+        return self.data[lo:self.head + min(b, self.end) - self.start].copy()
 
 
 def frames_for_seconds(default_frames: int, frame_shift_ms: float) -> int:
@@ -161,12 +204,19 @@ class Detector:
     for itself; a keyword inside another ("hey" in "hey jarvis") is reported only when the
     longer one does not fire over it, so its detections wait until the longer keyword can
     no longer overlap them, or until `flush()` at the end of a stream
-    (toolkit.tasks.kws.decision, rule 5)."""
+    (toolkit.tasks.kws.decision, rule 5).
+
+    `enrolled` (an Enrolment, a SpeakerGate or the path of a .enrol file, see
+    toolkit.tasks.kws.enrol) gates every detection by its speaker: the keyword's window and
+    the enrolment's context either side are embedded and scored against the enrolment; a
+    detection is kept (with `speaker_score`) only when the gate accepts it, and counted in
+    `rejected` otherwise. The speaker encoder runs only when the keyword fires. A detection
+    waits for its trailing context (`context_s` of audio after it) or `flush()`."""
 
     def __init__(self, backend: Backend, threshold: Optional[float] = None,
                  smooth_frames: int = DEFAULT_SMOOTH_FRAMES,
                  refractory_frames: Optional[int] = None,
-                 max_keyword_frames: Optional[int] = None):
+                 max_keyword_frames: Optional[int] = None, enrolled=None):
         from toolkit.errors import DataError
         self.backend = backend
         meta = backend.metadata
@@ -197,6 +247,31 @@ class Detector:
                                       num_keywords=len(self.keywords),
                                       nested=nested_pairs(self.keywords),
                                       hold_frames=max(bounds) if bounds else None)
+        self.gate = None
+        self.rejected = 0        # detections the speaker gate refused, since construction
+        if enrolled is not None:
+            self._init_gate(enrolled, bounds)
+
+    def _init_gate(self, enrolled, bounds) -> None:
+        from toolkit.errors import DataError
+        from toolkit.tasks.kws.enrol import SpeakerGate
+        self.gate = enrolled if isinstance(enrolled, SpeakerGate) else SpeakerGate(enrolled)
+        if self.gate.sample_rate != self.sample_rate:
+            raise DataError(f"the speaker encoder reads {self.gate.sample_rate} Hz audio, the "
+                            f"keyword model {self.sample_rate} Hz")
+        self.context_s = float(self.gate.enrolment.context_s)
+        # How far back from the decision's current frame a window still to be reported may
+        # begin: a held nested keyword (rule 5) fired up to hold_frames ago, its onset lies
+        # up to the longest keyword before that (a search's path may begin one slow phone
+        # before its bound: the lead of its first phone), then the context before it.
+        longest = self.decision.max_keyword_frames
+        if bounds:
+            from toolkit.tasks.kws.search import FRAMES_PER_PHONE
+            longest = max(longest, max(bounds) + FRAMES_PER_PHONE)
+        hold = self.decision.hold_frames if self.decision.nested else 0
+        self._lookback_frames = longest + hold + 1
+        self._recent = _RecentAudio()
+        self._pending: List[NamedDetection] = []
 
     @classmethod
     def from_path(cls, path: str, threshold: Optional[float] = None, threads: int = 1,
@@ -218,6 +293,9 @@ class Detector:
         self.backend.reset()
         self.frontend.reset()
         self.decision.reset()
+        if self.gate is not None:
+            self._recent.reset()
+            self._pending = []
 
     def _named(self, detections) -> List[NamedDetection]:
         return [NamedDetection(d.keyword, self.keywords[d.keyword], d.start_s, d.end_s, d.score)
@@ -228,13 +306,49 @@ class Detector:
         samples = np.asarray(samples)
         if samples.dtype == np.int16:
             samples = samples.astype(np.float32) / 32768.0
-        probs = self.backend.step(self.frontend.accept(samples.astype(np.float32, copy=False)))
+        samples = samples.astype(np.float32, copy=False)
+        if self.gate is not None:
+            self._recent.append(samples)
+        probs = self.backend.step(self.frontend.accept(samples))
         # A search reports where each keyword's path began: the detection's true start.
         path = getattr(self.backend, "path_frames", None)
         if path is not None and path.shape != probs.shape:
             path = None
-        return self._named(self.decision.step(probs, path))
+        found = self._named(self.decision.step(probs, path))
+        return found if self.gate is None else self._gated(found, final=False)
 
     def flush(self) -> List[NamedDetection]:
-        """The end of a stream: detections still held for a longer keyword (rule 5)."""
-        return self._named(self.decision.flush())
+        """The end of a stream: detections still held for a longer keyword (rule 5), and
+        with a speaker gate those still waiting for their trailing context."""
+        found = self._named(self.decision.flush())
+        return found if self.gate is None else self._gated(found, final=True)
+
+    def _gated(self, found: List[NamedDetection], final: bool) -> List[NamedDetection]:
+        """Detections whose window is complete (or the stream ended), scored by the gate;
+        those it accepts, with their speaker score."""
+        from toolkit.errors import DataError
+        from toolkit.tasks.kws.enrol import window_bounds
+        rate, end = self.sample_rate, self._recent.end
+        self._pending += found
+        kept, waiting = [], []
+        for det in self._pending:
+            a, b = window_bounds(det.start_s, det.end_s, self.context_s, rate,
+                                 end if final else None)
+            if b > end:
+                waiting.append(det)
+                continue
+            try:
+                det.speaker_score = self.gate.score(self.gate.embed(self._recent.cut(a, b)))
+            except DataError:            # too little audio to embed: the speaker is unknown
+                det.speaker_score = None
+            if det.speaker_score is not None and self.gate.accepts(det.speaker_score):
+                kept.append(det)
+            else:
+                self.rejected += 1
+        self._pending = waiting
+        # Keep what a window still to come may need, and no more.
+        shift_s = float(self.backend.metadata["feature"]["frame_shift_ms"]) / 1000.0
+        first = (self.decision.frame_index - self._lookback_frames) * shift_s - self.context_s
+        starts = [window_bounds(d.start_s, d.end_s, self.context_s, rate)[0] for d in waiting]
+        self._recent.drop_before(min(starts + [int(np.floor(first * rate))]))
+        return sorted(kept, key=lambda d: (d.end_s, d.keyword))

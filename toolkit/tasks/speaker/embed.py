@@ -353,3 +353,22 @@ def extract_embeddings(model_path: str, list_path: str, out_dir: str, nj: int = 
         for spk in sorted(by_spk):
             writer(spk, np.mean(by_spk[spk], axis=0).astype(np.float32))
     return {"utterances": len(lines), "speakers": len(by_spk)}
+
+
+def write_cohort(speaker_scp: str, out_path: str) -> int:
+    """The per-speaker mean embeddings of `speaker_scp` as an AS-Norm cohort: safetensors
+    with one tensor `embeddings` (speakers x dim, unit rows) and the speaker names in its
+    metadata; returns the number of speakers."""
+    import kaldiio
+    from safetensors.numpy import save_file
+    vectors = kaldiio.load_scp(speaker_scp)
+    names = sorted(vectors)
+    if not names:
+        raise DataError(f"{speaker_scp}: no speaker embeddings to make a cohort of")
+    matrix = np.stack([np.asarray(vectors[n], np.float32) for n in names])
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True) + 1e-12
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    tmp = out_path + ".tmp"
+    save_file({"embeddings": matrix}, tmp, metadata={"speakers": json.dumps(names)})
+    os.replace(tmp, out_path)
+    return len(names)

@@ -1,0 +1,181 @@
+"""tools/benchmarks/oww_verifier.py: openWakeWord's custom verifier, trained by its own
+train_custom_verifier per enrolled voice and applied offline to each clip's stored
+openWakeWord windows, on a small real plan: three espeak-ng voices saying "hey jarvis"
+(three enrolment clips and two held-out clips each), a few negatives and other speech as
+the verifier's negative reference."""
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from in_process import run_main
+
+pytest.importorskip("openwakeword")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOL = os.path.join(ROOT, "tools", "benchmarks", "oww_verifier.py")
+RATE = 16000
+VOICES = {"A": "en-us+f3", "B": "en+m3", "C": "en-gb-x-rp+klatt"}
+PROSODY = [(150, 45), (165, 50), (180, 55), (160, 40), (172, 60)]   # (rate, pitch) per clip
+NEGATIVES = ["good morning the train leaves at nine", "hey travis, are you there",
+             "turn on the lights please", "jars of jam on the shelf"]
+REFERENCE = ["the quick brown fox jumps over the lazy dog", "please call me back tomorrow",
+             "what a lovely day it is", "the meeting starts at ten"]
+
+
+@pytest.fixture(scope="module")
+def tool():
+    """The tool's module, loaded from its file once (its thread-count defaults and its
+    sys.path entry undone afterwards)."""
+    environ, path = dict(os.environ), list(sys.path)
+    spec = importlib.util.spec_from_file_location("oww_verifier", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.path[:] = path
+    return module
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    """The plan file and its content: 16-bit WAVs rendered with fixed seeds."""
+    from toolkit.data.audio import resample
+    from toolkit.voicebank.espeak import Espeak
+    out = tmp_path_factory.mktemp("oww_verifier_plan")
+    engine = Espeak()
+
+    def say(text, voice, seed, rate=175, pitch=50):
+        engine.seed(seed)
+        return resample(engine.synth(text, voice, rate=rate, pitch=pitch), engine.rate, RATE)
+
+    def write(name, wave):
+        path = str(out / f"{name}.wav")
+        sf.write(path, wave, RATE, subtype="PCM_16")
+        return path
+
+    positives, enrol = [], {}
+    for spk, voice in VOICES.items():
+        for i, (rate, pitch) in enumerate(PROSODY):
+            key = f"{spk}_{i}"
+            positives.append({"key": key, "spk": spk,
+                              "wav": write(key, say("hey jarvis", voice, i, rate, pitch))})
+        enrol[spk] = [f"{spk}_0", f"{spk}_1", f"{spk}_2"]
+    negatives = []
+    for i, text in enumerate(NEGATIVES):
+        wave = say(text, "en-us+m1", i)
+        negatives.append({"key": f"neg{i}", "wav": write(f"neg{i}", wave),
+                          "duration": len(wave) / RATE})
+    reference = [write(f"ref{i}", say(text, ("en-029+f1", "en-us+m2")[i % 2], i))
+                 for i, text in enumerate(REFERENCE)]
+    content = {"keyword": "hey jarvis", "positives": positives, "negatives": negatives,
+               "negative_reference": reference, "enrol": enrol}
+    (out / "plan.json").write_text(json.dumps(content))
+    return str(out / "plan.json"), content
+
+
+@pytest.fixture(scope="module")
+def run(tool, plan, tmp_path_factory):
+    out = tmp_path_factory.mktemp("oww_verifier_out")
+    result = run_main(tool.main, ["--plan", plan[0], "--out-dir", out, "--match-frr", "0.5",
+                                  "--nj", "1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, out, json.loads((out / "results.json").read_text())
+
+
+def test_it_runs_end_to_end_with_figures_per_voice(run, plan):
+    result, out, res = run
+    assert (out / "results.md").read_text() in result.stdout
+    assert res["enrolled"] == 3 and res["failed"] == []
+    assert res["openwakeword"]["custom_verifier_threshold_default"] == 0.1
+    # The detector threshold is the ungated model's 1 FA/h point, and the ungated row
+    # (counted clip by clip here) agrees with the DET counting that chose it.
+    assert res["mean"]["ungated"]["fa_per_hour"] == res["detector"]["fa_per_hour"] <= 1.0
+    for spk in VOICES:
+        v = res["voices"][spk]
+        assert os.path.isfile(v["verifier"]) and v["error"] is None
+        assert v["held_out_positives"] == 2 and v["impostor_positives"] == 10
+        assert v["train_windows"]["positive"] > 0 and v["train_windows"]["negative"] > 0
+        for row in ("ungated", "oww_defaults", "gate_at_default"):
+            assert set(v[row]) == {"frr", "ia", "fa_per_hour"}
+            assert 0 <= v[row]["frr"] <= 1 and 0 <= v[row]["ia"] <= 1
+    curve = res["curve"]
+    frr, ia = np.array(curve["frr"]), np.array(curve["ia"])
+    assert len(curve["threshold"]) == len(frr) > 1000
+    assert np.all(np.diff(frr) >= -1e-12) and np.all(np.diff(ia) <= 1e-12)
+    assert frr[-1] == 1.0 and ia[-1] == 0.0              # nothing passes p >= 1
+    match = res["match_frr"]["gate"]
+    assert match["frr"] <= 0.5
+    assert match["ia"] == min(i for f, i in zip(frr, ia) if f == match["frr"])
+    assert not any(match["frr"] < f <= 0.5 for f in frr)
+
+
+def test_a_voice_scores_its_own_clips_above_other_voices_clips(tool, run, plan):
+    """Each voice's pickled verifier run by openWakeWord's own Model (custom_verifier_models,
+    default custom_verifier_threshold) over the held-out clips: the verifier's probability
+    per clip (max over the chunks it is asked about) is higher on the voice's own clips
+    than on the other voices' clips, and the tool's offline figures are those numbers."""
+    import openwakeword
+    from toolkit.data.features import oww_model_dir
+    _, _, res = run
+    path, content = plan
+    model_path = os.path.join(oww_model_dir(), "hey_jarvis_v0.1.onnx")
+    name = "hey_jarvis_v0.1"
+    cvt = res["openwakeword"]["custom_verifier_threshold_default"]
+    enrolled = {k for keys in content["enrol"].values() for k in keys}
+
+    def chunk_scores(model, clip):
+        audio = tool.padded_int16(tool.read_wave(clip["wav"]), clip["key"], 2.0, 0.5)
+        out = [model.predict(audio[i:i + 1280])[name] for i in range(0, len(audio) - 1279, 1280)]
+        return np.array(out[25:])                     # chunks ending after the 2 s lead
+
+    plain = openwakeword.Model(wakeword_models=[model_path], inference_framework="onnx")
+    raw = {c["key"]: chunk_scores(plain, c) for c in content["positives"]}
+    aucs = []
+    for spk in VOICES:
+        v = res["voices"][spk]
+        gated = openwakeword.Model(wakeword_models=[model_path], inference_framework="onnx",
+                                   custom_verifier_models={name: v["verifier"]},
+                                   custom_verifier_threshold=cvt)
+        own, others = [], []
+        for clip in content["positives"]:
+            if clip["key"] in enrolled and clip["spk"] == spk:
+                continue
+            w, s = raw[clip["key"]], chunk_scores(gated, clip)
+            assert np.any(w >= cvt), clip["key"]          # the verifier is asked on every clip
+            (own if clip["spk"] == spk else others).append(s[w >= cvt].max())
+        own, others = np.array(own), np.array(others)
+        assert own.mean() > others.mean(), (spk, own, others)
+        sep = v["separation"]
+        assert sep["own_clips"] == 2 and sep["other_clips"] == 10
+        assert abs(sep["mean_prob_own"] - own.mean()) < 1e-6
+        assert abs(sep["mean_prob_others"] - others.mean()) < 1e-6
+        aucs.append(((own[:, None] > others[None]) + 0.5 * (own[:, None] == others[None])).mean())
+        assert abs(sep["auc"] - aucs[-1]) < 1e-9
+    assert np.mean(aucs) >= 0.75, aucs
+
+
+@pytest.mark.parametrize("fault", ["enrol key", "wav", "field"])
+def test_a_bad_plan_is_one_error_line_naming_the_key_or_file(tool, plan, tmp_path, fault):
+    content = json.loads(json.dumps(plan[1]))
+    if fault == "enrol key":
+        content["enrol"]["B"][2] = "B_9"
+        want = "enrol['B'] names key 'B_9', which is not among the positives"
+    elif fault == "wav":
+        content["positives"][4]["wav"] = str(tmp_path / "gone.wav")
+        want = f"positives[4] (key 'A_4'): wav file {tmp_path / 'gone.wav'} not found"
+    else:
+        del content["negatives"][1]["duration"]
+        want = "negatives[1] (key 'neg1') has no 'duration'"
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps(content))
+    result = run_main(tool.main, ["--plan", bad, "--out-dir", tmp_path / "out", "--nj", "1"])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {bad}: {want}"]
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,202 @@
+"""A personal wake word measured the way a household meets it: each test voice in turn is
+the enrolled user, the other test voices are the household's other talkers.
+
+For one test set (a Kaldi data dir of a wake-word corpus: utt2kind pos / neg / noise /
+conf, utt2spk the voice):
+  1. the detector, ungated, runs once over every clip (its own threshold, the one a user
+     gets); each firing's window (plus the gate's context) is embedded once by the speaker
+     encoder;
+  2. per voice v: `enrol_clips` of v's positives on which the keyword fired (seeded pick)
+     are its enrolment, never scored; the gate's threshold is calibrated from them and the
+     encoder's cohort alone (toolkit.tasks.kws.enrol.calibrate_gate_threshold);
+  3. v's other positives give its FRR without and with the gate; the other voices'
+     positives, the impostors' acceptance (fired and passed the gate, over all their
+     clips); the general negatives (neg and noise clips), false alarms per hour without and
+     with the gate. A clip counts once: accepted when any of its firings is.
+Averages are over voices. `plan` writes the same enrolment and test split as JSON for a
+peer (tools/benchmarks/oww_verifier.py).
+"""
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from toolkit.data import kaldi
+from toolkit.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+GENERAL_NEGATIVES = ("neg", "noise")      # everyday speech and noise; conf: issue of its own
+
+
+@dataclass
+class Clip:
+    key: str
+    wav: str
+    kind: str
+    voice: str
+    seconds: float = 0.0
+    firings: List[dict] = field(default_factory=list)   # start_s, end_s, score, embedding
+
+
+def read_test_set(data_dir: str) -> List[Clip]:
+    """The clips of a wake-word test dir: wav.scp, utt2kind, utt2spk (utt2dur if there)."""
+    wav = kaldi.read_table(os.path.join(data_dir, "wav.scp"))
+    kind = kaldi.read_table(os.path.join(data_dir, "utt2kind"))
+    spk = kaldi.read_table(os.path.join(data_dir, "utt2spk"))
+    missing = [k for k in wav if k not in kind or k not in spk]
+    if missing:
+        raise DataError(f"{data_dir}: {len(missing)} utterances without utt2kind or utt2spk "
+                        f"(first: {missing[0]})")
+    return [Clip(k, wav[k], kind[k], spk[k]) for k in sorted(wav)]
+
+
+def scan(detector, embedder, clips: Sequence[Clip], context_s: float, chunk_s: float = 1.0) -> None:
+    """Runs the ungated detector over every clip and embeds each firing's window (the
+    gate's: toolkit.tasks.kws.enrol.window_bounds) with the speaker encoder."""
+    from toolkit.data.augment import load_mono
+    from toolkit.progress import Progress
+    from toolkit.tasks.kws.enrol import window_bounds
+    rate = detector.sample_rate
+    chunk = max(1, int(rate * chunk_s))
+    progress = Progress(len(clips), "clips scanned", "clips")
+    for clip in clips:
+        wave = load_mono(clip.wav, rate, allow_silence=True)
+        clip.seconds = len(wave) / rate
+        detector.reset()
+        found = [d for s in range(0, len(wave), chunk)
+                 for d in detector.accept_waveform(wave[s:s + chunk])]
+        found += detector.flush()
+        clip.firings = []
+        for d in found:
+            a, b = window_bounds(d.start_s, d.end_s, context_s, rate, len(wave))
+            vector = np.asarray(embedder.embed(wave[a:b]), np.float64)
+            clip.firings.append({"start_s": d.start_s, "end_s": d.end_s, "score": d.score,
+                                 "embedding": vector / max(np.linalg.norm(vector), 1e-12)})
+        progress.update()
+    progress.close()
+
+
+def pick_enrolment(clips: Sequence[Clip], enrol_clips: int, seed: int) -> Dict[str, List[str]]:
+    """Per voice, `enrol_clips` of its positives on which the keyword fired (as a user
+    repeats an enrolment the detector missed); voices with fewer are left out."""
+    out = {}
+    for voice in sorted({c.voice for c in clips if c.kind == "pos"}):
+        fired = sorted(c.key for c in clips if c.kind == "pos" and c.voice == voice and c.firings)
+        rng = np.random.default_rng([seed, *voice.encode("utf-8")])
+        if len(fired) < enrol_clips + 1:
+            logger.warning("voice %s: %d positives fired, fewer than %d enrolment clips + 1 "
+                           "to test: left out", voice, len(fired), enrol_clips)
+            continue
+        out[voice] = sorted(str(k) for k in rng.choice(fired, enrol_clips, replace=False))
+    if not out:
+        raise DataError("no test voice has enough detected positives to enrol")
+    return out
+
+
+def _best(clip: Clip, scorer, threshold: Optional[float]) -> bool:
+    """Whether any firing of the clip passes (threshold None: ungated, any firing)."""
+    if threshold is None:
+        return bool(clip.firings)
+    return any(scorer(f["embedding"]) >= threshold for f in clip.firings)
+
+
+def evaluate(clips: Sequence[Clip], enrolment: Dict[str, List[str]],
+             cohort: Optional[np.ndarray]) -> Dict:
+    """Per voice and averaged: FRR (%) without / with the gate, impostor acceptance (%)
+    without / with it, FA/h without / with it, and the gate's threshold (calibrated from
+    the enrolment and `cohort` alone; AS-Norm with a cohort, else cosine)."""
+    from toolkit.tasks.kws.enrol import EnrolmentScorer, calibrate_gate_threshold
+
+    def gate_factory(embeddings):
+        scorer = EnrolmentScorer(embeddings, cohort)
+        return lambda e: float(scorer(e)[0])
+    by_key = {c.key: c for c in clips}
+    negatives = [c for c in clips if c.kind in GENERAL_NEGATIVES]
+    hours = sum(c.seconds for c in negatives) / 3600.0
+    if hours <= 0:
+        raise DataError("the test set has no general negatives (utt2kind neg or noise)")
+    voices = {}
+    for voice, keys in enrolment.items():
+        embeddings = np.stack([max(by_key[k].firings, key=lambda f: f["score"])["embedding"]
+                               for k in keys])
+        scorer = gate_factory(embeddings)
+        threshold = float(calibrate_gate_threshold(embeddings, cohort))
+        own = [c for c in clips if c.kind == "pos" and c.voice == voice and c.key not in keys]
+        others = [c for c in clips if c.kind == "pos" and c.voice != voice]
+        row = {"threshold": threshold, "own": len(own), "impostors": len(others)}
+        for name, thr in (("ungated", None), ("gated", threshold)):
+            row[f"frr_{name}"] = 100.0 * sum(not _best(c, scorer, thr) for c in own) / max(1, len(own))
+            row[f"ia_{name}"] = 100.0 * sum(_best(c, scorer, thr) for c in others) / max(1, len(others))
+            row[f"fa_per_hour_{name}"] = sum(
+                sum(1 for f in c.firings if thr is None or scorer(f["embedding"]) >= thr)
+                for c in negatives) / hours
+        # The whole curve for a comparison at equal FRR: scores of own and impostor clips
+        # (the best firing of each; a clip that never fired scores -inf).
+        row["own_scores"] = [max((scorer(f["embedding"]) for f in c.firings), default=-np.inf)
+                             for c in own]
+        row["impostor_scores"] = [max((scorer(f["embedding"]) for f in c.firings),
+                                      default=-np.inf) for c in others]
+        voices[voice] = row
+    mean = {k: float(np.mean([v[k] for v in voices.values()]))
+            for k in ("frr_ungated", "frr_gated", "ia_ungated", "ia_gated",
+                      "fa_per_hour_ungated", "fa_per_hour_gated")}
+    return {"voices": voices, "mean": mean, "negative_hours": hours}
+
+
+def ia_at_frr(result: Dict, frr: float) -> float:
+    """Mean impostor acceptance (%) when every voice's threshold is moved so that its FRR is
+    at most `frr` (%): the gate's curve, for a comparison with a peer at equal FRR."""
+    values = []
+    for row in result["voices"].values():
+        own = np.sort(np.asarray(row["own_scores"], np.float64))
+        imp = np.asarray(row["impostor_scores"], np.float64)
+        allowed = int(np.floor(frr / 100.0 * len(own) + 1e-9))
+        threshold = own[min(allowed, len(own) - 1)] if len(own) else np.inf
+        # A clip that never fired (-inf) is never accepted, whatever the threshold.
+        accepted = np.isfinite(imp) & (imp >= threshold)
+        values.append(100.0 * float(np.mean(accepted)) if len(imp) else 0.0)
+    return float(np.mean(values))
+
+
+def write_plan(path: str, keyword: str, clips: Sequence[Clip], enrolment: Dict[str, List[str]],
+               negative_reference: Sequence[str]) -> None:
+    """The enrolment and the test split as JSON for a peer's evaluation."""
+    from toolkit.fileio import atomic_write_text
+    plan = {"keyword": keyword,
+            "positives": [{"key": c.key, "wav": c.wav, "spk": c.voice}
+                          for c in clips if c.kind == "pos"],
+            "negatives": [{"key": c.key, "wav": c.wav, "duration": c.seconds}
+                          for c in clips if c.kind in GENERAL_NEGATIVES],
+            "negative_reference": list(negative_reference),
+            "enrol": enrolment}
+    atomic_write_text(path, json.dumps(plan, indent=1) + "\n")
+
+
+def format_table(rows: Dict[str, Dict]) -> str:
+    """Markdown: one row per (engine, system) result."""
+    lines = ["| test set | voices | FRR % ungated | FRR % gated | impostors accepted % ungated "
+             "| impostors accepted % gated | FA/h ungated | FA/h gated |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in rows.items():
+        m = r["mean"]
+        lines.append(f"| {name} | {len(r['voices'])} | {m['frr_ungated']:.1f} | "
+                     f"{m['frr_gated']:.1f} | {m['ia_ungated']:.1f} | {m['ia_gated']:.1f} | "
+                     f"{m['fa_per_hour_ungated']:.2f} | {m['fa_per_hour_gated']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def jsonable(result: Dict) -> Dict:
+    """`result` with -inf scores (clips that never fired) as null: strict JSON."""
+    def fix(x):
+        if isinstance(x, dict):
+            return {k: fix(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [fix(v) for v in x]
+        if isinstance(x, float) and not np.isfinite(x):
+            return None
+        return x
+    return fix(result)
