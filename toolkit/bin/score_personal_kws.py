@@ -12,6 +12,8 @@ impostor acceptance when each voice's threshold is moved to the --match-frr FRR.
   python -m toolkit.bin.score_personal_kws --model exp/jarvis/export/model.onnx \\
       --fuse-zero-shot --test-dir data/outside_kokoro/test --out-dir exp/jarvis/score_personal_kokoro \\
       --negative-reference data/dev/data.list
+  python -m toolkit.bin.score_personal_kws ... --test-dir data/dev --user-lean 0,0.25,0.5,0.75
+      # the gate calibration's lean, chosen on the dev set (one table row each)
 
 Writes OUT_DIR/results.json, results.md (one table row, also printed) and plan.json (the
 enrolment and the test split, for tools/benchmarks/oww_verifier.py --plan)."""
@@ -50,9 +52,18 @@ def get_args(argv=None):
                    help="data list of other speech (not test voices) for a peer's verifier, "
                         "written into plan.json (its first --num-reference entries)")
     p.add_argument("--num-reference", type=int, default=60)
+    p.add_argument("--user-lean", default="",
+                   help="the gate calibration's user_lean (toolkit.tasks.kws.enrol.USER_LEAN); "
+                        "a comma list tables each (choose it on a dev set, never a test)")
     p.add_argument("--name", default="", help="the test set's name in the table")
     p.add_argument("--out-dir", required=True)
     args = p.parse_args(argv)
+    try:
+        args.user_lean = [float(x) for x in args.user_lean.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--user-lean {args.user_lean!r}: expected numbers in [0, 1], e.g. 0.33,0.5")
+    if any(not 0.0 <= x <= 1.0 for x in args.user_lean):
+        p.error("--user-lean: each value must be in [0, 1]")
     if args.enrol_clips < 1:
         p.error("--enrol-clips must be >= 1")
     if args.fuse_zero_shot and not args.model:
@@ -86,7 +97,12 @@ def main(argv=None):
                 "AS-Norm" if cohort is not None else "cosine")
     personal_eval.scan(detector, embedder, clips, context_s)
     enrolment = personal_eval.pick_enrolment(clips, args.enrol_clips, args.seed)
-    result = personal_eval.evaluate(clips, enrolment, cohort)
+    name = args.name or os.path.basename(os.path.normpath(args.test_dir))
+    rows = {}
+    for lean in args.user_lean or [enrol.USER_LEAN]:
+        result = personal_eval.evaluate(clips, enrolment, cohort, user_lean=lean)
+        rows[f"{name}, user_lean {lean:.2f}" if args.user_lean else name] = result
+        result["user_lean"] = lean
     match = result["mean"]["frr_gated"] if args.match_frr is None else args.match_frr
     result["ia_at_frr"] = {"frr": match, "ia": personal_eval.ia_at_frr(result, match)}
     result.update({"test_dir": args.test_dir, "model": args.model or args.keywords,
@@ -94,9 +110,10 @@ def main(argv=None):
                    "scoring": "as-norm" if cohort is not None else "cosine",
                    "enrol_clips": args.enrol_clips, "context_s": context_s,
                    "enrolment": enrolment})
+    if len(rows) > 1:
+        result["sweep"] = {k: dict(r["mean"], user_lean=r["user_lean"]) for k, r in rows.items()}
     os.makedirs(args.out_dir, exist_ok=True)
-    name = args.name or os.path.basename(os.path.normpath(args.test_dir))
-    table = personal_eval.format_table({name: result})
+    table = personal_eval.format_table(rows)
     from toolkit.fileio import atomic_write_text
     atomic_write_text(os.path.join(args.out_dir, "results.json"),
                       json.dumps(personal_eval.jsonable(result), indent=1) + "\n")

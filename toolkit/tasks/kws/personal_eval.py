@@ -105,10 +105,11 @@ def _best(clip: Clip, scorer, threshold: Optional[float]) -> bool:
 
 
 def evaluate(clips: Sequence[Clip], enrolment: Dict[str, List[str]],
-             cohort: Optional[np.ndarray]) -> Dict:
+             cohort: Optional[np.ndarray], **calibration) -> Dict:
     """Per voice and averaged: FRR (%) without / with the gate, impostor acceptance (%)
     without / with it, FA/h without / with it, and the gate's threshold (calibrated from
-    the enrolment and `cohort` alone; AS-Norm with a cohort, else cosine)."""
+    the enrolment and `cohort` alone, AS-Norm with a cohort, else cosine;
+    `calibration`: calibrate_gate_threshold's keyword arguments, e.g. user_lean)."""
     from toolkit.tasks.kws.enrol import EnrolmentScorer, calibrate_gate_threshold
 
     def gate_factory(embeddings):
@@ -124,7 +125,7 @@ def evaluate(clips: Sequence[Clip], enrolment: Dict[str, List[str]],
         embeddings = np.stack([max(by_key[k].firings, key=lambda f: f["score"])["embedding"]
                                for k in keys])
         scorer = gate_factory(embeddings)
-        threshold = float(calibrate_gate_threshold(embeddings, cohort))
+        threshold = float(calibrate_gate_threshold(embeddings, cohort, **calibration))
         own = [c for c in clips if c.kind == "pos" and c.voice == voice and c.key not in keys]
         others = [c for c in clips if c.kind == "pos" and c.voice != voice]
         row = {"threshold": threshold, "own": len(own), "impostors": len(others)}
