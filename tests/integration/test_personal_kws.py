@@ -12,7 +12,11 @@ import pytest
 import soundfile as sf
 
 from in_process import run_main
-from toolkit.tasks.kws.enrol import DEFAULT_SPEAKER_ENCODER
+# espeak-ng's variants recur across its accents as training speakers of the shipped v2, so
+# its AS-Norm cohort holds near-copies of every espeak-ng test voice and its calibration
+# (rightly) keeps most of them: these tests gate with v1 (cosine, no cohort). The default
+# (v2, AS-Norm) is measured on voices no cohort holds by egs/wake_word/s0 stage 7.
+ENCODER = "pretrained:ecapa-voicebank-v1"
 
 RATE = 16000
 KEYWORD = "hey jarvis"
@@ -72,11 +76,11 @@ def audio(tmp_path_factory):
 def enrolled(audio, tmp_path_factory):
     path = tmp_path_factory.mktemp("enrolment") / "me.enrol"
     run = kws("--keywords", KEYWORD, "--enroll", audio["enrol/a0"].parent, audio["a2"],
-              "--out", path)
+              "--out", path, "--speaker-model", ENCODER)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith(f"{path}: enrolled 3 clip(s) of hey jarvis; speaker "
                                  "threshold "), run.stdout
-    assert run.stdout.rstrip().endswith(f"encoder {DEFAULT_SPEAKER_ENCODER}")
+    assert run.stdout.rstrip().endswith(f"encoder {ENCODER}")
     assert len(run.stdout.splitlines()) == 1
     return path
 

@@ -59,7 +59,9 @@ def scored(test_dir, tmp_path_factory):
                             if "-neg-" in line))
     run = run_main(score_personal_kws.main, ["--keywords", "hey jarvis", "--test-dir",
                                              str(test_dir), "--out-dir", str(out),
-                                             "--negative-reference", str(refs)])
+                                             "--negative-reference", str(refs),
+                                             # cosine: see test_personal_kws.ENCODER
+                                             "--speaker-model", "pretrained:ecapa-voicebank-v1"])
     assert run.returncode == 0, run.stderr
     return out, run
 
@@ -93,6 +95,21 @@ def test_the_plan_is_what_the_peer_reads(scored, test_dir):
     assert len(plan["positives"]) == len(VOICES) * len(CARRIERS) and len(plan["negatives"]) == 3
     enrolled = {k for keys in plan["enrol"].values() for k in keys}
     assert len(enrolled) == 3 * len(VOICES) and len(plan["negative_reference"]) == 3
+
+
+def test_the_threshold_from_the_negatives_keeps_to_the_budget(test_dir, tmp_path):
+    """--fa-per-hour: the detector's threshold set on the set's general negatives; their
+    false alarms then keep to it (3 negatives of a few seconds: 0 allowed per 1 FA/h)."""
+    from toolkit.bin import score_personal_kws
+    out = tmp_path / "fa"
+    run = run_main(score_personal_kws.main, ["--keywords", "hey jarvis", "--test-dir",
+                                             str(test_dir), "--out-dir", str(out),
+                                             "--fa-per-hour", "1", "--speaker-model",
+                                             "pretrained:ecapa-voicebank-v1"])
+    assert run.returncode == 0, run.stderr
+    result = json.loads((out / "results.json").read_text())
+    assert result["mean"]["fa_per_hour_ungated"] == 0.0
+    assert 0.0 < result["threshold"] < 1.0 and result["fa_per_hour_target"] == 1.0
 
 
 def test_a_test_dir_without_kinds_is_one_line(test_dir, tmp_path):

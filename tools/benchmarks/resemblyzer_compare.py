@@ -120,11 +120,23 @@ def load_encoder():
     return resemblyzer.preprocess_wav, resemblyzer.VoiceEncoder("cpu", verbose=False)
 
 
+def _untrimmed(audio: np.ndarray, rate: int) -> np.ndarray:
+    """Resemblyzer's preprocessing without its silence trimming: what it embeds when its
+    voice activity detector finds no speech (a short crop in noise)."""
+    from resemblyzer import audio as ra
+    from toolkit.data.audio import resample
+    wav = np.ascontiguousarray(audio.mean(axis=1)).astype(np.float32)
+    if rate != ra.sampling_rate:
+        wav = resample(wav, rate, ra.sampling_rate)
+    return ra.normalize_volume(wav, ra.audio_norm_target_dBFS, increase_only=True)
+
+
 def _embed_part(args) -> Tuple[int, Dict[str, np.ndarray], List[str]]:
     part, items = args
     from toolkit.data.audio import BadEntry, read_audio
     preprocess_wav, encoder = load_encoder()
     out, skipped = {}, []
+    untrimmed = 0
     for key, source in items:
         try:
             audio, rate = read_audio(source)
@@ -133,9 +145,16 @@ def _embed_part(args) -> Tuple[int, Dict[str, np.ndarray], List[str]]:
             continue
         wav = preprocess_wav(np.ascontiguousarray(audio.mean(axis=1)), source_sr=rate)
         if len(wav) == 0:
-            skipped.append(f"{key}: no speech left after Resemblyzer's preprocessing")
+            # Its VAD heard no speech (short noisy crops): embedded untrimmed, and counted.
+            wav = _untrimmed(audio, rate)
+            untrimmed += 1
+        if len(wav) == 0:
+            skipped.append(f"{key}: no audio left after Resemblyzer's preprocessing")
             continue
         out[key] = np.asarray(encoder.embed_utterance(wav), np.float32)
+    if untrimmed:
+        logger.info("part %d: %d utterances embedded without silence trimming (Resemblyzer's "
+                    "VAD found no speech in them)", part, untrimmed)
     return part, out, skipped
 
 

@@ -21,7 +21,8 @@
 #   5 export TorchScript/ONNX/safetensors -> $exp/export/ (parity-checked)
 #   6 score the test set with the ONNX model -> $exp/score/ (DET table, plot, summary),
 #     each outside test set -> $exp/score_outside_<engine>/
-#   7 personal wake word: on each outside test set, every voice in turn enrolled from
+#   7 personal wake word: on each outside test set, the detector's threshold set at
+#     $target_fa_per_hour FA/h of its general negatives, every voice in turn enrolled from
 #     $enrol_clips of its keyword clips, the detector gated by its voice (the speaker
 #     encoder $speaker_model) -> $exp/score_personal_<engine>/ (FRR, impostors accepted,
 #     FA/h, with and without the gate)
@@ -237,7 +238,7 @@ if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
   for e in ${outside_engines//,/ }; do
     python -m toolkit.bin.score_personal_kws --model "$exp/export/model.onnx" "${fuse_opts[@]}" \
       --test-dir "$data/outside_$e/test" --speaker-model "$speaker_model" \
-      --enrol-clips "$enrol_clips" --seed "$seed" --name "$e" \
+      --enrol-clips "$enrol_clips" --seed "$seed" --name "$e" --fa-per-hour "$target_fa_per_hour" \
       --negative-reference "$data/dev/data.list" --out-dir "$exp/score_personal_$e"
     cat "$exp/score_personal_$e/results.md"
   done
