@@ -349,3 +349,17 @@ def test_extraction_parts_of_another_model_list_or_split_are_redone(tmp_path):
     stamp = os.path.getmtime(os.path.join(out, "embeddings.1.ark"))
     extract_embeddings(tiny, str(listing), out, nj=1)
     assert os.path.getmtime(os.path.join(out, "embeddings.1.ark")) == stamp
+
+
+def test_the_gate_encoder_ships_its_cohort_checked_by_its_card():
+    """ecapa-voicebank-v2's AS-Norm cohort: one unit row per training speaker, its digest on
+    the card, and the gate's default encoder."""
+    from toolkit.tasks.kws.enrol import DEFAULT_SPEAKER_ENCODER, load_cohort
+    name = "ecapa-voicebank-v2"
+    assert DEFAULT_SPEAKER_ENCODER == pretrained.PREFIX + name
+    pretrained.verify_files(name, files=(pretrained.COHORT,))
+    cohort = load_cohort(DEFAULT_SPEAKER_ENCODER)
+    assert cohort.shape == (1041, 192)
+    np.testing.assert_allclose(np.linalg.norm(cohort, axis=1), 1.0, atol=1e-5)
+    # v1 ships none: its gate scores by cosine.
+    assert load_cohort(pretrained.PREFIX + "ecapa-voicebank-v1") is None

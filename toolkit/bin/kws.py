@@ -31,8 +31,9 @@ import sys
 import numpy as np
 
 from toolkit.errors import cli
-from toolkit.tasks.kws.enrol import (SpeakerGate, add_enrolment_arguments,
-                                     check_enrolment_arguments, enrol_to_file)
+from toolkit.tasks.kws.enrol import SpeakerGate
+from toolkit.tasks.kws.enrol_cli import (add_enrolment_arguments, check_enrolment_arguments,
+                                         enrol_to_file)
 
 
 def get_args(argv=None):
