@@ -180,3 +180,41 @@ def test_bad_option_is_refused(tmp_path):
     result = subprocess.run(["bash", os.path.join(RECIPE, "run.sh"), "--no-such-option", "1"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "unknown option --no-such-option" in result.stderr
+
+
+def test_stage7_gates_the_detector_by_each_enrolled_voice(recipe_run):
+    """Stage 7 on an outside set of three espeak-ng voices saying the keyword (made here, as
+    stage 0 makes one per engine): each voice enrolled in turn, its table and the peer's
+    plan written. Gated with v1 (cosine): see tests/integration/test_personal_kws.ENCODER."""
+    import numpy as np
+    import soundfile as sf
+    from toolkit.data.audio import resample
+    from toolkit.voicebank.espeak import Espeak
+    tmp, _ = recipe_run
+    out = tmp / "data" / "outside_espeakx" / "test"
+    out.mkdir(parents=True)
+    engine, rate = Espeak(), 16000
+    pad = np.zeros(rate // 2, np.float32)
+    tables = {"wav.scp": [], "utt2kind": [], "utt2spk": []}
+    texts = ["hey snips", "hey snips, lights on", "okay, hey snips", "hey snips, play music",
+             "hey snips, what time is it", "so, hey snips", "the train leaves at nine tonight"]
+    for v, voice in enumerate(("en-us+f1", "en-us+m3", "en-us+steph")):
+        for i, text in enumerate(texts):
+            engine.seed(100 * v + i)
+            wave = resample(engine.synth(text, voice), engine.rate, rate)
+            key = f"{voice.replace('+', '_')}-{'neg' if i == 6 else 'pos'}-{i}"
+            sf.write(out / f"{key}.wav", np.concatenate([pad, wave, pad]), rate)
+            tables["wav.scp"].append(f"{key} {out / (key + '.wav')}")
+            tables["utt2kind"].append(f"{key} {'neg' if i == 6 else 'pos'}")
+            tables["utt2spk"].append(f"{key} {voice}")
+    for name, rows in tables.items():
+        (out / name).write_text("".join(f"{r}\n" for r in sorted(rows)))
+    result = run_recipe(tmp, "--stage", "7", "--stop-stage", "7", "--outside-engines",
+                        "espeakx", "--speaker-model", "pretrained:ecapa-voicebank-v1",
+                        "--enrol-clips", "2", timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    score = tmp / "exp" / "score_personal_espeakx"
+    assert "| espeakx |" in (score / "results.md").read_text()
+    plan = json.loads((score / "plan.json").read_text())
+    assert plan["keyword"] == "hey snips" and plan["enrol"]
+    assert "stage 7: personal wake word" in result.stdout
