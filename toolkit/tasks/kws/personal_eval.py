@@ -80,7 +80,8 @@ def scan(detector, embedder, clips: Sequence[Clip], context_s: float, chunk_s: f
     progress.close()
 
 
-def negatives_threshold(detector, clips: Sequence[Clip], fa_per_hour: float) -> float:
+def negatives_threshold(detector, clips: Sequence[Clip], fa_per_hour: float,
+                        chunk_s: float = 1.0) -> float:
     """The detector's threshold at `fa_per_hour` false alarms on the set's general negatives
     (neg and noise clips), counted as the detector fires them (its smoothing and refractory
     period, toolkit.tasks.kws.search.calibrate_threshold): a product's threshold, set on
@@ -92,10 +93,15 @@ def negatives_threshold(detector, clips: Sequence[Clip], fa_per_hour: float) -> 
         raise DataError("a threshold from negatives needs a detector of one keyword, not "
                         f"{len(detector.keywords)}")
     scores, seconds = [], 0.0
+    chunk = max(1, int(detector.sample_rate * chunk_s))
     for clip in negatives:
         wave = load_mono(clip.wav, detector.sample_rate, allow_silence=True)
         detector.reset()
-        scores.append(detector.backend.step(detector.frontend.accept(wave)))
+        # In the chunks `scan` feeds: a search's scores move by ~1e-7 with the chunking, and
+        # a threshold set just above a negative's score must hold for the scan's too.
+        scores.append(np.concatenate([
+            detector.backend.step(detector.frontend.accept(wave[s:s + chunk]))
+            for s in range(0, max(1, len(wave)), chunk)]))
         seconds += len(wave) / detector.sample_rate
     threshold = calibrate_threshold(scores, seconds / 3600.0, fa_per_hour, 0,
                                     detector.decision.smooth_frames,
