@@ -30,7 +30,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["toolkit", "toolkit.*"]),
     # The project's own pretrained models (toolkit/pretrained/<name>/), shipped as data.
-    package_data={"toolkit.pretrained": ["*/model.safetensors", "*/config.json", "*/README.md"]},
+    package_data={"toolkit.pretrained": ["*/model.safetensors", "*/cohort.safetensors",
+                                        "*/config.json", "*/README.md"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5"],
