@@ -2,7 +2,6 @@
 sets scored by the recipe's own score_speaker on the same trial lists, beside the recipe's
 results. The real encoder runs (tools/test.sh installs Resemblyzer; the tool itself is
 opt-in); without it the tool says how to install it, in one line."""
-import importlib.util
 import json
 import os
 import sys
@@ -12,6 +11,7 @@ import pytest
 from toolkit.tasks.speaker import corpus as sc
 from in_process import run_main
 from installed import require_module
+from tool_module import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "benchmarks", "resemblyzer_compare.py")
@@ -27,17 +27,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tool():
-    """The tool's module, loaded from its file once (its environment defaults for thread
-    counts undone, so that they do not leak into later tests' processes)."""
-    environ = dict(os.environ)
-    spec = importlib.util.spec_from_file_location("resemblyzer_compare", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-    return module
+    return load_tool("benchmarks/resemblyzer_compare.py")
 
 
 def run_tool(tool, *args):

@@ -2,15 +2,14 @@
 voices saying "hey jarvis", each enrolled in turn from three of its clips. The gate must
 cut the other voices' acceptance well below the ungated detector's, keep most of the
 enrolled voice, leave false alarms where they were, and write a plan a peer can read."""
-import importlib.util
 import json
-import os
 
 import numpy as np
 import pytest
 import soundfile as sf
 
 from in_process import run_main
+from tool_module import load_tool
 
 RATE = 16000
 VOICES = ("en-us+f1", "en-us+m3", "en-us+steph")
@@ -85,11 +84,7 @@ def test_the_gate_rejects_the_other_voices_and_keeps_the_enrolled_one(scored):
 
 def test_the_plan_is_what_the_peer_reads(scored, test_dir):
     out, _ = scored
-    spec = importlib.util.spec_from_file_location(
-        "oww_verifier", os.path.join(os.path.dirname(__file__), "..", "..", "tools",
-                                     "benchmarks", "oww_verifier.py"))
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
+    peer = load_tool("benchmarks/oww_verifier.py")
     plan = peer.load_plan(str(out / "plan.json"))
     assert plan["keyword"] == "hey jarvis"
     assert len(plan["positives"]) == len(VOICES) * len(CARRIERS) and len(plan["negatives"]) == 3

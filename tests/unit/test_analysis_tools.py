@@ -1,18 +1,11 @@
 """tools/analysis scripts: the numbers the README quotes come from code that runs."""
-import importlib.util
-import os
-
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tool_module import load_tool
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(ROOT, "tools", "analysis", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(f"analysis/{name}.py")
 
 
 def test_dtw_distance_aligns_time_stretched_sequences():

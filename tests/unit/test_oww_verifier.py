@@ -3,16 +3,15 @@ train_custom_verifier per enrolled voice and applied offline to each clip's stor
 openWakeWord windows, on a small real plan: three espeak-ng voices saying "hey jarvis"
 (three enrolment clips and two held-out clips each), a few negatives and other speech as
 the verifier's negative reference."""
-import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 import soundfile as sf
 
 from in_process import run_main
+from tool_module import load_tool
 
 pytest.importorskip("openwakeword")
 
@@ -29,18 +28,7 @@ REFERENCE = ["the quick brown fox jumps over the lazy dog", "please call me back
 
 @pytest.fixture(scope="module")
 def tool():
-    """The tool's module, loaded from its file once (its thread-count defaults and its
-    sys.path entry undone afterwards)."""
-    environ, path = dict(os.environ), list(sys.path)
-    spec = importlib.util.spec_from_file_location("oww_verifier", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        sys.path[:] = path
-    return module
+    return load_tool("benchmarks/oww_verifier.py")
 
 
 @pytest.fixture(scope="module")

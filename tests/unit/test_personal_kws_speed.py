@@ -2,15 +2,14 @@
 every 4 s (voice A, then another voice), one pass each. It checks that the report is
 complete and the numbers are sane, never that anything is fast (timings of a busy test
 machine mean nothing)."""
-import importlib.util
 import json
 import math
 import os
-import sys
 
 import pytest
 
 from in_process import run_main
+from tool_module import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "benchmarks", "personal_kws_speed.py")
@@ -21,17 +20,7 @@ ROWS = ["enrolment, 3 clips (models loaded: enrol + save)", "enrolment with the 
 
 @pytest.fixture(scope="module")
 def tool():
-    """The tool's module, loaded from its file once (its thread-count variables undone)."""
-    environ, path = dict(os.environ), list(sys.path)
-    spec = importlib.util.spec_from_file_location("personal_kws_speed", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        sys.path[:] = path
-    return module
+    return load_tool("benchmarks/personal_kws_speed.py")
 
 
 @pytest.fixture(scope="module")
