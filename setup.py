@@ -43,8 +43,11 @@ setup(
         # Python headers, which tools/install.sh provides); ViSQOL with its lattice MOS
         # mapping (TFLite runtime) and numba (~30x faster, identical scores); Codec2 (a
         # wheel bundling libcodec2 1.2); Opus through PyAV's wheel, which bundles libopus.
+        # DNSMOS: speechmos bundles its ONNX models but declares no dependencies, so what
+        # speechmos.dnsmos imports is listed here (librosa, requests; onnxruntime is core).
         "codec": ["pystoi>=0.4", "pesq==0.0.4", "visqol-python[lattice,accel]==3.8.0",
-                  "pycodec2==4.1.1", "av==18.1.0"],
+                  "pycodec2==4.1.1", "av==18.1.0",
+                  "speechmos==0.0.1.1", "librosa>=0.10", "requests"],
         # Hugging Face datasets as input (dataset.hf); audio is decoded with soundfile, so
         # neither torchcodec nor torchaudio is needed (and none is pulled in).
         "hf": ["datasets>=4.0,<6"],

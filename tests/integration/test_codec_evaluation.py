@@ -1,10 +1,10 @@
 """Codec evaluation against real codecs: Codec2 and Opus baselines on real speech WAV files
 at their stated bitrates, delay compensation (a known shift is recovered; an identity
 system scores perfectly after a shift), PESQ and ViSQOL (top score for identity, lower with
-noise), and a missing package or an unscorable pair stopping the run with one `error:`
-line. The speech is espeak-ng's (the tts extra), written to and read back from 16-bit WAV."""
+noise), DNSMOS (clean above noisy, silence refused), the `original` baseline, and a
+missing package or an unscorable pair stopping the run with one `error:` line. The speech
+is espeak-ng's (the tts extra), written to and read back from 16-bit WAV."""
 import json
-import os
 import subprocess
 import sys
 
@@ -289,9 +289,101 @@ def test_help_lists_the_systems_and_metrics():
     words = " ".join(result.stdout.split())
     for text in ("codec2:MODE", "3200, 2400, 1600, 1400, 1300, 1200, 700C", "opus:KBPS",
                  "mulaw:TARGET_RATE:BITS", "melgl:N_MELS:FRAME_RATE:BITS", "pesq_wb", "pesq_nb",
-                 "visqol", "stoi"):
+                 "visqol", "stoi", "dnsmos_ovrl", "dnsmos_sig", "dnsmos_bak", "dnsmos_p808",
+                 "original: the input unchanged"):
         assert text in words, text
     usage = subprocess.run([sys.executable, "-m", "toolkit.bin.evaluate_codec", "--test-data",
                             "x", "--out-dir", "y", "--sample-rate", "16000", "--metrics",
                             "pesq_xb"], capture_output=True, text=True, timeout=120)
     assert usage.returncode == 2 and "unknown metric pesq_xb" in usage.stderr
+
+
+# --------------------------------------------------------------------------- DNSMOS, original
+
+DNSMOS_METRICS = ["dnsmos_ovrl", "dnsmos_sig", "dnsmos_bak", "dnsmos_p808"]
+
+
+def vowel(seconds: float) -> np.ndarray:
+    """A sung /a/ at 16 kHz: 130 Hz harmonics (with vibrato) through three formants, in
+    0.5 s syllables."""
+    t = np.arange(int(seconds * SR)) / SR
+    phase = 2 * np.pi * np.cumsum(130.0 * (1 + 0.05 * np.sin(2 * np.pi * 0.7 * t))) / SR
+    x = sum(sum(1 / (1 + ((k * 130.0 - f) / b) ** 2) for f, b in
+                ((700, 80), (1200, 90), (2600, 120))) / np.sqrt(k) * np.sin(k * phase)
+            for k in range(1, 31))
+    x = x * np.sqrt(np.clip(np.sin(2 * np.pi * t), 0, None))
+    return (0.3 * x / np.abs(x).max()).astype(np.float32)
+
+
+def test_dnsmos_clean_vowel_above_noisy():
+    from toolkit.data.audio import resample
+    from toolkit.tasks.codec.dnsmos import dnsmos_scores
+    clean = vowel(3.0)
+    dirty = noisy(clean, 0.0)
+    scores = dnsmos_scores(clean, SR)
+    worse = dnsmos_scores(dirty, SR)
+    assert set(scores) == {"ovrl", "sig", "bak", "p808"}
+    assert all(1.0 <= v <= 5.0 for v in [*scores.values(), *worse.values()]), (scores, worse)
+    assert scores["ovrl"] > worse["ovrl"] + 0.5 and scores["bak"] > worse["bak"], (scores,
+                                                                                   worse)
+    # Non-intrusive columns: the decoded signal's scores, whatever the reference; the four
+    # from one run, and a new signal is scored anew.
+    expected = {f"dnsmos_{k}": v for k, v in worse.items()}
+    assert evaluate_pair(clean, dirty, SR, metrics=DNSMOS_METRICS) == expected
+    assert evaluate_pair(np.zeros_like(clean), dirty, SR, metrics=DNSMOS_METRICS) == expected
+    assert evaluate_pair(dirty, clean, SR, metrics=["dnsmos_bak", "dnsmos_ovrl"]) == \
+        {"dnsmos_bak": scores["bak"], "dnsmos_ovrl": scores["ovrl"]}
+    # Other rates are resampled to the models' 16 kHz.
+    at_24k = dnsmos_scores(resample(clean, SR, 24000), 24000)
+    assert at_24k["ovrl"] == pytest.approx(scores["ovrl"], abs=0.05), (at_24k, scores)
+
+
+def test_dnsmos_refuses_silence(monkeypatch):
+    from toolkit.tasks.codec import dnsmos
+    from toolkit.tasks.codec.packages import MissingPackageError
+    with pytest.raises(MetricError, match="DNSMOS is undefined for a silent signal"):
+        dnsmos.dnsmos_scores(np.zeros(SR), SR)
+    with pytest.raises(MetricError, match="DNSMOS is undefined for an empty signal"):
+        dnsmos.dnsmos_scores(np.zeros(0), SR)
+    with pytest.raises(MetricError, match="DNSMOS is undefined for a silent signal"):
+        evaluate_pair(vowel(1.0), np.zeros(SR), SR, metrics=["dnsmos_sig"])
+    dnsmos._model.cache_clear()
+    try:
+        with monkeypatch.context() as m:
+            m.setitem(sys.modules, "speechmos.dnsmos", None)    # makes the import fail
+            with pytest.raises(MissingPackageError, match=r"the DNSMOS metrics needs the "
+                                                          r"speechmos==0\.0\.1\.1 package"):
+                dnsmos.check_dnsmos()
+    finally:
+        dnsmos._model.cache_clear()
+
+
+def test_original_baseline_with_dnsmos(speech, tmp_path, capsys):
+    from toolkit.bin import evaluate_codec
+    from toolkit.tasks.codec.baselines import baseline_help
+    from toolkit.tasks.codec.dnsmos import dnsmos_scores
+    original = parse_baseline("original")
+    wave = speech[0][0]
+    decoded, bitrate = original.run(wave, SR)
+    assert np.array_equal(decoded, wave) and decoded.dtype == np.float32
+    assert bitrate == 256000.0 and original.name == "original (16-bit PCM)"
+    assert "original: the input unchanged" in baseline_help()
+    with pytest.raises(ConfigError, match="original: it takes no arguments"):
+        parse_baseline("original:16")
+    out = tmp_path / "eval"
+    capsys.readouterr()
+    assert evaluate_codec.main(["--sample-rate", "16000", "--test-data", speech[1], "--out-dir",
+                                str(out), "--baseline", "original", "--baseline",
+                                "mulaw:8000:4", "--metrics", "mel_distance,dnsmos_ovrl",
+                                "--max-utts", "1"]) == 0, \
+        capsys.readouterr().err[-2000:]
+    table = (out / "results.md").read_text()
+    assert ("| system | kbit/s | delay ms | mel distance (lower better) | DNSMOS OVRL (higher "
+            "better) |") in table
+    assert "| original (16-bit PCM) | 256 | 0.0 | 0.000 |" in table, table
+    original_row, mulaw_row = json.loads((out / "results.json").read_text())["systems"]
+    # The clean input's DNSMOS; a 4-bit mu-law's is lower.
+    assert original_row["dnsmos_ovrl"] == dnsmos_scores(wave, SR)["ovrl"]
+    assert 1.0 <= mulaw_row["dnsmos_ovrl"] < original_row["dnsmos_ovrl"] <= 5.0
+    assert mulaw_row["bitrate"] == pytest.approx(32000.0, rel=1e-12)
+    assert mulaw_row["mel_distance"] > 0.1

@@ -254,3 +254,38 @@ def test_istft_decoder_exports_with_parity(rate, tmp_path):
         assert np.abs(decoded - expected.numpy()).max() < 1e-4, backend
         # Fewer codebooks decode through the safetensors generator, at the same rate.
         assert codec.decode(codes[:1], len(wave)).shape == wave.shape
+
+
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
+def test_causal_istft_export_flushes_and_drops_its_lag(tmp_path):
+    """A causal istft codec's export records its lag; the runtime's whole-signal and
+    chunked paths, on every backend, flush it on encoding and drop it on decoding, so the
+    decoded audio lines up with PyTorch's forward on the input, sample for sample."""
+    from toolkit.tasks.codec.export import export_codec
+    from toolkit.tasks.codec.model import CodecConfig, CodecModel, remove_weight_norm
+    from toolkit.tasks.codec.runtime import ExportedCodec
+    torch.manual_seed(0)
+    model = CodecModel(CodecConfig(channels=4, strides=[2, 4, 5, 8], n_codebooks=3,
+                                   codebook_size=16, codebook_dim=4, causal=True,
+                                   decoder="istft", istft_dim=16, istft_layers=2,
+                                   istft_n_fft=640))
+    model = remove_weight_norm(model.eval())
+    rng = np.random.default_rng(1)
+    cases = [(rng.uniform(-0.3, 0.3, (1, 1, n * 320)).astype(np.float32),) for n in (7, 31)]
+    export_codec(model, str(tmp_path), cases, tolerance=1e-4)
+    wave = two_tones(np.arange(int(0.73 * 16000)) / 16000).astype(np.float32)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(wave)[None, None])["audio"][0, 0].numpy()
+    for backend in ("onnx", "torch", "safetensors"):
+        codec = ExportedCodec(str(tmp_path), backend)
+        assert (codec.delay, codec.flush_frames, codec.metadata["format_version"]) == (320, 1, 3)
+        codes = codec.encode(wave)
+        assert codes.shape == (3, -(-len(wave) // 320) + 1)
+        decoded = codec.decode(codes, len(wave))
+        assert np.abs(decoded - expected).max() < 1e-4, backend
+        chunked = np.concatenate(list(codec.encode_chunks(
+            wave[i:i + 1000] for i in range(0, len(wave), 1000))), axis=1)
+        assert np.array_equal(chunked, codes), backend
+        audio = np.concatenate(list(codec.decode_chunks(
+            codes[:, i:i + 4] for i in range(0, codes.shape[1], 4))))[:len(wave)]
+        assert np.abs(audio - decoded).max() < 1e-4, backend

@@ -138,6 +138,30 @@ def test_teacher_problems_are_named(tmp_path):
         FrozenTeacher(TeacherConfig(model=str(junk)), "perceptual", cpu, True)
 
 
+def test_builtin_periodicity_teacher_finds_the_period():
+    """builtin:periodicity: a 200 Hz buzz peaks at the 80-sample lag in every frame, noise
+    peaks nowhere near 1; one feature row per 20 ms frame plus the log energy; unknown
+    built-in names are refused by the config, and the teacher needs no file."""
+    import toolkit.tasks  # noqa: F401
+    from toolkit.config import ConfigError, load_config
+    from toolkit.tasks.codec.teachers import FrozenTeacher, TeacherConfig
+    teacher = FrozenTeacher(TeacherConfig(model="builtin:periodicity"), "distillation",
+                            torch.device("cpu"), differentiable=False)
+    t = np.arange(16000) / 16000
+    buzz = 0.1 * sum(np.sin(2 * np.pi * k * 200 * t) / k for k in range(1, 20))
+    feats = teacher.features(torch.tensor(buzz, dtype=torch.float32)[None], 16000)
+    assert feats.shape == (1, 50, 65) and teacher.feature_dim() == 65
+    lags = (teacher.module.lag_floor.float() + teacher.module.lag_frac).numpy()
+    peaks = lags[feats[0, 5:-5, :64].argmax(-1).numpy()]
+    assert np.all(np.abs(16000 / peaks - 200) < 8)
+    assert feats[0, 5:-5, :64].max(-1).values.min() > 0.9
+    noise = teacher.features(0.1 * torch.randn(1, 16000, generator=torch.Generator().manual_seed(0)),
+                             16000)
+    assert noise[0, 5:-5, :64].max(-1).values.max() < 0.5
+    with pytest.raises(ConfigError, match="builtin:periodicity"):
+        load_config(PHASES_CONFIG, ["teachers.distillation.model=builtin:pitchy"])
+
+
 def test_distillation_and_perceptual_losses():
     from toolkit.tasks.codec.teachers import distillation_loss, perceptual_loss
     target = torch.randn(2, 10, 4)                           # (B, teacher frames, dim)
@@ -302,6 +326,56 @@ def test_init_checkpoint_starts_the_distillation_head_fresh(corpus, phases_run, 
     for key, value in fresh.items():
         assert torch.equal(tuned["modules"]["distill_head"][key], value), key
         assert not torch.equal(source["modules"]["distill_head"][key], value), key
+
+
+def test_frozen_parts_keep_their_weights_and_reinit_starts_the_decoder_fresh(
+        corpus, phases_run, tmp_path):
+    """A decoder trained on a codec's codes (task.frozen: encoder, quantizer; task.reinit:
+    decoder): the frozen parts leave training as they came, and no optimizer holds them;
+    the decoder starts from this run's fresh weights, not the file's, and learns."""
+    import toolkit.tasks  # noqa: F401
+    from toolkit.tasks.codec.task import CodecTask
+    from toolkit.trainer.checkpoint import latest_valid
+    from toolkit.trainer.experiment import load_exp_config
+    source_exp, _ = phases_run
+    source = latest_payload(source_exp)["modules"]["generator"]
+    exp = str(tmp_path / "decoder_only")
+    result = run_train(corpus.args(exp, f"training.init_checkpoint={latest_valid(source_exp).path}",
+                                   "task.frozen=[encoder,quantizer]", "task.reinit=[decoder]",
+                                   "training.max_steps=2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    tuned = latest_payload(exp)
+    generator = tuned["modules"]["generator"]
+    cfg = load_exp_config(exp)
+    torch.manual_seed(cfg.training.seed)
+    fresh = CodecTask(cfg).build_modules()["generator"].state_dict()
+    decoder = [k for k in generator if k.startswith("decoder.")]
+    assert decoder and all(k.startswith(("encoder.", "quantizer.", "decoder.")) for k in generator)
+    for key, value in generator.items():
+        if key in decoder:
+            assert not torch.equal(value, source[key]), key
+        else:
+            assert torch.equal(value, source[key]), key
+    # Fresh, then trained: some decoder tensor moved from this seed's initialisation.
+    assert any(not torch.equal(generator[k], fresh[k]) for k in decoder)
+    held = sum(len(group["params"]) for group in
+               tuned["optimizers"]["generator"]["param_groups"])
+    # The generator's optimizer: the decoder and the distillation head, no frozen tensor.
+    head = tuned["modules"].get("distill_head", {})
+    assert held == len(decoder) + len(head)
+
+
+def test_frozen_and_reinit_errors_name_the_key(corpus, tmp_path):
+    import toolkit.tasks  # noqa: F401
+    from toolkit.config import ConfigError, load_config
+    for overrides, key in ((["task.frozen=[encoder]"], "training.init_checkpoint"),
+                           (["task.frozen=[decoder]", "training.init_checkpoint=x.pt"],
+                            "task.frozen"),
+                           (["task.reinit=[head]"], "task.reinit"),
+                           (["task.frozen=[encoder]", "task.reinit=[encoder]",
+                             "training.init_checkpoint=x.pt"], "task.reinit")):
+        with pytest.raises(ConfigError, match=key):
+            load_config(PHASES_CONFIG, overrides)
 
 
 def _kill_after_checkpoint(args, exp, step: int) -> None:

@@ -198,6 +198,10 @@ def test_every_recipe_card_template_is_filled_by_its_recipe():
         run_sh = open(os.path.join(os.path.dirname(os.path.dirname(template)), "run.sh")).read()
         assert "toolkit.bin.package_pretrained" in run_sh, template
         given = set(re.findall(r'--set(?:-file)? "([a-z0-9_]+)=', run_sh))
+        # A field per eval set, from a loop: `for name in a b; do ... --set-file "eval_$name=`.
+        for sets, prefix in re.findall(r'for name in ([a-z ]+); do[^\n]*\n(?:.*\n){0,8}?.*'
+                                       r'--set(?:-file)? "([a-z0-9_]+)\$name=', run_sh):
+            given |= {prefix + name for name in sets.split()}
         fields = set(re.findall(r"\{\{\s*([a-z0-9_]+)\s*\}\}", open(template).read()))
         assert fields <= given | set(AUTO_FIELDS), (template, fields - given - set(AUTO_FIELDS))
 

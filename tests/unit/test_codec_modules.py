@@ -19,7 +19,8 @@ from toolkit.tasks.codec.discriminators import (MultiPeriodDiscriminator,
                                                 MultiPeriodDiscriminatorConfig,
                                                 MultiResolutionSTFTDiscriminator,
                                                 MultiResolutionSTFTDiscriminatorConfig)
-from toolkit.tasks.codec.losses import (MultiResolutionMelLoss, MultiResolutionSTFTLoss,
+from toolkit.tasks.codec.losses import (CompressedComplexSTFTLoss, MultiResolutionMelLoss,
+                                        MultiResolutionSTFTLoss,
                                         discriminator_loss, feature_matching_loss,
                                         fitting_mel_count, generator_adversarial_loss)
 from toolkit.tasks.codec.metrics import evaluate_pair, mel_distance, si_sdr, stoi
@@ -228,7 +229,6 @@ def test_rate_and_decoder_config_errors_name_the_key():
     refused(r"model.decoder_strides", decoder_strides=[4, 4, 4, 4])
     refused(r"model.strides", sample_rate=22050, encoder_sample_rate=SR, strides=[2, 2])
     refused(r"model.decoder:? ", decoder="wavenet")
-    refused(r"model.causal", decoder="istft", causal=True)
     refused(r"model.istft_n_fft", decoder="istft", istft_n_fft=400)
     refused(r"model.istft_kernel_size", decoder="istft", istft_kernel_size=4)
     refused(r"model.decoder_strides", decoder="istft", decoder_strides=[8, 5, 4, 2])
@@ -248,6 +248,51 @@ def test_inverse_stft_reconstructs_and_its_matmul_form_matches_the_fft():
     assert (y[:, 0] - x).abs().max() < 1e-5
     istft.use_fft = False
     assert (istft(spec.real, spec.imag) - y).abs().max() < 1e-5
+
+
+def test_causal_inverse_stft_renders_its_frames_one_window_late():
+    """Causal framing: frame t holds the input's n_fft samples ending at (t + 1) * hop and
+    lands at output samples [t * hop, t * hop + n_fft), so once the first window has filled
+    the output is the input n_fft - hop samples late, exactly; and no output block needs a
+    later frame (the first k frames give the first k blocks)."""
+    n_fft, hop, frames = 128, 32, 25
+    istft = InverseSTFT(n_fft, hop, causal=True)
+    x = torch.randn(2, frames * hop, dtype=torch.float32)
+    padded = torch.nn.functional.pad(x, (n_fft - hop, 0))
+    windows = padded.unfold(-1, n_fft, hop)[:, :frames] * istft.window
+    spec = torch.fft.rfft(windows, dim=-1).transpose(1, 2)
+    y = istft(spec.real, spec.imag)
+    delay = n_fft - hop
+    assert y.shape == (2, 1, frames * hop)
+    assert (y[:, 0, delay:] - x[:, :-delay]).abs().max() < 1e-5
+    first = istft(spec.real[..., :10], spec.imag[..., :10])
+    assert torch.equal(first, y[..., :10 * hop])
+    istft.use_fft = False
+    assert (istft(spec.real, spec.imag) - y).abs().max() < 1e-5
+
+
+def test_causal_istft_decoder_streams_and_its_forward_is_aligned():
+    """A causal istft codec: prefix property, chunked decoding equal to whole, and forward
+    (training) output equal to the decoded stream with its lag dropped, input aligned."""
+    model = CodecModel(tiny_config(channels=4, causal=True, n_codebooks=2, decoder="istft",
+                                   istft_dim=16, istft_layers=2, istft_n_fft=640)).eval()
+    assert (model.delay_samples, model.delay_frames) == (320, 1)
+    wav = 0.1 * torch.randn(1, 1, SR)
+    codes = model.encode(wav)
+    full = model.decode(codes)
+    assert (model.decode(codes[..., :20]) - full[..., :20 * 320]).abs().max() < 1e-6
+    for chunk in (1, 7):
+        assert (decode_streaming(model, codes, chunk_frames=chunk) - full).abs().max() < 1e-5
+    short = StreamingDecoder(model)
+    short.context = 2
+    chunks = torch.cat([short.push(codes[..., i:i + 7]) for i in range(0, 50, 7)], dim=-1)
+    assert (chunks - full).abs().max() > 1e-3
+    out = model(wav)["audio"]
+    assert out.shape == wav.shape
+    flushed = model.decode(model.encode(torch.nn.functional.pad(wav, (0, 320))))
+    assert (out - flushed[..., 320:320 + SR]).abs().max() < 1e-5
+    # A conv decoder has no lag.
+    assert CodecModel(tiny_config(channels=4, causal=True)).delay_samples == 0
 
 
 # --------------------------------------------------------------------------- quantizer
@@ -435,6 +480,25 @@ def test_multi_resolution_mel_loss():
     assert value.dtype == torch.float32
     with_mag = MultiResolutionMelLoss(SR, mag_weight=1.0)
     assert float(with_mag(noisy, x)) > float(loss(noisy, x))
+
+
+def test_compressed_complex_stft_loss_hears_phase_that_magnitudes_miss():
+    """Zero on a copy; a polarity flip (every phase off by pi, magnitudes equal) costs
+    nothing to the mel loss and the most to this one; gradients stay finite on silence."""
+    loss, mel = CompressedComplexSTFTLoss(), MultiResolutionMelLoss(SR)
+    t = np.arange(SR // 2) / SR          # a 150 Hz buzz of 39 harmonics over a noise floor
+    buzz = 0.1 * sum(np.sin(2 * np.pi * k * 150 * t) / k for k in range(1, 40))
+    x = torch.tensor(buzz, dtype=torch.float32)[None, None]
+    x = x + 0.003 * torch.randn_like(x)
+    assert float(loss(x, x)) == 0.0
+    assert float(mel(-x, x)) < 1e-6
+    flipped, noisy = float(loss(-x, x)), float(loss(x + 0.003 * torch.randn_like(x), x))
+    assert flipped > 5 * noisy > 0
+    silent = torch.zeros(1, 1, 4000, requires_grad=True)
+    loss(silent, torch.zeros(1, 1, 4000)).backward()
+    assert torch.isfinite(silent.grad).all()
+    with pytest.raises(ValueError, match="power"):
+        CompressedComplexSTFTLoss(power=0.0)
 
 
 def test_multi_resolution_stft_loss():

@@ -88,6 +88,30 @@ def test_codec_gan_step():
     assert refused_ops(gan_step) == []
 
 
+def test_codec_v2_step():
+    """codec-voicebank-v2's terms: the causal inverse-STFT decoder, the compressed complex
+    STFT loss and the periodicity teacher, distilled and compared through."""
+    from toolkit.tasks.codec.losses import CompressedComplexSTFTLoss
+    from toolkit.tasks.codec.pitch import PeriodicityFeatures
+    generator = CodecModel(CodecConfig(channels=4, strides=[2, 4, 5, 8], n_codebooks=2,
+                                       codebook_size=16, codebook_dim=4, causal=True,
+                                       decoder="istft", istft_dim=16, istft_layers=2,
+                                       istft_n_fft=640))
+    teacher, head = PeriodicityFeatures(), torch.nn.Conv1d(64, 65, 1)
+    real = 0.1 * torch.randn(2, 1, 3200)
+
+    def step():
+        out = generator(real, first_stage=True)
+        target = teacher(real[:, 0]).transpose(1, 2)
+        distill = F.l1_loss(head(out["first_stage"]), F.interpolate(
+            target, size=out["first_stage"].shape[-1], mode="linear"))
+        perceptual = F.l1_loss(teacher(out["audio"][:, 0]), teacher(real[:, 0]))
+        loss = CompressedComplexSTFTLoss()(out["audio"], real) + distill + perceptual
+        loss.backward()
+
+    assert refused_ops(step) == []
+
+
 # --------------------------------------------------------------------------- keyword spotting
 
 @pytest.mark.parametrize("name", sorted(MODELS.names()))

@@ -3,8 +3,8 @@
 
   python -m toolkit.bin.codec encode --model exp/codec/export in.wav out.codes
   python -m toolkit.bin.codec decode --model exp/codec/export out.codes decoded.wav
-  python -m toolkit.bin.codec encode --pretrained codec-voicebank-v1 in.wav out.codes
-  python -m toolkit.bin.codec encode --model pretrained:codec-voicebank-v1 --n-q 4 in.wav low.codes
+  python -m toolkit.bin.codec encode --pretrained codec-voicebank-v2 in.wav out.codes
+  python -m toolkit.bin.codec encode --model pretrained:codec-voicebank-v2 --n-q 4 in.wav low.codes
 
 --pretrained NAME (or --model pretrained:NAME) uses a codec shipped with the toolkit
 (toolkit/pretrained/NAME: weights and model card; its weights are checked against the

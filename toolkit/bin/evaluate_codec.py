@@ -15,6 +15,10 @@ spectrograms.png.
 size) bit/s): residual VQ's lower bitrates of the same codes, decoded through the export's
 model.safetensors (the graphs take every codebook).
 
+DNSMOS (--metrics dnsmos_ovrl,dnsmos_sig,dnsmos_bak,dnsmos_p808) scores each decoded signal
+without a reference; --baseline original adds the input's own row: the intrusive metrics'
+ceiling and the DNSMOS of the clean input.
+
 A metric or baseline whose package is missing (they come with tools/install.sh), or a
 metric that cannot score a pair, stops the run with one `error:` line: a table never has
 gaps.
@@ -51,10 +55,13 @@ def _metrics(text: str):
 
 def _epilog() -> str:
     from toolkit.tasks.codec.baselines import baseline_help
-    from toolkit.tasks.codec.metrics import ALL_METRICS, METRICS
-    metrics = "\n".join(f"  {n}: {METRICS.get(n).title}" for n in ALL_METRICS)
+    from toolkit.tasks.codec.metrics import ALL_METRICS, DNSMOS_METRICS, METRICS
+    listed = ALL_METRICS + DNSMOS_METRICS
+    names = listed + tuple(n for n in METRICS.names() if n not in listed)
+    metrics = "\n".join(f"  {n}: {METRICS.get(n).title}" for n in names)
     return (f"baselines (--baseline SPEC, repeatable):\n{baseline_help()}\n\n"
-            f"metrics (--metrics NAME,NAME,...; default all, in this order):\n{metrics}")
+            f"metrics (--metrics NAME,NAME,...; default: the first {len(ALL_METRICS)}, in "
+            f"this order;\nthe DNSMOS ones score the decoded signal alone):\n{metrics}")
 
 
 def get_args(argv=None):
@@ -76,7 +83,8 @@ def get_args(argv=None):
                    metavar="SPEC", help="a reference codec, KIND:ARGS (listed below; "
                    "repeatable)")
     p.add_argument("--metrics", type=_metrics, default=list(ALL_METRICS),
-                   metavar="NAMES", help="comma-separated metrics (listed below; default all)")
+                   metavar="NAMES", help="comma-separated metrics (listed below; default: all "
+                   "but DNSMOS)")
     p.add_argument("--n-q", action="append", default=[], type=int, metavar="K",
                    help="also evaluate the codec with its first K codebooks only (a lower "
                    "bitrate of the same model, trained by quantizer dropout; repeatable)")

@@ -10,9 +10,10 @@
 #
 # Stages (each rerunnable; outputs under data/ and $exp; README.md: what each writes):
 #   0 synthesize data/{train,dev,test} Kaldi dirs (+ *_noisy with noisy=true), data/voices.tsv
-#     (sizes: conf/corpus.yaml), and the outside test set data/reserved/test (the voices
-#     reserved for evaluation); installs Kokoro first when engines= or test_engines= names it
-#   1 data lists data/*/data.list, data/reserved/test/data.list
+#     (sizes: conf/corpus.yaml), and the outside test sets data/reserved/test (Kokoro's
+#     voices reserved for evaluation) and data/festival/test (test_engines=); installs
+#     the engines that engines= or test_engines= names beyond espeak-ng first
+#   1 data lists data/*/data.list and of the outside test sets
 #   2 (unused: no global CMVN, the codec reads waveforms)
 #   3 training through torchrun into $exp
 #   4 averaging of the last $average_num checkpoints -> $exp/avg_${average_num}.pt
@@ -58,10 +59,10 @@ random_voices=60   # procedural espeak-ng voices added to its 224 fixed ones bef
 max_voices=0       # > 0: at most this many voices in all (0: every voice)
 engines=espeak     # TTS engines that speak (comma list); one named but missing stops stage 0
 blends=0           # blended voices of each engine that mixes voices (kokoro), besides its own
-test_engines=""    # engines of the outside test set data/reserved/test: their voices reserved
-                   # for evaluation (kokoro: its 7; festival: all) and the held-out voices of the
-                   # others; empty: no outside test set
-num_test_reserved=60
+test_engines=""    # engines of the outside test sets: data/reserved/test (kokoro: its 7 reserved
+                   # voices, and the held-out voices of espeak) and data/festival/test (festival:
+                   # all its voices, an engine no codec trains on); empty: no outside test set
+num_test_reserved=60   # utterances of each outside test set
 noisy=false        # also write data/*_noisy (the same utterances in noise at 5-25 dB SNR)
 nj=2
 
@@ -77,16 +78,18 @@ average_num=3
 # one model, from quantizer dropout), naive codecs at about the same bitrates, and the real
 # speech codecs Codec2 and Opus (toolkit.bin.evaluate_codec --help lists every system and
 # metric). Each system's delay is estimated and removed before the metrics.
-eval_n_q="2 4"
-baselines="mulaw:1200:2 melgl:4:50:4 melgl:8:50:4 melgl:12:50:4"
-baselines+=" codec2:3200 codec2:2400 codec2:1600 codec2:700C opus:6 opus:8"
-eval_metrics=mel_distance,stft_distance,si_sdr,stoi,pesq_wb,pesq_nb,visqol
+eval_n_q="3 4 6"     # 1.5, 2 and 3 kbit/s of a 12-codebook codec
+# The input itself (the row DNSMOS, which needs no reference, scores the speech by), naive
+# mel + Griffin-Lim, and the classic codecs the targets name.
+baselines="original melgl:12:50:4 codec2:2400 opus:6"
+eval_metrics=mel_distance,stft_distance,si_sdr,stoi,pesq_wb,pesq_nb,visqol,dnsmos_ovrl
 eval_max_utts=0      # 0: the whole test set
-eval_sets=""   # reserved: data/reserved/test (needs test_engines=); test: data/$test_set
-               # (held-out voices of the training engines); default: both, or test alone
-               # when there is no outside test set
+eval_sets=""   # reserved: data/reserved/test, festival: data/festival/test (each needs its
+               # engine in test_engines=); test: data/$test_set (held-out voices of the
+               # training engines); default: the outside sets there are, then test
 
 pretrained_name=codec-voicebank-v1   # stage 8: the model's name
+card=conf/card.md                    # stage 8: the model card's template
 pretrained_root=""                   # stage 8: where it goes (empty: $exp/pretrained)
 ship=false                           # stage 8: true replaces the shipped toolkit/pretrained/<name>
 
@@ -100,21 +103,34 @@ if [ "$ship" = true ] && [ -n "$pretrained_root" ]; then
   exit 1
 fi
 
+# The outside test sets: festival speaks data/festival alone (none of its voices trains
+# anything); the other engines of test_engines speak data/reserved.
+reserved_engines=$(echo ",$test_engines," | sed 's/,festival,/,/g; s/^,*//; s/,*$//')
+festival_test=false
+case ",$test_engines," in *,festival,*) festival_test=true ;; esac
+
 # The evaluation sets by name (stage 5 checks its export on the first): test is
-# data/$test_set, reserved the outside test set data/reserved/test.
-[ -n "$eval_sets" ] || eval_sets=${test_engines:+reserved }test
+# data/$test_set, reserved and festival the outside test sets.
+if [ -z "$eval_sets" ]; then
+  [ -z "$reserved_engines" ] || eval_sets+="reserved "
+  [ "$festival_test" = false ] || eval_sets+="festival "
+  eval_sets+=test
+fi
 eval_names=()
 eval_dirs=()
 for name in $eval_sets; do
   case $name in
     test) eval_dirs+=("$data/$test_set") ;;
-    reserved)
-      if [ -z "$test_engines" ]; then
-        echo "$0: eval_sets names reserved but test_engines is empty (no outside test set)" >&2
+    reserved|festival)
+      if { [ "$name" = reserved ] && [ -z "$reserved_engines" ]; } ||
+         { [ "$name" = festival ] && [ "$festival_test" = false ]; }; then
+        echo "$0: eval_sets names $name but test_engines ('$test_engines') has no engine" \
+          "for it (reserved: kokoro or espeak; festival: festival)" >&2
         exit 1
       fi
-      eval_dirs+=("$data/reserved/test") ;;
-    *) echo "$0: unknown eval set '$name' in eval_sets (known: test reserved)" >&2; exit 1 ;;
+      eval_dirs+=("$data/$name/test") ;;
+    *) echo "$0: unknown eval set '$name' in eval_sets (known: test reserved festival)" >&2
+       exit 1 ;;
   esac
   eval_names+=("$name")
 done
@@ -123,10 +139,11 @@ done
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing speech into $data"
   # Kokoro's model and voices are downloaded and checked once, into the cache outside the
-  # repository; an engine other than Kokoro that is missing stops synthesis with one error.
-  case ",$engines,$test_engines," in
-    *,kokoro,*) bash "$TOOLKIT_ROOT/tools/install_voices.sh" kokoro ;;
-  esac
+  # repository; the Debian engines (festival) need apt, as root.
+  needs_install=$(echo "$engines,$test_engines" | tr ',' '\n' \
+    | grep -xE 'kokoro|rhvoice|pico|mbrola|festival|flite' | sort -u | tr '\n' ' ' || true)
+  # shellcheck disable=SC2086
+  [ -z "$needs_install" ] || bash "$TOOLKIT_ROOT/tools/install_voices.sh" $needs_install
   noisy_arg=()
   [ "$noisy" = true ] || noisy_arg=(--no-noisy)
   # $corpus_opts is split into separate options on purpose.
@@ -135,14 +152,18 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     --out-dir "$data" --seed "$seed" --random-voices "$random_voices" \
     --max-voices "$max_voices" --engines "$engines" --blends "$blends" --nj "$nj" \
     "${noisy_arg[@]}"
-  if [ -n "$test_engines" ]; then
+  if [ -n "$reserved_engines" ]; then
     # The same seed (and voice pool): the held-out voices of an engine that reserves none
     # (espeak-ng) are those of data/test; an engine that reserves voices speaks with those.
     pool=(--max-voices "$max_voices")
-    case ",$test_engines," in *,espeak,*) pool+=(--random-voices "$random_voices") ;; esac
+    case ",$reserved_engines," in *,espeak,*) pool+=(--random-voices "$random_voices") ;; esac
     python -m toolkit.bin.synth_codec_data --test-only --out-dir "$data/reserved" \
-      --seed "$seed" --num-test "$num_test_reserved" --engines "$test_engines" \
+      --seed "$seed" --num-test "$num_test_reserved" --engines "$reserved_engines" \
       "${pool[@]}" --nj "$nj" --no-noisy
+  fi
+  if [ "$festival_test" = true ]; then
+    python -m toolkit.bin.synth_codec_data --test-only --out-dir "$data/festival" \
+      --seed "$seed" --num-test "$num_test_reserved" --engines festival --nj "$nj" --no-noisy
   fi
 fi
 
@@ -204,18 +225,19 @@ if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
   ship_opts=(--out-root "${pretrained_root:-$exp/pretrained}")
   [ "$ship" = true ] && ship_opts=(--overwrite)
   echo "stage 8: packaging $exp/export as $pretrained_name (${ship_opts[*]})"
-  # The card quotes stage 6's tables of both eval sets (the reserved voices: test_engines=).
-  for name in reserved test; do
+  # The card quotes stage 6's tables of the eval sets it names ({{eval_reserved}}, ...).
+  tables=()
+  for name in reserved festival test; do
+    grep -q "{{eval_$name}}" "$card" || continue
     [ -f "$exp/eval/$name/results.md" ] || {
-      echo "$0: stage 8 quotes $exp/eval/$name/results.md, which stage 6 has not written" \
-        "(both eval sets: --test-engines kokoro, eval_sets empty or 'reserved test')" >&2
+      echo "$0: stage 8: $card quotes $exp/eval/$name/results.md, which stage 6 has not" \
+        "written (the outside sets: --test-engines kokoro,festival; eval_sets empty)" >&2
       exit 1
     }
+    tables+=(--set-file "eval_$name=$exp/eval/$name/results.md")
   done
   python -m toolkit.bin.package_pretrained --export-dir "$exp/export" \
-    --name "$pretrained_name" "${ship_opts[@]}" \
-    --card conf/card.md --set-file "eval_reserved=$exp/eval/reserved/results.md" \
-    --set-file "eval_test=$exp/eval/test/results.md" \
+    --name "$pretrained_name" "${ship_opts[@]}" --card "$card" "${tables[@]}" \
     --set "command=$card_command" --set "config=$config" \
     --set "train_log=$(grep -h 'training finished' "$exp/log/train.rank0.log" | tail -1 | sed 's/.*training finished: //')"
 fi

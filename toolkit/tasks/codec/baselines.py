@@ -13,6 +13,9 @@ Naive codecs, showing what a bitrate buys without a speech model:
   melgl_codec: a log-mel spectrogram quantised to `bits` per value, inverted by the mel
     pseudo-inverse and Griffin-Lim phase reconstruction (bitrate frame_rate * n_mels * bits).
   Neither uses entropy coding, so both bitrates are fixed-rate upper bounds.
+The input itself, `original` (16-bit PCM's bitrate): every intrusive metric's ceiling, and
+the non-intrusive ones' (DNSMOS) score of the clean input, which a codec may exceed (a
+non-intrusive predictor only judges how natural and clean the output sounds).
 
 Each codec takes a 1-D float waveform in [-1, 1] and returns (decoded float32 of the same
 length, bitrate in bit/s). The decoded signal keeps the codec's own delay: the evaluation
@@ -431,6 +434,20 @@ class OpusBaseline(BaselineKind):
         return Baseline(spec, f"Opus {kbps:g} kbit/s CBR",
                         lambda x, sr: opus_codec(x, sr, kbps),
                         _package_check("av", OPUS_REQUIREMENT, f"baseline {spec}"))
+
+
+@BASELINES.register("original")
+class OriginalBaseline(BaselineKind):
+    syntax = "original"
+    summary = ("the input unchanged, counted as 16-bit PCM (sample rate x 16 bit/s): the "
+               "reference itself, so every intrusive metric's ceiling, and the DNSMOS of the "
+               "clean input (which a codec may exceed)")
+
+    def build(self, spec, args):
+        if args:
+            raise ValueError(f"it takes no arguments, got {':'.join(args)!r}")
+        return Baseline(spec, "original (16-bit PCM)",
+                        lambda x, sr: (_check_wave(x).copy(), float(sr * 16)), _no_package)
 
 
 def parse_baseline(spec: str) -> Baseline:

@@ -26,6 +26,18 @@ class CodecTaskConfig(TaskConfigBase):
     eval_seconds: float = 3.0
     # codebooks used by validation; 0: all (training draws 1..n by quantizer dropout)
     eval_n_q: int = 0
+    # generator parts kept as training.init_checkpoint has them (encoder, quantizer): a
+    # new decoder learns to render a trained codec's codes, which stay the same
+    frozen: List[str] = field(default_factory=list)
+    # generator parts that start fresh although training.init_checkpoint holds them (decoder:
+    # a decoder design measured from scratch on a trained codec's codes)
+    reinit: List[str] = field(default_factory=list)
+
+
+# Generator parts task.frozen can keep fixed (the decoder always trains).
+FREEZABLE = ("encoder", "quantizer")
+# Generator parts task.reinit can start fresh.
+REINITIALISABLE = ("encoder", "quantizer", "decoder")
 
 
 def _step_on(weight: float, at: float) -> Ramp:
@@ -57,6 +69,9 @@ class CodecLossConfig:
     adversarial: Ramp = field(default_factory=lambda: _step_on(1.0, ADVERSARIAL_START))
     # discriminator feature matching (DAC: 2); switched on with the adversarial term
     feature_matching: Ramp = field(default_factory=lambda: _step_on(2.0, ADVERSARIAL_START))
+    # phase-aware L1 on power-law compressed complex STFTs (losses.CompressedComplexSTFTLoss);
+    # 0: off
+    complex_stft: Ramp = field(default_factory=lambda: Ramp.constant(0.0))
     # VQ commitment (encoder towards its codes; DAC: 0.25), from the start
     commitment: Ramp = field(default_factory=lambda: Ramp.constant(0.25))
     # VQ codebook term (codes towards the encoder; DAC: 1); zero in effect with EMA codebooks
@@ -73,8 +88,8 @@ class CodecLossConfig:
     mel_n_mels: List[int] = field(default_factory=lambda: [5, 10, 20, 40, 80, 160, 320])
 
 
-WEIGHT_KEYS = ("mel", "adversarial", "feature_matching", "commitment", "codebook",
-               "distillation", "perceptual")
+WEIGHT_KEYS = ("mel", "complex_stft", "adversarial", "feature_matching", "commitment",
+               "codebook", "distillation", "perceptual")
 ADVERSARIAL_KEYS = ("adversarial", "feature_matching")
 
 
@@ -112,6 +127,20 @@ def check_codec_config(cfg) -> None:
     if not 0 <= t.eval_n_q <= cfg.model.n_codebooks:
         raise ConfigError(f"task.eval_n_q={t.eval_n_q}: must lie in [0, model.n_codebooks="
                           f"{cfg.model.n_codebooks}] (0: all)")
+    unknown = sorted(set(t.frozen) - set(FREEZABLE))
+    if unknown:
+        raise ConfigError(f"task.frozen: unknown parts {unknown}; known: {', '.join(FREEZABLE)}")
+    for key, known in (("reinit", REINITIALISABLE),):
+        wrong = sorted(set(getattr(t, key)) - set(known))
+        if wrong:
+            raise ConfigError(f"task.{key}: unknown parts {wrong}; known: {', '.join(known)}")
+    both = sorted(set(t.frozen) & set(t.reinit))
+    if both:
+        raise ConfigError(f"task.frozen and task.reinit both name {both}: a part kept as "
+                          "initialised cannot also start fresh")
+    if t.frozen and not cfg.training.init_checkpoint:
+        raise ConfigError(f"task.frozen={t.frozen} keeps parts as initialised, but "
+                          "training.init_checkpoint is empty: they would stay random")
     if cfg.dataset.sample_rate != cfg.model.sample_rate:
         raise ConfigError(f"dataset.sample_rate={cfg.dataset.sample_rate} but "
                           f"model.sample_rate={cfg.model.sample_rate}: the loader resamples "

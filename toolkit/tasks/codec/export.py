@@ -23,12 +23,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.tasks.codec.model import (CodecConfig, CodecConv1d, CodecConvTranspose1d,
-                                       CodecModel, IstftDecoder, history_length,
-                                       remove_weight_norm)
+                                       CodecModel, IstftDecoder, decoder_context_frames,
+                                       history_length, remove_weight_norm)
 
 logger = logging.getLogger(__name__)
 
-EXPORT_FORMAT_VERSION = 2
+# 3: a decoder may lag its input (decoder_delay_samples); exports without a lag stay 2, so
+# that toolkits which know only 2 still read them.
+EXPORT_FORMAT_VERSION = 3
 GRAPH_FILES = {"onnx": ("encoder.onnx", "decoder.onnx"), "torch": ("encoder.zip", "decoder.zip")}
 SAFETENSORS_NAME = "model.safetensors"
 
@@ -68,6 +70,7 @@ class _IstftDecoderGraph(nn.Module):
     def __init__(self, decoder: IstftDecoder):
         super().__init__()
         decoder = copy.deepcopy(decoder)
+        self.embed_pad = int(decoder.embed_pad)
         self.embed, self.norm, self.blocks = decoder.embed, decoder.norm, decoder.blocks
         self.final_norm, self.head, self.istft = decoder.final_norm, decoder.head, decoder.istft
         self.istft.use_fft = False
@@ -75,6 +78,8 @@ class _IstftDecoderGraph(nn.Module):
         self.max_log_magnitude = float(decoder.MAX_LOG_MAGNITUDE)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if self.embed_pad:
+            z = F.pad(z, [self.embed_pad, 0])
         x = self.norm(self.embed(z).transpose(1, 2)).transpose(1, 2)
         for block in self.blocks:
             x = block(x)
@@ -189,15 +194,11 @@ def encoder_context_samples(model: CodecModel) -> int:
     return int(math.ceil(history_length(model.encoder) / hop)) * hop + hop
 
 
-def decoder_context_frames(model: CodecModel) -> int:
-    return int(math.ceil(history_length(model.decoder))) + 1
-
-
 def codec_metadata(model: CodecModel) -> dict:
     cfg = model.config
     causal = bool(cfg.causal)
     return {
-        "format_version": EXPORT_FORMAT_VERSION, "task": "codec",
+        "format_version": EXPORT_FORMAT_VERSION if model.delay_samples else 2, "task": "codec",
         "sample_rate": int(cfg.sample_rate), "hop": int(model.decoder_hop),
         "encoder_sample_rate": int(model.encoder_sample_rate), "encoder_hop": int(model.hop),
         "decoder_type": cfg.decoder,
@@ -206,12 +207,14 @@ def codec_metadata(model: CodecModel) -> dict:
         "causal": causal, "fingerprint": weights_fingerprint(model),
         "encoder_context_samples": encoder_context_samples(model) if causal else None,
         "decoder_context_frames": decoder_context_frames(model) if causal else None,
+        "decoder_delay_samples": int(model.delay_samples),
         "weight_norm": "removed (folded into the weights)",
         "encoder": "wav (batch, 1, samples), samples a multiple of encoder_hop, mono in [-1, 1] "
                    "at encoder_sample_rate -> codes (batch, n_codebooks, samples / encoder_hop) "
                    "int64",
         "decoder": "codes (batch, n_codebooks, frames) int64 -> wav (batch, 1, frames * hop) "
-                   "at sample_rate",
+                   "at sample_rate, decoder_delay_samples behind the encoded audio (encode "
+                   "that many samples of silence after it; drop that many first samples)",
     }
 
 

@@ -5,10 +5,17 @@ mel_distance and stft_distance are the training losses evaluated without gradien
 better); si_sdr is in dB (higher is better); stoi (pystoi); pesq_wb and pesq_nb: ITU-T
 P.862.2 wideband at 16 kHz and P.862 narrowband at 8 kHz (pesq 0.0.4), MOS-LQO; visqol:
 ViSQOL v3 speech mode at 16 kHz with its lattice MOS mapping, the C++ tool's default
-(visqol-python 3.8.0). Signals at other rates are resampled with the toolkit's resampler.
-Every metric but the first three needs a package of the `codec` extra; a missing package,
+(visqol-python 3.8.0). dnsmos_ovrl, dnsmos_sig, dnsmos_bak and dnsmos_p808 are
+non-intrusive (toolkit.tasks.codec.dnsmos): DNSMOS' P.835 overall, speech and background MOS
+and its P.808 MOS of the decoded signal alone (the reference is ignored; run on the
+`original` baseline they give the clean input's), not among the default columns.
+pitch_kept (toolkit.tasks.codec.pitch) is the share of the reference's voiced 20 ms frames
+that the decoded signal voices at the same period (within 10 %). Signals at other rates
+are resampled with the toolkit's resampler.
+Every metric but the first three and pitch_kept needs a package of the `codec` extra; a missing package,
 or a pair a metric cannot score, is an expected error (MetricError) naming the metric.
 """
+import hashlib
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -16,13 +23,12 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from toolkit.errors import UserError
 from toolkit.registry import Registry
+from toolkit.tasks.codec.dnsmos import check_dnsmos, dnsmos_scores
+from toolkit.tasks.codec.metric_error import MetricError  # noqa: F401  (importable from here)
 from toolkit.tasks.codec.packages import import_optional
 
 
-class MetricError(UserError, ValueError):
-    """A metric that cannot score a (reference, decoded) pair."""
 
 
 def _mono(x) -> np.ndarray:
@@ -205,6 +211,22 @@ def warm_up_visqol() -> float:
     return visqol(vowel, vowel, 16000)
 
 
+# The four DNSMOS columns come from one model run: the last decoded signal's scores are
+# kept (one entry, keyed by a hash of its samples), so the other three columns of a pair
+# cost a hash, and a worker process holds one signal's scores at most.
+_dnsmos_last = {"key": None, "scores": None}
+
+
+def cached_dnsmos(decoded, sample_rate: int) -> Dict[str, float]:
+    """dnsmos_scores() of `decoded`, computed once for consecutive calls on equal samples."""
+    x = np.ascontiguousarray(_mono(decoded))
+    key = (hashlib.blake2b(x.tobytes(), digest_size=16).digest(), len(x), int(sample_rate))
+    if _dnsmos_last["key"] != key:
+        scores = dnsmos_scores(x, sample_rate)
+        _dnsmos_last.update(key=key, scores=scores)
+    return dict(_dnsmos_last["scores"])
+
+
 # --------------------------------------------------------------------------- registry
 
 @dataclass(frozen=True)
@@ -235,10 +257,30 @@ _register("pesq_wb", "PESQ-WB (higher better)", "{:.3f}",
 _register("pesq_nb", "PESQ-NB (higher better)", "{:.3f}",
           lambda ref, dec, sr: pesq(ref, dec, sr, "nb"), _pesq_module)
 _register("visqol", "ViSQOL speech (higher better)", "{:.3f}", visqol, _visqol_api)
+for _score, _title in (("ovrl", "OVRL"), ("sig", "SIG"), ("bak", "BAK"), ("p808", "P.808")):
+    _register(f"dnsmos_{_score}", f"DNSMOS {_title} (higher better)", "{:.3f}",
+              lambda ref, dec, sr, score=_score: cached_dnsmos(dec, sr)[score],
+              check_dnsmos)
+del _score, _title
+
+def _pitch_kept(reference, decoded, sample_rate: int) -> float:
+    from toolkit.tasks.codec.pitch import pitch_kept
+    ref, dec = align(reference, decoded)
+    if sample_rate != 16000:
+        ref, dec = _at_rate(ref, sample_rate, 16000), _at_rate(dec, sample_rate, 16000)
+    value = pitch_kept(ref, dec)
+    if value != value:
+        raise MetricError("pitch kept is undefined: the reference has no voiced frame")
+    return value
+
+
+_register("pitch_kept", "voiced frames kept (higher better)", "{:.3f}", _pitch_kept)
 
 # The table's columns, in order, when none are chosen.
 ALL_METRICS = ("mel_distance", "stft_distance", "si_sdr", "stoi", "pesq_wb", "pesq_nb",
                "visqol")
+# Non-intrusive, chosen by name only (so that existing tables keep their columns).
+DNSMOS_METRICS = ("dnsmos_ovrl", "dnsmos_sig", "dnsmos_bak", "dnsmos_p808")
 
 
 def get_metrics(names: Sequence[str]) -> Tuple[Metric, ...]:

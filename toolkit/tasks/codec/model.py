@@ -359,18 +359,21 @@ class Decoder(nn.Module):
 class InverseSTFT(nn.Module):
     """Complex spectra (B, n_fft // 2 + 1, frames) -> waveform (B, 1, frames * hop): periodic
     Hann window, overlap-add divided by the summed squared window, and "same" framing (frame
-    t is centred on output samples [t * hop, (t + 1) * hop)).
+    t is centred on output samples [t * hop, (t + 1) * hop)); `causal`: frame t starts at
+    output sample t * hop, so no output sample waits for a later frame (the decoder then
+    renders the input n_fft - hop samples late: IstftDecoder.delay_samples).
 
     The inverse real FFT is torch.fft.irfft by default; `use_fft = False` computes it as a
     matmul with a fixed (windowed) cosine/sine basis instead, which ONNX and TorchScript
     graphs can hold (same result to float rounding). Overlap-add is n_fft / hop shifted
     sums of reshaped frames: no col2im, and O(n_fft) per frame."""
 
-    def __init__(self, n_fft: int, hop: int):
+    def __init__(self, n_fft: int, hop: int, causal: bool = False):
         super().__init__()
         if n_fft % hop or n_fft < 2 * hop:
             raise ValueError(f"n_fft {n_fft} must be a multiple of hop {hop}, at least 2x")
         self.n_fft, self.hop, self.overlap = n_fft, hop, n_fft // hop
+        self.causal = causal
         self.trim_left = (n_fft - hop) // 2
         self.trim_right = n_fft - hop - self.trim_left
         self.use_fft = True
@@ -385,6 +388,10 @@ class InverseSTFT(nn.Module):
         self.register_buffer("window", window.float(), persistent=False)
         self.register_buffer("window_sq", (window ** 2).float(), persistent=False)
         self.register_buffer("basis", basis.float(), persistent=False)   # (2 bins, n_fft)
+        # Causal framing divides by the envelope's steady state (one hop, periodic), so the
+        # first blocks, which fewer frames reach, fade in instead of dividing by ~0.
+        steady = (window ** 2).reshape(self.overlap, hop).sum(0)
+        self.register_buffer("steady_envelope", steady.float(), persistent=False)
 
     def _overlap_add(self, frames: torch.Tensor) -> torch.Tensor:
         """(B, n_fft, T) -> (B, (T + overlap - 1) * hop): frame t added at t * hop."""
@@ -403,6 +410,12 @@ class InverseSTFT(nn.Module):
         else:
             frames = torch.matmul(self.basis.t(), torch.cat([real, imag], dim=1))
         audio = self._overlap_add(frames)
+        if self.causal:
+            # Frame t spans output samples [t * hop, t * hop + n_fft): block t is complete
+            # once frame t is known, and the blocks past the last frame are dropped.
+            blocks = audio[:, :frames.shape[-1] * self.hop]
+            blocks = blocks.reshape(blocks.shape[0], -1, self.hop) / self.steady_envelope
+            return blocks.reshape(blocks.shape[0], 1, -1)
         envelope = self._overlap_add(torch.zeros_like(frames[:1]) + self.window_sq[None, :, None])
         # Trimmed before the division: the untrimmed ends hold zeros of the window envelope
         # (0 / 0 there would put NaN into the gradient). trim_right >= 1 (n_fft >= 2 hop): a
@@ -413,11 +426,15 @@ class InverseSTFT(nn.Module):
 
 
 class ConvNeXtBlock(nn.Module):
-    """x + gamma * pointwise_mlp(layer_norm(depthwise_conv(x))) over (B, dim, frames)."""
+    """x + gamma * pointwise_mlp(layer_norm(depthwise_conv(x))) over (B, dim, frames); with
+    `causal` the depthwise conv reads the current and past frames only."""
 
-    def __init__(self, dim: int, hidden: int, kernel_size: int, layer_scale: float):
+    def __init__(self, dim: int, hidden: int, kernel_size: int, layer_scale: float,
+                 causal: bool = False):
         super().__init__()
-        self.depthwise = nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
+        self.left_pad = kernel_size - 1 if causal else 0
+        self.depthwise = nn.Conv1d(dim, dim, kernel_size, groups=dim,
+                                   padding=0 if causal else kernel_size // 2)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.expand = nn.Linear(dim, hidden)
         self.act = nn.GELU()
@@ -425,7 +442,8 @@ class ConvNeXtBlock(nn.Module):
         self.gamma = nn.Parameter(torch.full((dim,), float(layer_scale)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.norm(self.depthwise(x).transpose(1, 2))
+        y = self.depthwise(F.pad(x, [self.left_pad, 0]) if self.left_pad else x)
+        y = self.norm(y.transpose(1, 2))
         y = self.project(self.act(self.expand(y))) * self.gamma
         return x + y.transpose(1, 2)
 
@@ -434,17 +452,17 @@ class ConvNeXtBlock(nn.Module):
 class IstftDecoder(nn.Module):
     """(B, latent_dim, frames) -> (B, 1, frames * decoder_hop): Vocos. A conv embedding and
     ConvNeXt blocks at the code frame rate, a linear head giving each frame's log magnitude
-    and phase for n_fft // 2 + 1 bins, an inverse STFT with hop decoder_hop. Not causal: a
-    frame's window reaches (n_fft - hop) / 2 samples into its neighbours."""
+    and phase for n_fft // 2 + 1 bins, an inverse STFT with hop decoder_hop. Not causal, a
+    frame's window reaching (n_fft - hop) / 2 samples into its neighbours; or `causal`: its
+    convs read past frames only and frame t (codes up to t) renders the input's last n_fft
+    samples at output samples [t * hop, t * hop + n_fft), so the output is the input
+    delayed by `delay_samples` = n_fft - hop and streams with the prefix property."""
 
     @staticmethod
     def check_config(cfg: CodecConfig) -> None:
         if cfg.decoder_strides:
             raise ConfigError("model.decoder_strides: strides belong to the conv decoder; the "
                               "istft decoder's hop is the code frame (decoder_hop)")
-        if cfg.causal:
-            raise ConfigError("model.causal: the istft decoder is not causal (each frame's "
-                              "window overlaps its neighbours); use decoder: conv to stream")
         hop, n_fft = cfg.decoder_hop, cfg.resolved_istft_n_fft
         if n_fft % hop or n_fft < 2 * hop:
             raise ConfigError(f"model.istft_n_fft: {n_fft} must be a multiple of the code "
@@ -459,15 +477,21 @@ class IstftDecoder(nn.Module):
     def __init__(self, cfg: CodecConfig):
         super().__init__()
         dim, kernel = cfg.istft_dim, cfg.istft_kernel_size
-        n_fft = cfg.resolved_istft_n_fft
-        self.embed = nn.Conv1d(cfg.resolved_latent_dim, dim, kernel, padding=kernel // 2)
+        n_fft, causal = cfg.resolved_istft_n_fft, cfg.causal
+        self.embed_pad = kernel - 1 if causal else 0
+        self.embed = nn.Conv1d(cfg.resolved_latent_dim, dim, kernel,
+                               padding=0 if causal else kernel // 2)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         # Vocos' layer scale 1 / layers: each block starts as a small change of the identity.
-        self.blocks = nn.ModuleList(ConvNeXtBlock(dim, 3 * dim, kernel, 1.0 / cfg.istft_layers)
-                                    for _ in range(cfg.istft_layers))
+        self.blocks = nn.ModuleList(ConvNeXtBlock(dim, 3 * dim, kernel, 1.0 / cfg.istft_layers,
+                                                  causal) for _ in range(cfg.istft_layers))
         self.final_norm = nn.LayerNorm(dim, eps=1e-6)
         self.head = nn.Linear(dim, n_fft + 2)
-        self.istft = InverseSTFT(n_fft, cfg.decoder_hop)
+        self.istft = InverseSTFT(n_fft, cfg.decoder_hop, causal)
+        self.delay_samples = n_fft - cfg.decoder_hop if causal else 0
+        # Frames of codes a causal output block depends on before its own: the convs'
+        # reach, plus the earlier frames whose windows overlap it.
+        self.history_frames = (kernel - 1) * (1 + cfg.istft_layers) + n_fft // cfg.decoder_hop - 1
         self.output_tanh = cfg.output_tanh
         for module in self.modules():
             if isinstance(module, (nn.Conv1d, nn.Linear)):
@@ -478,6 +502,7 @@ class IstftDecoder(nn.Module):
     MAX_LOG_MAGNITUDE = math.log(100.0)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
+        z = F.pad(z, [self.embed_pad, 0]) if self.embed_pad else z
         x = self.norm(self.embed(z).transpose(1, 2)).transpose(1, 2)
         for block in self.blocks:
             x = block(x)
@@ -507,6 +532,15 @@ def history_length(module: nn.Module, scale: float = 1.0) -> float:
     return total
 
 
+def decoder_context_frames(model: "CodecModel") -> int:
+    """Frames of codes a causal decoder re-reads before new ones so that chunked decoding
+    equals decoding all at once: its history (conv decoders: history_length) plus one."""
+    history = getattr(model.decoder, "history_frames", None)
+    if history is None:
+        history = history_length(model.decoder)
+    return int(math.ceil(history)) + 1
+
+
 # --------------------------------------------------------------------------- model
 
 class CodecModel(nn.Module):
@@ -523,6 +557,10 @@ class CodecModel(nn.Module):
             cfg.resolved_latent_dim, cfg.n_codebooks, cfg.codebook_size, cfg.codebook_dim,
             cfg.quantizer_dropout, cfg.ema_decay, cfg.dead_code_threshold)
         self.decoder = DECODERS.get(cfg.decoder)(cfg)
+        # Output samples by which the decoder's stream lags its input (a causal istft
+        # decoder's framing; 0 otherwise), a whole number of code frames.
+        self.delay_samples = int(getattr(self.decoder, "delay_samples", 0))
+        self.delay_frames = self.delay_samples // self.decoder_hop
 
     @property
     def frames_per_second(self) -> float:
@@ -558,14 +596,20 @@ class CodecModel(nn.Module):
         output, B x latent_dim x frames)}, and with `first_stage` the first VQ stage's output
         (same shape as latent). In training mode with n_q=None, quantizer dropout applies."""
         length = wav.shape[-1]
-        z = self.encoder(self._prepare(wav))
+        wav = self._prepare(wav)
+        if self.delay_frames:
+            # Frames of silence after the input flush a delayed decoder (as a stream's end
+            # does), so that the output covers all of the input, aligned with it.
+            wav = nn.functional.pad(wav, (0, self.delay_frames * self.hop))
+        z = self.encoder(wav)
         out = {"latent": z}
         if first_stage:
             z_q, codes, commit, codebook, out["first_stage"] = \
                 self.quantizer.quantize_with_first_stage(z, n_q)
         else:
             z_q, codes, commit, codebook = self.quantizer.quantize(z, n_q)
-        audio = self.decoder(z_q)[..., :self.output_length(length)]
+        audio = self.decoder(z_q)[..., self.delay_samples:
+                                  self.delay_samples + self.output_length(length)]
         out.update(audio=audio, codes=codes, commit_loss=commit, codebook_loss=codebook)
         return out
 
@@ -581,7 +625,9 @@ class CodecModel(nn.Module):
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, length: Optional[int] = None) -> torch.Tensor:
         """codes (B, n_q, frames) -> wav (B, 1, frames * decoder_hop) at sample_rate, trimmed
-        to `length` if given. Inference only (no gradients)."""
+        to `length` if given: the decoder's stream, `delay_samples` behind the audio the
+        codes came from (ExportedCodec.encode / decode flush and drop that). Inference only
+        (no gradients)."""
         audio = self.decoder(self.quantizer.decode_codes(codes))
         return audio if length is None else audio[..., :length]
 

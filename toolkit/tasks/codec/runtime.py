@@ -77,6 +77,10 @@ class ExportedCodec:
         self.n_codebooks, self.codebook_size = int(m["n_codebooks"]), int(m["codebook_size"])
         self.causal, self.fingerprint = bool(m["causal"]), str(m["fingerprint"])
         self.bitrate = float(m["bitrate"])
+        # A decoder whose stream lags its input: encoding appends the frames of silence that
+        # flush it, decoding drops the lag, so decoded audio lines up with what was encoded.
+        self.delay = int(m.get("decoder_delay_samples") or 0)
+        self.flush_frames = self.delay // self.hop
         if backend == "safetensors":
             generator = self.generator()
             self._encode = torch_runner(EncoderGraph(generator).eval())
@@ -105,6 +109,9 @@ class ExportedCodec:
         wave = pad_to_hop(wave, self.encoder_hop)
         if not len(wave):
             return np.zeros((self.n_codebooks, 0), np.int64)
+        if self.flush_frames:
+            wave = np.concatenate([wave, np.zeros(self.flush_frames * self.encoder_hop,
+                                                  wave.dtype)])
         return self._encode(wave[None, None])[0][0]
 
     def output_length(self, samples: int, rate: int) -> int:
@@ -112,11 +119,12 @@ class ExportedCodec:
         return -(-int(samples) * self.sample_rate // int(rate))
 
     def decode(self, codes: np.ndarray, length: Optional[int] = None) -> np.ndarray:
-        """codes (n_q, frames), n_q <= n_codebooks -> frames * hop samples (or `length`)."""
+        """codes (n_q, frames), n_q <= n_codebooks -> frames * hop samples less the
+        decoder's lag (or `length`), aligned with the encoded audio."""
         codes = np.ascontiguousarray(codes, dtype=np.int64)
         if codes.shape[1] == 0:
             return np.zeros(0, np.float32)
-        audio = self._decoder(codes.shape[0])(codes[None])
+        audio = self._decoder(codes.shape[0])(codes[None])[self.delay:]
         return audio if length is None else audio[:length]
 
     def _decoder(self, n_q: int):
@@ -167,7 +175,8 @@ class ExportedCodec:
 
     def encode_chunks(self, blocks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
         """Blocks of samples at the encoder's rate in, codes of the frames completed so far
-        out (the last, partial frame zero padded at the end), equal to encoding the whole
+        out (the last, partial frame zero padded at the end, then the frames of silence
+        that flush a lagging decoder), equal to encoding the whole
         signal at once: each window re-reads `encoder_context_samples` before its new
         frames."""
         self._need_causal()
@@ -186,9 +195,11 @@ class ExportedCodec:
             done = complete
             keep = max(0, complete * hop - context)
             buffer, buffer_start = buffer[keep - buffer_start:], keep
-        if total % hop:
+        if total % hop or (total and self.flush_frames):
+            # The last, partial frame and the frames of silence that flush a lagging decoder.
             start = max(0, done * hop - context)
             window = pad_to_hop(buffer[start - buffer_start:], hop)
+            window = np.concatenate([window, np.zeros(self.flush_frames * hop, np.float32)])
             yield self._encode(window[None, None])[0][0][:, done - start // hop:]
 
     def decode_chunks(self, blocks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
@@ -198,6 +209,7 @@ class ExportedCodec:
         self._need_causal()
         context = int(self.metadata["decoder_context_frames"])
         kept = decoder = None
+        skip = self.delay              # the lag, dropped from the start of the stream
         for block in blocks:
             block = np.asarray(block, np.int64)
             new = block.shape[1]
@@ -207,8 +219,12 @@ class ExportedCodec:
                 decoder = self._decoder(block.shape[0])
                 kept = np.zeros((block.shape[0], 0), np.int64)
             window = np.concatenate([kept, block], axis=1)
-            yield decoder(np.ascontiguousarray(window[None]))[-new * self.hop:]
+            audio = decoder(np.ascontiguousarray(window[None]))[-new * self.hop:]
             kept = window[:, max(0, window.shape[1] - context):]
+            if skip:
+                audio, skip = audio[skip:], max(0, skip - len(audio))
+            if len(audio):
+                yield audio
 
 
 def open_codec(model: str, backend: str = "onnx", threads: int = 1) -> ExportedCodec:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from toolkit.tasks.codec.model import CodecModel, history_length
+from toolkit.tasks.codec.model import CodecModel, decoder_context_frames, history_length
 
 
 def _require_causal(model: CodecModel) -> None:
@@ -58,7 +58,7 @@ class StreamingDecoder:
     def __init__(self, model: CodecModel):
         _require_causal(model)
         self.model = model
-        self.context = int(math.ceil(history_length(model.decoder))) + 1   # in frames
+        self.context = decoder_context_frames(model)   # in frames
         self._codes: Optional[torch.Tensor] = None    # the last `context` frames seen
 
     @torch.no_grad()

@@ -53,12 +53,13 @@ from toolkit.tasks.codec.data import SegmentBuilder
 from toolkit.tasks.codec.discriminators import (MultiPeriodDiscriminator,
                                                 MultiResolutionSTFTDiscriminator)
 from toolkit.tasks.codec.export import export_codec, pad_to_hop
-from toolkit.tasks.codec.losses import (MultiResolutionMelLoss, MultiResolutionSTFTLoss,
+from toolkit.tasks.codec.losses import (CompressedComplexSTFTLoss, MultiResolutionMelLoss,
+                                        MultiResolutionSTFTLoss,
                                         discriminator_loss, feature_matching_loss,
                                         generator_adversarial_loss)
 from toolkit.tasks.codec.model import CodecConfig, CodecModel, count_parameters, remove_weight_norm
-from toolkit.tasks.codec.teachers import (DistillationHead, FrozenTeacher, TeachersConfig,
-                                          distillation_loss, perceptual_loss)
+from toolkit.tasks.codec.teachers import (BUILTIN_PREFIX, DistillationHead, FrozenTeacher,
+                                          TeachersConfig, distillation_loss, perceptual_loss)
 
 
 # --------------------------------------------------------------------------- modules
@@ -136,7 +137,8 @@ class CodecTask(Task):
         teachers = (("distill",) if self.distill_on else ()) + \
             (("perceptual",) if self.perceptual_on else ())
         self.metrics = Metrics(
-            train=("total", "mel", "commit", "codebook", "adv_g", "fm", "d_loss") + teachers,
+            train=("total", "mel", "commit", "codebook", "adv_g", "fm", "d_loss") +
+            (("complex",) if ever_on(cfg.loss.complex_stft) else ()) + teachers,
             eval=("mel_distance", "stft_distance", "si_sdr"), select="mel_distance")
         self._teachers: Dict[Tuple[str, str], FrozenTeacher] = {}
         self.eval_samples = max(1, int(round(cfg.task.eval_seconds * m.sample_rate)))
@@ -145,12 +147,17 @@ class CodecTask(Task):
                                                cfg.loss.mel_n_mels)
         # Validation uses the metric's own (DAC default) resolutions, as evaluate_codec
         # does, so dev numbers compare across configs.
+        self.complex_loss = CompressedComplexSTFTLoss()
         self.eval_mel = MultiResolutionMelLoss(m.sample_rate)
         self.eval_stft = MultiResolutionSTFTLoss()
 
     # ---------------------------------------------------------------- modules
     def build_modules(self) -> Dict[str, nn.Module]:
-        modules = {"generator": CodecModel(copy.deepcopy(self.cfg.model)),
+        generator = CodecModel(copy.deepcopy(self.cfg.model))
+        for part in self.cfg.task.frozen:
+            # No optimizer sees them (the trainer takes parameters that need a gradient).
+            getattr(generator, part).requires_grad_(False)
+        modules = {"generator": generator,
                    "discriminator": CodecDiscriminator(self.cfg.discriminator)}
         if self.distill_on:
             # Built last, so the other modules draw the same initial weights as without it.
@@ -181,16 +188,22 @@ class CodecTask(Task):
         teacher file would silently train towards other targets."""
         used = (("distillation", self.distill_on), ("perceptual", self.perceptual_on))
         return {f"teachers.{name}.model": getattr(self.cfg.teachers, name).model
-                for name, on in used if on}
+                for name, on in used
+                if on and not getattr(self.cfg.teachers, name).model.startswith(BUILTIN_PREFIX)}
 
     def adapt_init_state(self, name, module, state):
         """An export holds plain weights (weight norm folded in); a generator built with
         weight norm expects (g, v): v = w and g = ||w|| per output channel rebuild the same
-        weight (to rounding)."""
+        weight (to rounding). The parts of task.reinit keep their fresh weights."""
         if name != "generator":
             return state
         own = module.state_dict()
         state = dict(state)
+        for part in self.cfg.task.reinit:
+            # The part's fresh tensors stand in for the file's: they load as they are.
+            prefix = part + "."
+            state = {k: v for k, v in state.items() if not k.startswith(prefix)}
+            state.update({k: v for k, v in own.items() if k.startswith(prefix)})
         suffix_g, suffix_v = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
         for key in own:
             if not key.endswith(suffix_g):
@@ -301,6 +314,10 @@ class CodecTask(Task):
         mel = self._mel(fake, real)
         commit, codebook = out["commit_loss"], out["codebook_loss"]          # float32 (RVQ)
         total = w["mel"] * mel + w["commitment"] * commit + w["codebook"] * codebook
+        if w["complex_stft"] > 0:
+            complex_loss = self.complex_loss(fake, real)
+            total = total + w["complex_stft"] * complex_loss
+            stats["complex"] = float(complex_loss.detach())
         if adversarial:
             # The updated discriminators, bare (no DDP sync: their parameters collect no
             # gradient here), judge the output; real features are the matching targets.

@@ -33,13 +33,16 @@ from torch import nn
 from toolkit.config import ConfigError
 from toolkit.errors import DataError, MissingInputError
 
+BUILTIN_PREFIX = "builtin:"       # a teacher computed by the toolkit (toolkit.tasks.codec.pitch)
 TORCHSCRIPT_SUFFIXES = (".pt", ".zip")
 ONNX_SUFFIXES = (".onnx",)
 
 
 @dataclass
 class TeacherConfig:
-    model: str = ""               # local TorchScript (.pt, .zip) or ONNX (.onnx) file; empty: no teacher
+    # local TorchScript (.pt, .zip) or ONNX (.onnx) file, or builtin:periodicity (the
+    # toolkit's own pitch features, toolkit.tasks.codec.pitch); empty: no teacher
+    model: str = ""
     sample_rate: int = 16000      # rate the teacher reads; audio is resampled to it
     output: int = 0               # which of the model's outputs holds the features (0 for a single tensor)
     time_axis: int = 1            # feature axis that is time: 1 for (batch, time, dim), 2 for (batch, dim, time)
@@ -81,6 +84,13 @@ def check_teacher_config(cfg: TeacherConfig, key: str, weight_on: bool,
         raise ConfigError(f"loss.{key} is positive but {where}.model is empty: name the "
                           "teacher's TorchScript or ONNX file")
     if not cfg.model:
+        return
+    if cfg.model.startswith(BUILTIN_PREFIX):
+        from toolkit.tasks.codec.pitch import BUILTIN_TEACHERS
+        name = cfg.model[len(BUILTIN_PREFIX):]
+        if name not in BUILTIN_TEACHERS:
+            raise ConfigError(f"{where}.model: unknown built-in teacher {name!r}; known: "
+                              + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_TEACHERS))
         return
     suffix = os.path.splitext(cfg.model)[1].lower()
     if suffix not in TORCHSCRIPT_SUFFIXES + ONNX_SUFFIXES:
@@ -159,6 +169,14 @@ class FrozenTeacher:
         self.cfg, self.key, self.device = cfg, key, device
         self.sample_rate = cfg.sample_rate
         self.where = f"teachers.{key}.model {cfg.model}"
+        self.differentiable = differentiable
+        self._resamplers = {}
+        if cfg.model.startswith(BUILTIN_PREFIX):
+            from toolkit.tasks.codec.pitch import BUILTIN_TEACHERS
+            self.onnx = False
+            self.module = BUILTIN_TEACHERS[cfg.model[len(BUILTIN_PREFIX):]]().to(device).eval()
+            self._run = self.module
+            return
         if not os.path.exists(cfg.model):
             raise MissingInputError(f"teachers.{key}.model: {cfg.model} not found")
         self.onnx = os.path.splitext(cfg.model)[1].lower() in ONNX_SUFFIXES
@@ -178,8 +196,6 @@ class FrozenTeacher:
                 p.requires_grad_(False)
             self.module = module
             self._run = module
-        self.differentiable = differentiable
-        self._resamplers = {}
 
     def _onnx_runner(self):
         try:
