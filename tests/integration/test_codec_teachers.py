@@ -151,7 +151,7 @@ def test_builtin_periodicity_teacher_finds_the_period():
     buzz = 0.1 * sum(np.sin(2 * np.pi * k * 200 * t) / k for k in range(1, 20))
     feats = teacher.features(torch.tensor(buzz, dtype=torch.float32)[None], 16000)
     assert feats.shape == (1, 50, 65) and teacher.feature_dim() == 65
-    lags = (teacher.module.lag_floor.float() + teacher.module.lag_frac).numpy()
+    lags = teacher.module.lags.numpy()
     peaks = lags[feats[0, 5:-5, :64].argmax(-1).numpy()]
     assert np.all(np.abs(16000 / peaks - 200) < 8)
     assert feats[0, 5:-5, :64].max(-1).values.min() > 0.9

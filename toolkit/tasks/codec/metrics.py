@@ -30,7 +30,6 @@ from toolkit.tasks.codec.packages import import_optional
 
 
 
-
 def _mono(x) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 1:
@@ -263,13 +262,14 @@ for _score, _title in (("ovrl", "OVRL"), ("sig", "SIG"), ("bak", "BAK"), ("p808"
               check_dnsmos)
 del _score, _title
 
+
 def _pitch_kept(reference, decoded, sample_rate: int) -> float:
     from toolkit.tasks.codec.pitch import pitch_kept
     ref, dec = align(reference, decoded)
     if sample_rate != 16000:
         ref, dec = _at_rate(ref, sample_rate, 16000), _at_rate(dec, sample_rate, 16000)
     value = pitch_kept(ref, dec)
-    if value != value:
+    if np.isnan(value):
         raise MetricError("pitch kept is undefined: the reference has no voiced frame")
     return value
 

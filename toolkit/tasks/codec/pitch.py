@@ -12,6 +12,7 @@ No weights: the module computes a fixed function of the audio, differentiable li
 torch code, so it also serves where a teacher must pass gradients.
 """
 import math
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,7 @@ from torch import nn
 class PeriodicityFeatures(nn.Module):
     """(B, T) 16 kHz audio -> (B, frames, n_lags + 1): for frame t, centred on sample
     (t + 0.5) * hop, the Hann-windowed frame's autocorrelation divided by its energy at
-    `n_lags` lags spaced evenly in log between `min_lag` and `max_lag` samples (linear
+    `n_lags` lags spaced evenly in log between the periods of `max_hz` and `min_hz` (linear
     interpolation between integer lags), then log10 of the energy."""
 
     def __init__(self, sample_rate: int = 16000, hop: int = 320, frame: int = 1024,
@@ -33,15 +34,15 @@ class PeriodicityFeatures(nn.Module):
         self.n_fft = 1 << (2 * frame - 1).bit_length()       # no circular wrap
         lags = torch.logspace(math.log10(sample_rate / max_hz), math.log10(sample_rate / min_hz),
                               n_lags, dtype=torch.float64)
-        self.register_buffer("lag_floor", lags.floor().long(), persistent=False)
-        self.register_buffer("lag_frac", (lags - lags.floor()).float(), persistent=False)
+        self.register_buffer("lags", lags.float(), persistent=False)     # in samples
         # Linear interpolation between integer lags as a matmul: its backward is
         # deterministic on CUDA, which index_select's (an index_add) is not.
-        self.max_lag = int(lags.floor().max()) + 2
+        floor, frac = lags.floor().long(), (lags - lags.floor()).float()
+        self.max_lag = int(floor.max()) + 2
         pick = torch.zeros(self.max_lag, n_lags)
         columns = torch.arange(n_lags)
-        pick[self.lag_floor, columns] = 1.0 - self.lag_frac
-        pick[self.lag_floor + 1, columns] = self.lag_frac
+        pick[floor, columns] = 1.0 - frac
+        pick[floor + 1, columns] = frac
         self.register_buffer("interpolation", pick, persistent=False)
         self.register_buffer("window", torch.hann_window(frame, periodic=True),
                              persistent=False)
@@ -72,14 +73,18 @@ def voiced_periods(features: torch.Tensor, lags: torch.Tensor, threshold: float 
     return (best >= threshold) & loud, lags[index]
 
 
-def pitch_kept(reference, decoded, sample_rate: int = 16000, tolerance: float = 0.1) -> float:
+@lru_cache(maxsize=1)
+def _features() -> PeriodicityFeatures:
+    return PeriodicityFeatures()
+
+
+def pitch_kept(reference, decoded, tolerance: float = 0.1) -> float:
     """Share of the reference's voiced frames where the decoded signal is voiced at the
     same period within `tolerance` (a codec that renders voiced speech as shaped noise
-    keeps none). Signals at 16 kHz; both the same length."""
-    module = _METRIC_FEATURES.get(sample_rate)
-    if module is None:
-        module = _METRIC_FEATURES.setdefault(sample_rate, PeriodicityFeatures(sample_rate))
-    lags = module.lag_floor.float() + module.lag_frac
+    keeps none); NaN when the reference has no voiced frame. Signals at 16 kHz, both the
+    same length."""
+    module = _features()
+    lags = module.lags
     with torch.no_grad():
         ref = module(torch.as_tensor(reference, dtype=torch.float32)[None])[0]
         dec = module(torch.as_tensor(decoded, dtype=torch.float32)[None])[0]
@@ -90,8 +95,6 @@ def pitch_kept(reference, decoded, sample_rate: int = 16000, tolerance: float = 
     same = dec_voiced & ((dec_period / ref_period - 1.0).abs() <= tolerance)
     return float((same & ref_voiced).sum()) / float(ref_voiced.sum())
 
-
-_METRIC_FEATURES = {}
 
 # `builtin:NAME` teachers (toolkit.tasks.codec.teachers): name -> module factory.
 BUILTIN_TEACHERS = {"periodicity": PeriodicityFeatures}
