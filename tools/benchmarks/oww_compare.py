@@ -1,5 +1,6 @@
-"""openWakeWord's pretrained detectors and this recipe's models, side by side, on TTS
-voices no model was trained on, scored by one common rule.
+"""openWakeWord's pretrained detectors (and, on request, microWakeWord's and PocketSphinx's)
+and this recipe's models, side by side, on TTS voices no model was trained on, scored by one
+common rule.
 
 For each keyword ("hey jarvis", "alexa") and each engine (espeak-ng on the voices the
 recipe's corpus of --seed holds out; flite, if installed, on its held-out voices; festival,
@@ -11,11 +12,19 @@ training list or blend holds) a test set is generated with
       toolkit's speech_embedding front end (its melspectrogram.onnx + embedding_model.onnx
       run with ONNX Runtime, see toolkit/data/features.py) gives an embedding every 80 ms;
       the model scores each step from the last 16 embeddings -> one score per 80 ms;
+  (a') with --micro-wakeword, microWakeWord's builtin streaming model (pymicro-wakeword
+      2.5.0, Apache-2.0: hey_jarvis.tflite, alexa.tflite) on its own micro-frontend
+      features, one score per model step (30 ms): its streaming probability, the mean of
+      its last 5 outputs;
+  (a'') with --pocketsphinx, CMU PocketSphinx 5.1.1's keyphrase search (BSD; its bundled
+      en-us acoustic model and dictionary) reporting every candidate: one score per
+      detection at its end, a logistic map of the detection's log score (kws_peers.py);
   (b) each recipe model given with --exp (its export/model.onnx, with the front end its
       metadata names: fbank or the toolkit's phone front end every 10 ms, or speech
       embeddings every 80 ms);
   (b') with --fused DIR, a recipe model on phone posteriors fused with zero-shot search of
-      its keyword (the geometric mean of both, toolkit.tasks.kws.search.FusedBackend);
+      its keyword and the search's verifier (the weights its stage 6 chose on the dev set,
+      toolkit.tasks.kws.search.FusedBackend);
   (c) with --zero-shot FRONTEND, the keyword's espeak-ng phones searched in that phone
       front end's posteriors, untrained on the keyword (toolkit.tasks.kws.search).
 
@@ -27,11 +36,13 @@ Common rule, identical for every system:
   * the decision rule of toolkit/tasks/kws/decision.py (no smoothing) with a refractory
     period longer than any clip: at most one detection per clip, so a positive counts as
     detected and a negative as one false alarm when any kept frame reaches the threshold;
-  * DET counting of toolkit/tasks/kws/scoring.py over the grid 0, 0.001, ..., 1 plus
-    1 - m 10^-k (k = 4..7); FA/h divides by the hours of the negative clips themselves
-    (padding excluded); FRR at 0.5/1/2/5 FA/h is the lowest FRR with FA/h <= target;
-  * "all negatives": random-word, noise and confusable clips (utt2kind neg, noise, conf);
-    "without confusables": the same without the conf clips.
+  * scored as a product is judged (toolkit.tasks.kws.product): the threshold for a
+    target false-alarm rate is set on the general negatives alone (random words and noise,
+    utt2kind neg and noise): the lowest at which at most target x their hours of them
+    fire, their hours counted without the padding; FRR at 0.5/1/2/5 FA/h at those
+    thresholds; at the 1 FA/h threshold, the share of the keyword's neighbours that fire
+    (real words by category, utt2cat; inside-word reported apart) and of its accent
+    variants accepted (utt2kind accent).
 
   python tools/benchmarks/oww_compare.py --out-dir exp/oww_compare --size full \\
       --exp egs/wake_word/s0/exp/jarvis_fbank --exp egs/wake_word/s0/exp/jarvis_oww \\
@@ -39,7 +50,8 @@ Common rule, identical for every system:
 
 Writes <out-dir>/results.md (also printed), results.json and the test sets under
 <out-dir>/data/<keyword>/<engine>/test (reused when rerun with the same arguments).
-Needs `tools/install_oww.sh` (openWakeWord's models: CC BY-NC-SA 4.0, non-commercial).
+Needs `tools/install_oww.sh` (openWakeWord's models: CC BY-NC-SA 4.0, non-commercial);
+--micro-wakeword and --pocketsphinx need `tools/install_kws_peers.sh`.
 """
 import argparse
 import json
@@ -55,6 +67,9 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kws_peers import MicroWakeWordSystem, PocketSphinxSystem, missing  # noqa: E402  (sibling)
+
 logger = logging.getLogger("oww_compare")
 
 OWW_MODELS = {"hey jarvis": "hey_jarvis_v0.1.onnx", "alexa": "alexa_v0.1.onnx"}
@@ -64,6 +79,9 @@ SIZES = {"tiny": (6, 12), "small": (300, 1350), "full": (1200, 5400)}   # (pos, 
 FA_TARGETS = (0.5, 1.0, 2.0, 5.0)
 PAD_DBFS = -60.0
 RATE = 16000
+# The optional peers, in their row order: flag (args attribute) -> (class, its package).
+PEERS = {"micro_wakeword": (MicroWakeWordSystem, "pymicro_wakeword"),
+         "pocketsphinx": (PocketSphinxSystem, "pocketsphinx")}
 
 
 def get_args(argv=None):
@@ -79,6 +97,10 @@ def get_args(argv=None):
     p.add_argument("--zero-shot", action="append", default=[], metavar="FRONTEND",
                    help="also score zero-shot CTC keyword search in this phone front end's "
                         "posteriors (pretrained:NAME or a phone_ctc export); repeat")
+    p.add_argument("--micro-wakeword", action="store_true",
+                   help="also score microWakeWord's builtin model (tools/install_kws_peers.sh)")
+    p.add_argument("--pocketsphinx", action="store_true",
+                   help="also score PocketSphinx keyphrase search (tools/install_kws_peers.sh)")
     p.add_argument("--keywords", default="hey jarvis,alexa",
                    help=f"comma list, of {', '.join(OWW_MODELS)} (default %(default)s)")
     p.add_argument("--engines", default=",".join(ENGINES),
@@ -118,11 +140,12 @@ def make_test_set(keyword: str, engine: str, out_dir: str, num_pos: int, num_neg
 
 def read_test_set(test_dir: str) -> List[dict]:
     from toolkit.data.kaldi import read_table
-    wavs, kinds = read_table(os.path.join(test_dir, "wav.scp")), \
-        read_table(os.path.join(test_dir, "utt2kind"))
-    durs = read_table(os.path.join(test_dir, "utt2dur"))
-    return [{"key": k, "wav": wavs[k], "kind": kinds[k], "duration": float(durs[k])}
-            for k in sorted(wavs)]
+    tables = {n: read_table(os.path.join(test_dir, n))
+              for n in ("wav.scp", "utt2kind", "utt2dur", "utt2cat", "text", "utt2spk")}
+    return [{"key": k, "wav": w, "kind": tables["utt2kind"][k],
+             "duration": float(tables["utt2dur"][k]), "category": tables["utt2cat"].get(k, ""),
+             "text": tables["text"][k], "speaker": tables["utt2spk"][k]}
+            for k, w in sorted(tables["wav.scp"].items())]
 
 
 # ----------------------------------------------------------------------------- systems
@@ -229,9 +252,10 @@ def _score_chunk(job) -> List[Tuple[str, List[np.ndarray]]]:
     """Worker: kept frames' scores of every system for some clips."""
     clips, spec, lead_s, tail_s = job
     if _WORKER.get("spec") != spec:          # systems built once per process (sessions too)
-        keyword, exps, model_dir, zero_shot = spec
-        _WORKER["systems"] = [OwwSystem(keyword, model_dir)] + [RecipeSystem(*e) for e in exps] \
-            + [ZeroShotSystem(keyword, f) for f in zero_shot]
+        keyword, exps, model_dir, zero_shot, peers = spec
+        _WORKER["systems"] = [OwwSystem(keyword, model_dir)] \
+            + [PEERS[p][0](keyword) for p in PEERS if p in peers] \
+            + [RecipeSystem(*e) for e in exps] + [ZeroShotSystem(keyword, f) for f in zero_shot]
         _WORKER["spec"] = spec
     systems = _WORKER["systems"]
     import soundfile as sf
@@ -256,10 +280,11 @@ def _score_chunk(job) -> List[Tuple[str, List[np.ndarray]]]:
 
 
 def score_clips(clips: List[dict], keyword: str, exps: List[Tuple[str, bool]], model_dir: str,
-                lead_s: float, tail_s: float, nj: int, zero_shot: Sequence[str] = ()
-                ) -> List[List[np.ndarray]]:
-    """Per system, the kept-frame scores of every clip (in `clips` order)."""
-    spec = (keyword, tuple(exps), model_dir, tuple(zero_shot))
+                lead_s: float, tail_s: float, nj: int, zero_shot: Sequence[str] = (),
+                peers: Sequence[str] = ()) -> List[List[np.ndarray]]:
+    """Per system, the kept-frame scores of every clip (in `clips` order): openWakeWord,
+    the `peers` (keys of PEERS) in PEERS' order, the recipe models, zero-shot search."""
+    spec = (keyword, tuple(exps), model_dir, tuple(zero_shot), tuple(peers))
     chunks = [clips[i::max(1, nj)] for i in range(max(1, nj))]
     jobs = [(c, spec, lead_s, tail_s) for c in chunks if c]
     if len(jobs) == 1:
@@ -274,56 +299,73 @@ def score_clips(clips: List[dict], keyword: str, exps: List[Tuple[str, bool]], m
 
 # ----------------------------------------------------------------------------- scoring
 
-def frr_at_targets(probs: List[np.ndarray], clips: List[dict], with_confusables: bool
-                   ) -> dict:
-    from toolkit.tasks.kws import scoring
-    chosen = [i for i, c in enumerate(clips) if with_confusables or c["kind"] != "conf"]
-    labels = [0 if clips[i]["kind"] == "pos" else -1 for i in chosen]
-    durations = [clips[i]["duration"] for i in chosen]
-    grid = scoring.threshold_grid(0.001, tail_decades=4)
-    longest = max(len(probs[i]) for i in chosen) + 1
-    det = scoring.compute_det([probs[i] for i in chosen], labels, durations, 1, grid,
-                              smooth_frames=1, refractory_frames=longest)
-    fa, frr = det.fa_per_hour[:, 0], det.frr[:, 0]
-    points = {str(t): scoring.operating_point(det.thresholds, fa, frr, t) for t in FA_TARGETS}
-    return {"positives": int(det.num_positives[0]),
-            "negative_hours": float(det.negative_hours[0]),
-            "frr": {t: p.frr for t, p in points.items()},
-            "threshold": {t: p.threshold for t, p in points.items()}}
+def product_row(probs: List[np.ndarray], clips: List[dict]) -> dict:
+    """FRR at FA_TARGETS on general negatives and the product report at 1 FA/h."""
+    from toolkit.tasks.kws import product
+    peaks = np.array([float(p.max()) if len(p) else 0.0 for p in probs])
+    general = [i for i, c in enumerate(clips) if c["kind"] in product.GENERAL]
+    hours = sum(clips[i]["duration"] for i in general) / 3600.0
+    pos = np.array([c["kind"] == "pos" for c in clips])
+    thresholds = {str(t): product.peak_threshold(peaks[general], hours, t) for t in FA_TARGETS}
+    frr = {t: (None if thr is None or not pos.any() else float(np.mean(peaks[pos] < thr)))
+           for t, thr in thresholds.items()}
+    at = thresholds[str(1.0)]
+    outcomes = [product.ClipOutcome(c["kind"], bool(at is not None and peaks[i] >= at),
+                                    c["category"], c["text"], c["speaker"])
+                for i, c in enumerate(clips)]
+    return {"positives": int(pos.sum()), "general_hours": hours, "frr": frr,
+            "threshold": thresholds, "product": product.product_report(outcomes, at, 1.0)}
 
 
 def fmt(frr: Optional[float]) -> str:
     return "—" if frr is None else f"{100 * frr:.1f}%"
 
 
+def _fired(rep: dict, names: Sequence[str]) -> str:
+    cats = [rep["categories"][n] for n in names if n in rep["categories"]]
+    clips = sum(c["clips"] for c in cats)
+    return "—" if not clips or rep["threshold"] is None else \
+        f"{100 * sum(c['fired'] for c in cats) / clips:.1f}%"
+
+
 def markdown(rows: List[dict], notes: List[str], args) -> str:
-    targets = " | ".join(f"@{t:g}" for t in FA_TARGETS)
-    head = (f"| keyword | engine | system | pos | neg h (all / no conf) | {targets} | "
-            f"{targets} |")
-    sep = "|" + "---|" * (5 + 2 * len(FA_TARGETS))
-    lines = ["# openWakeWord vs this recipe on unseen TTS voices", "",
-             f"FRR at 0.5/1/2/5 false alarms per hour: first four columns over all negatives "
-             f"(random words, noise, confusables), last four without the confusables. "
-             f"Size {args.num_pos} positives / {args.num_neg} negatives per keyword and engine, "
-             f"seed {args.seed}. — : no threshold meets the target.", "",
+    from toolkit.tasks.kws.neighbours import CATEGORIES
+    targets = " | ".join(f"FRR @{t:g}" for t in FA_TARGETS)
+    lines = ["# Wake words on unseen TTS voices, scored as products", "",
+             f"FRR at 0.5/1/2/5 false alarms per hour of general negatives (random words and "
+             f"noise); at the 1 FA/h threshold, the neighbours that fire (real words that sound "
+             f"like the keyword; inside-word apart) and the accent variants accepted. Size "
+             f"{args.num_pos} positives / {args.num_neg} negatives per keyword and engine, seed "
+             f"{args.seed}. — : no threshold meets the target.", "",
              "Rule (the same for every system): each clip after "
              f"{args.lead_s:g} s and before {args.tail_s:g} s of white noise at {PAD_DBFS:g} dBFS; "
-             "frames ending in the lead dropped; toolkit.tasks.kws.decision with no smoothing "
-             "and a refractory period longer than the clip (one detection per clip at most); "
-             "DET counts of toolkit.tasks.kws.scoring; FA/h over the negative clips' own "
-             "hours. openWakeWord: its pretrained model on the last 16 speech embeddings, "
-             "one score per 80 ms, through this toolkit's ONNX Runtime front end.", "",
-             head, sep]
+             "frames ending in the lead dropped; a clip fires when a kept frame's score "
+             "reaches the threshold (one detection per clip at most); FA/h over the general "
+             "negatives' own hours. openWakeWord: its pretrained model on the last 16 speech "
+             "embeddings, one score per 80 ms, through this toolkit's ONNX Runtime front end.",
+             "", f"| keyword | engine | system | pos | general neg h | {targets} | neighbours "
+             "fire @1 | inside-word fire @1 | accent accepted @1 |",
+             "|" + "---|" * 3 + "---:|" * (5 + len(FA_TARGETS))]
     for r in rows:
-        a, b = r["all"], r["no_conf"]
+        a, rep = r["scores"], r["scores"]["product"]
         lines.append(f"| {r['keyword']} | {r['engine']} | {r['system']} | {a['positives']} | "
-                     f"{a['negative_hours']:.2f} / {b['negative_hours']:.2f} | "
-                     + " | ".join(fmt(a["frr"][str(t)]) for t in FA_TARGETS) + " | "
-                     + " | ".join(fmt(b["frr"][str(t)]) for t in FA_TARGETS) + " |")
+                     f"{a['general_hours']:.2f} | "
+                     + " | ".join(fmt(a["frr"][str(t)]) for t in FA_TARGETS)
+                     + f" | {fmt(rep['neighbours']['share'])} | {_fired(rep, ['inside_word'])}"
+                     f" | {fmt(rep['accent']['share'])} |")
+    lines += ["", "Neighbours firing at 1 FA/h, by category (toolkit.tasks.kws.neighbours):", "",
+              "| keyword | engine | system | " + " | ".join(CATEGORIES) + " |",
+              "|" + "---|" * 3 + "---:|" * len(CATEGORIES)]
+    for r in rows:
+        rep = r["scores"]["product"]
+        lines.append(f"| {r['keyword']} | {r['engine']} | {r['system']} | "
+                     + " | ".join(_fired(rep, [c]) for c in CATEGORIES) + " |")
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
     lines += ["", "openWakeWord's code is Apache-2.0; its pretrained models (used here, not "
-              "copied) are CC BY-NC-SA 4.0 (non-commercial)."]
+              "copied) are CC BY-NC-SA 4.0 (non-commercial)."
+              + (" microWakeWord (pymicro-wakeword) is Apache-2.0." if args.micro_wakeword
+                 else "") + (" PocketSphinx is BSD." if args.pocketsphinx else "")]
     return "\n".join(lines) + "\n"
 
 
@@ -337,6 +379,12 @@ def main(argv=None) -> int:
         print(f"openWakeWord is not installed: bash tools/install_oww.sh ({OWW_INSTALL})",
               file=sys.stderr)
         return 2
+    peers = [p for p in PEERS if getattr(args, p)]
+    for p in peers:
+        why = missing(PEERS[p][1])
+        if why:
+            print(f"--{p.replace('_', '-')}: {why}", file=sys.stderr)
+            return 2
     default_pos, default_neg = SIZES[args.size]
     args.num_pos, args.num_neg = args.num_pos or default_pos, args.num_neg or default_neg
     keywords = [k.strip() for k in args.keywords.split(",") if k.strip()]
@@ -369,16 +417,16 @@ def main(argv=None) -> int:
             clips = read_test_set(make_test_set(keyword, engine, data, args.num_pos,
                                                 args.num_neg, args.seed, args.nj))
             logger.info("%s / %s: %d clips; scoring %d systems", keyword, engine, len(clips),
-                        1 + len(exps_of[keyword]) + len(args.zero_shot))
+                        1 + len(peers) + len(exps_of[keyword]) + len(args.zero_shot))
             names = [f"openWakeWord {OWW_MODELS[keyword]}"] + \
+                [PEERS[p][0].title(keyword) for p in peers] + \
                 [name_of[e] for e in exps_of[keyword]] + \
                 [f"zero-shot CTC keyword search ({f})" for f in args.zero_shot]
             per_system = score_clips(clips, keyword, exps_of[keyword], model_dir,
-                                     args.lead_s, args.tail_s, args.nj, args.zero_shot)
+                                     args.lead_s, args.tail_s, args.nj, args.zero_shot, peers)
             for name, probs in zip(names, per_system):
                 rows.append({"keyword": keyword, "engine": engine, "system": name,
-                             "all": frr_at_targets(probs, clips, True),
-                             "no_conf": frr_at_targets(probs, clips, False)})
+                             "scores": product_row(probs, clips)})
     os.makedirs(args.out_dir, exist_ok=True)
     text = markdown(rows, notes, args)
     with open(os.path.join(args.out_dir, "results.md"), "w", encoding="utf-8") as f:

@@ -19,8 +19,11 @@
 #   3 training through torchrun into $exp (resumes when rerun)
 #   4 average the best $average_num checkpoints by dev loss -> $exp/avg_$average_num.pt
 #   5 export TorchScript/ONNX/safetensors -> $exp/export/ (parity-checked)
-#   6 score the test set with the ONNX model -> $exp/score/ (DET table, plot, summary),
-#     each outside test set -> $exp/score_outside_<engine>/
+#   6 score the test set with the ONNX model -> $exp/score/ (DET table, plot, summary):
+#     the threshold at $target_fa_per_hour FA/h of general negatives, then at it the
+#     keyword's neighbours that fire and the accent variants accepted (product.md); with
+#     fusion, its weights chosen on the dev set first ($exp/fusion/fusion.md); each
+#     outside test set -> $exp/score_outside_<engine>/
 #   7 personal wake word: on each outside test set, the detector's threshold set at
 #     $target_fa_per_hour FA/h of its general negatives, every voice in turn enrolled from
 #     $enrol_clips of its keyword clips, the detector gated by its voice (the speaker
@@ -207,6 +210,13 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   echo "summary ($exp/score/summary.txt):"
   cat "$exp/score/summary.txt"
   if [ "$fuse_zero_shot" = true ]; then
+    # The weights of head, search and verifier: chosen on the dev set, stored in the export.
+    python -m toolkit.bin.compute_posteriors --model "$exp/export/model.onnx" \
+      --data-list "$data/dev/$list" --output "$exp/fusion/dev_parts.ark" \
+      --fuse-zero-shot --fusion-components
+    python -m toolkit.bin.choose_fusion --components "$exp/fusion/dev_parts.ark" \
+      --data-list "$data/dev/$list" --export-dir "$exp/export" --out-dir "$exp/fusion" \
+      --target-fa-per-hour "$target_fa_per_hour"
     utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
       --fuse-zero-shot true "$exp/export/model.onnx" "$data/test/$list" "$dict" "$exp/score_fused"
     python -m toolkit.bin.set_threshold --fused --export-dir "$exp/export" --score-dir "$exp/score_fused"

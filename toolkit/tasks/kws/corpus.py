@@ -34,7 +34,8 @@ import numpy as np
 
 from toolkit.data import kaldi
 from toolkit.fileio import atomic_write_text
-from toolkit.tasks.kws.corpus_text import (TextFilter, clean_phonemes, confusable_categories,
+from toolkit.tasks.kws.corpus_text import (TextFilter, accent_text, accent_variants,
+                                           clean_phonemes, confusable_categories,
                                            confusable_text, hard_confusable_text,
                                            lexicon_words, negative_text, normalize_keyword,
                                            positive_text)
@@ -50,10 +51,11 @@ from toolkit.voicebank.signal import NOISE_TYPES, samples
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 4           # bump when the outputs change, so old stamps are stale
+FORMAT_VERSION = 5           # bump when the outputs change, so old stamps are stale
                              # (2: kw_times, the keyword's span in each positive;
                              # 3: dict/tts_engines, kw_times of flite positives;
-                             # 4: the stamp and voices.tsv of toolkit.voicebank.corpus)
+                             # 4: the stamp and voices.tsv of toolkit.voicebank.corpus;
+                             # 5: lexicon neighbours, utt2cat, accent variants in test)
 GROUP_SIZE = 64              # utterances per forked renderer; fixed => nj-independent
 STAMP_NAME = ".synth_kws_data.json"
 NOISE_TEXT = "<noise>"
@@ -73,6 +75,10 @@ NEG_MIX = {"noise": 0.1, "conf": 0.3}     # rest of the negatives: random word s
 # buy their voices where they pay: a neural engine's second per clip spent on short keyword
 # clips rather than on long random-word negatives, which espeak-ng speaks in a millisecond.
 SPOKEN_KINDS = ("pos", "conf", "neg")
+# Test splits also hold accent variants of the keyword (utt2kind `accent`: "hey jarvus"),
+# this many per positive, spoken like positives: a detector should accept them; scoring
+# measures them apart (toolkit.tasks.kws.product), and no other split holds any.
+ACCENT_SHARE = 0.2
 # Train split only: the share of confusables among negatives, and the share of those that
 # are near-homophones of the whole keyword (category `substitute`, or `similar` for a
 # one-word keyword). Categories taken in turn give each of the ~90 "hey snips" substitutes
@@ -91,7 +97,7 @@ TRAIN_HARD_SHARE = 0.0
 class UttSpec:
     utt: str
     spk: str
-    kind: str         # pos | neg | conf | noise
+    kind: str         # pos | neg | conf | noise | accent
     text: str
     voice: Optional[Voice]
     rate: int = 175
@@ -104,6 +110,7 @@ class UttSpec:
     trail_s: float = 0.5
     noise_s: float = 0.0          # duration of pure-noise utterances
     kw_words: Optional[Tuple[int, int]] = None   # positives: word range [a, b) of the keyword
+    category: str = ""            # conf: its neighbour category; accent: "accent"
 
 
 def split_voices(voices: Sequence[Voice], seed: int) -> Dict[str, List[Voice]]:
@@ -141,25 +148,33 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
                voices: Sequence[Voice], filt: TextFilter, cats, seed: int,
                snr: Tuple[float, float], other_share: float = OTHER_ENGINES_SHARE,
                conf_share: float = NEG_MIX["conf"], hard_share: float = 0.0,
-               other_kinds: Sequence[str] = SPOKEN_KINDS) -> List[Group]:
+               other_kinds: Sequence[str] = SPOKEN_KINDS,
+               accents: Optional[Dict[str, List[str]]] = None) -> List[Group]:
     """All utterances of one split, in fixed groups of GROUP_SIZE. `conf_share` of the
     negatives are confusables, `hard_share` of those near-homophones of a whole keyword;
-    `other_share` of the utterances of `other_kinds` go to the engines besides espeak-ng."""
+    `other_share` of the utterances of `other_kinds` go to the engines besides espeak-ng.
+    The test split adds ACCENT_SHARE accent variants (`accents`: keyword -> variants) per
+    positive."""
     si = SPLITS.index(split)
     rng = seeded_rng(seed, 1, si)
     n_noise = int(round(NEG_MIX["noise"] * n_neg))
     n_conf = int(round(conf_share * n_neg))
     n_conf = min(n_conf, n_neg - n_noise)
+    accent_kws = [k for k in keywords if (accents or {}).get(k)]
+    n_accent = int(round(ACCENT_SHARE * n_pos)) if split == "test" and accent_kws else 0
     kinds = ["pos"] * n_pos + ["conf"] * n_conf + ["noise"] * n_noise + \
-        ["neg"] * (n_neg - n_conf - n_noise)
+        ["neg"] * (n_neg - n_conf - n_noise) + ["accent"] * n_accent
     kinds = [kinds[i] for i in rng.permutation(len(kinds))]
     width = max(5, len(str(len(kinds))))
     specs: List[UttSpec] = []
-    n_seen = {"pos": 0, "conf": 0, "hard": 0}
+    n_seen = {"pos": 0, "conf": 0, "hard": 0, "accent": 0}
     for i, kind in enumerate(kinds):
         # A share of 0 draws the same numbers: the plan of the other kinds stays as it was.
-        p = _sample_params(rng, voices, snr, other_share if kind in other_kinds else 0.0)
+        # Accent variants are spoken as positives are.
+        share_kind = "pos" if kind == "accent" else kind
+        p = _sample_params(rng, voices, snr, other_share if share_kind in other_kinds else 0.0)
         kw_words = None
+        category = ""
         counter = kind
         if kind == "pos":
             kw = keywords[n_seen["pos"] % len(keywords)]
@@ -168,10 +183,14 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             a = next(j for j in range(len(words)) if words[j:j + len(kww)] == kww)
             kw_words = (a, a + len(kww))
         elif kind == "conf" and hard_share > 0 and rng.random() < hard_share:
-            text = hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt)
+            text, category = hard_confusable_text(n_seen["hard"], rng, keywords, cats, filt)
             counter = "hard"            # the in-turn walk counts only its own picks
         elif kind == "conf":
-            text = confusable_text(n_seen["conf"], rng, keywords, cats, filt)
+            text, category = confusable_text(n_seen["conf"], rng, keywords, cats, filt)
+        elif kind == "accent":
+            variants = accents[accent_kws[n_seen["accent"] % len(accent_kws)]]
+            text = accent_text(rng, variants[int(rng.integers(len(variants)))])
+            category = "accent"
         elif kind == "neg":
             text = negative_text(rng, filt)
         else:
@@ -185,7 +204,7 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
         else:
             spk = p["voice"].spk
             spec = UttSpec(f"{spk}-{kind}-{i:0{width}d}", spk, kind, text, **p,
-                           kw_words=kw_words)
+                           kw_words=kw_words, category=category)
         specs.append(spec)
     # Babble is noise: espeak-ng speaks it when it can (~1 ms a sentence, where a neural
     # engine takes a second), so its cost does not grow with the other engines' share.
@@ -306,7 +325,10 @@ class Sizes:
 
 # kw_times: `utt start end` (seconds) of the keyword in each positive whose TTS reports
 # word onsets; a plain table outside Kaldi's utt2* family because it covers positives only.
-DATA_FILES = ("wav.scp", "text", "utt2dur", "utt2spk", "spk2utt", "utt2kind", "kw_times")
+# utt2cat: the category of each confusable (toolkit.tasks.kws.neighbours.CATEGORIES, or
+# `context`) and `accent` for each accent variant.
+DATA_FILES = ("wav.scp", "text", "utt2dur", "utt2spk", "spk2utt", "utt2kind", "kw_times",
+              "utt2cat")
 ENGINES_FILE = "tts_engines"    # in dict/: `<engine> <share>`, see the module docstring
 DICT_FILES = ("keywords.txt", ENGINES_FILE)
 
@@ -325,6 +347,7 @@ def write_data_dir(data_dir: str, wav_dir: str, specs: Sequence[UttSpec],
         "utt2kind": {s.utt: s.kind for s in specs},
         "kw_times": {s.utt: f"{spans[s.utt][0]:.3f} {spans[s.utt][1]:.3f}"
                      for s in specs if s.utt in spans},
+        "utt2cat": {s.utt: s.category for s in specs if s.category},
     })
 
 
@@ -448,11 +471,13 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
             raise SynthError(f"no voices left for {split}")
     filt = TextFilter(keywords, probe["phonemes"])
     cats = {k: confusable_categories(k) for k in keywords}
+    accents = {k: accent_variants(k) for k in keywords}
     groups: List[Group] = []
     for split in splits:
         mix = asdict(train_mix) if split == "train" else {}
         groups += plan_split(split, *sizes.of(split), keywords, by_split[split], filt, cats,
-                             seed, snr_db, other_share, other_kinds=other_kinds, **mix)
+                             seed, snr_db, other_share, other_kinds=other_kinds,
+                             accents=accents, **mix)
     return groups, by_split
 
 

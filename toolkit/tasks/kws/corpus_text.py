@@ -1,14 +1,15 @@
 """The texts of the synthetic wake-word corpus (toolkit.tasks.kws.corpus): keyword
-phrases, the carrier phrases positives are said in, random negatives, and confusables
-(parts of a keyword, its words reordered, near-homophones from a hand-written table and
-from spelling rules). `TextFilter` keeps every negative free of a keyword, by words and by
+phrases, the carrier phrases positives are said in, random negatives, confusables (the
+keyword's real-word neighbours by category, toolkit.tasks.kws.neighbours) and accent
+variants of the keyword (test sets only: they should fire). `TextFilter` keeps every negative free of a keyword, by words and by
 sound (espeak-ng phonemes). Every draw comes from the caller's numpy generator, so that
 a corpus plan stays a pure function of its seed."""
 import re
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from toolkit.tasks.kws.neighbours import KeywordNeighbours
 from toolkit.voicebank import SynthError
 
 RANDOM_WORDS = (2, 8)        # words of a random negative
@@ -65,23 +66,6 @@ white who whole why wide wife will wind window winter with without woman wonder 
 word work world would write wrong yard year yellow yes yet you young your
 """.split())
 
-# Hand-written near-homophones; the rule-based generator below covers everything else.
-CONFUSION_TABLE = {
-    "hey": ("hay", "hi", "say", "hello", "they", "heya"),
-    "hi": ("hey", "high", "my", "bye"),
-    "ok": ("oak", "okra", "hokey"), "okay": ("ok", "croquet", "hokey", "obey"),
-    "computer": ("commuter", "compute", "competer", "computing"),
-    "alexa": ("alexis", "alexander", "a lexus", "election"),
-    "google": ("goggle", "googly", "noodle", "doodle"),
-    "siri": ("serious", "sierra", "cereal", "series"),
-    "snips": ("snaps", "ships", "snip", "tips", "snipes", "slips"),
-    "jarvis": ("davis", "jars", "harvest", "service"),
-    "marvin": ("marvel", "martin", "marlin", "carving"),
-}
-_ONSETS = ("b", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "w", "ch",
-           "sh", "th", "bl", "br", "cl", "cr", "dr", "fl", "gr", "pl", "sl", "sn", "sp",
-           "st", "tr")
-_VOWELS = ("a", "e", "i", "o", "u", "ee", "ay", "oo", "oa", "ai", "ow", "ie")
 _WORD_RE = re.compile(r"^[a-z0-9']+$")
 
 
@@ -113,49 +97,24 @@ def count_phrase(words: Sequence[str], phrase: Sequence[str]) -> int:
     return sum(1 for i in range(len(words) - n + 1) if tuple(words[i:i + n]) == tuple(phrase))
 
 
-def similar_words(word: str) -> List[str]:
-    """Spellings that sound close to `word`: table entries, changed first consonant
-    cluster, changed vowel groups, and a dropped or added final `s`. Sorted, deterministic,
-    works for any word (espeak pronounces nonsense spellings by its letter rules)."""
-    out = set(CONFUSION_TABLE.get(word, ()))
-    onset = re.match(r"y?[^aeiouy]*", word).group(0)   # a leading y is a consonant
-    rest = word[len(onset):]
-    for o in _ONSETS:
-        if o != onset and rest:
-            out.add(o + rest)
-    for g in re.finditer(r"[aeiouy]+", word):
-        if g.start() == 0 and g.group(0) == "y":
-            continue                        # a leading y is a consonant (yes, you)
-        for v in _VOWELS:
-            if v != g.group(0):
-                out.add(word[:g.start()] + v + word[g.end():])
-    if word.endswith("s") and len(word) > 3:
-        out.add(word[:-1])
-    else:
-        out.add(word + "s")
-    if len(word) > 3 and word[-1] not in "aeiouy":
-        out.add(word[:-1])                  # dropped final consonant: snips -> snip
-    return sorted(w for w in out if w != word and len(w.replace(" ", "")) >= 2
-                  and all(_WORD_RE.match(p) for p in w.split()))
+def common_words() -> frozenset:
+    """Everyday words (the vocabulary and the carrier phrases): preferred neighbours."""
+    words = set(VOCAB)
+    for c in CARRIERS:
+        words.update(w for w in c.split() if w != "{kw}")
+    return frozenset(words)
 
 
 def confusable_categories(keyword: str) -> Dict[str, List[str]]:
-    """Candidate confusable phrases for one keyword, by category (unfiltered).
-    `context` is generated at sampling time (keyword pieces inside random words)."""
-    words = keyword.split()
-    n = len(words)
-    cats: Dict[str, List[str]] = {}
-    cats["alone"] = sorted(set(words)) if n > 1 else []
-    cats["partial"] = sorted({" ".join(words[i:j]) for i in range(n) for j in range(i + 2, n + 1)
-                              if j - i < n})
-    cats["reorder"] = sorted({f"{words[x]} {words[y]}" for x in range(n) for y in range(n)
-                              if x != y and y != x + 1})   # not in keyword order
-    sims = {w: similar_words(w) for w in sorted(set(words))}
-    cats["common"] = sorted({s for w in words for s in CONFUSION_TABLE.get(w, ())})
-    cats["similar"] = sorted({s for lst in sims.values() for s in lst})
-    cats["substitute"] = sorted({" ".join(words[:i] + [s] + words[i + 1:])
-                                 for i, w in enumerate(words) for s in sims[w]} if n > 1 else [])
-    return cats
+    """The keyword's neighbours by category (toolkit.tasks.kws.neighbours.CATEGORIES),
+    unfiltered; `context` (keyword pieces among random words) is drawn at sampling time."""
+    return KeywordNeighbours(keyword, common=common_words()).categories()
+
+
+def accent_variants(keyword: str) -> List[str]:
+    """Spellings of the keyword one vowel away that are no word: the keyword in another
+    accent, never a negative."""
+    return KeywordNeighbours(keyword).accent_variants()
 
 
 # --------------------------------------------------------------------------------------
@@ -234,49 +193,65 @@ def negative_text(rng, filt: TextFilter, lo: int = RANDOM_WORDS[0],
     raise SynthError("could not draw a random negative free of the keywords")
 
 
+# The order categories are walked in: the keyword's parts first, so that the first
+# confusables of a small corpus cover each word alone.
+WALK = ("alone", "reorder", "real_word", "inside_word", "cross_boundary", "context")
+HARD = ("real_word", "cross_boundary")   # near-homophones of the whole keyword
+
+
 def confusable_text(i: int, rng, keywords: Sequence[str], cats: Dict[str, Dict[str, List[str]]],
-                     filt: TextFilter) -> str:
-    """The i-th confusable: keywords and categories taken in turn (so the first ones cover
-    every keyword word alone), the item random within its category."""
+                     filt: TextFilter) -> Tuple[str, str]:
+    """The i-th confusable and its category: keywords and categories taken in turn, the
+    item random within its category. `context` is a proper part of the keyword (a real-word
+    neighbour for a one-word keyword) among random words, and is counted as its category."""
     kw = keywords[i % len(keywords)]
     j = i // len(keywords)
     kcats = cats[kw]
-    names = [c for c in ("alone", "reorder", "common", "similar", "substitute", "partial")
-             if kcats[c]]
-    names.append("context")
+    names = [c for c in WALK if c == "context" or kcats.get(c)]
     name = names[j % len(names)]
     words = kw.split()
     for attempt in range(100):
+        category = name
         if name == "alone":       # deterministic walk: covers each word early
             items = kcats["alone"]
             text = items[(j // len(names) + attempt) % len(items)]
-        elif name == "context":   # a piece of the keyword among random words
+        elif name == "context":
             if len(words) > 1:
                 a = int(rng.integers(len(words)))
                 b = int(rng.integers(a + 1, len(words) + 1))
                 piece = words[a:b - 1] if b - a == len(words) else words[a:b]   # proper part
+                category = "alone"
             else:
-                sims = kcats["similar"]
-                piece = [sims[int(rng.integers(len(sims)))]] if sims else []
+                near = kcats.get("real_word", [])
+                piece = [near[int(rng.integers(len(near)))]] if near else []
+                category = "real_word"
             text = " ".join(random_vocab_words(rng, 0, 2) + piece + random_vocab_words(rng, 1, 3))
         else:
             items = kcats[name]
             text = items[int(rng.integers(len(items)))]
         if filt.is_negative(text):
-            return text
-    return negative_text(rng, filt)
+            return text, category
+    return negative_text(rng, filt), "context"
 
 
 def hard_confusable_text(i: int, rng, keywords: Sequence[str],
-                          cats: Dict[str, Dict[str, List[str]]], filt: TextFilter) -> str:
-    """The i-th hard confusable: a near-homophone of the whole keyword (one word changed in
-    a phrase, the word changed for a one-word keyword), keywords taken in turn."""
+                          cats: Dict[str, Dict[str, List[str]]], filt: TextFilter
+                          ) -> Tuple[str, str]:
+    """The i-th hard confusable and its category: a real-word or cross-boundary
+    near-homophone of the whole keyword, keywords taken in turn."""
     kw = keywords[i % len(keywords)]
-    items = cats[kw]["substitute"] or cats[kw]["similar"]
+    items = [(t, c) for c in HARD for t in cats[kw].get(c, [])]
     for _ in range(100):
         if not items:
             break
-        text = items[int(rng.integers(len(items)))]
+        text, category = items[int(rng.integers(len(items)))]
         if filt.is_negative(text):
-            return text
+            return text, category
     return confusable_text(i, rng, keywords, cats, filt)
+
+
+def accent_text(rng, variant: str) -> str:
+    """An accent variant alone or in a carrier phrase, as positives are said."""
+    if rng.random() < POS_ALONE:
+        return variant
+    return CARRIERS[int(rng.integers(len(CARRIERS)))].format(kw=variant)

@@ -1,6 +1,7 @@
 """What make_datalist needs from keyword spotting, without torch: the `keyword` label
-mode (which keyword a transcript speaks), the `kw_times` file (where it is spoken) and
-CTC unit targets of the transcript."""
+mode (which keyword a transcript speaks), the `kw_times` file (where it is spoken), the
+utterance kind and neighbour category of a wake-word corpus (utt2kind, utt2cat: what
+scoring measures apart) and CTC unit targets of the transcript."""
 import os
 import re
 from typing import Callable, Dict, List, Optional, Tuple
@@ -9,6 +10,8 @@ from toolkit.data.kaldi import LABELERS, read_table, scan_table
 from toolkit.errors import DataError
 
 KW_TIMES = "kw_times"
+# Data list field <- Kaldi table of a wake-word corpus (toolkit.tasks.kws.corpus).
+KIND_TABLES = {"kind": "utt2kind", "cat": "utt2cat"}
 
 
 def read_kw_times(path: str) -> Dict[str, Tuple[float, float]]:
@@ -54,13 +57,20 @@ def keyword_labeler(inventory: List[str]) -> Callable[[dict], Optional[int]]:
 
 
 def kw_times_annotator(data_dir: str) -> Callable[[dict], None]:
-    """Adds `kw_start`/`kw_end` from the data dir's kw_times file, when it has one."""
+    """Adds `kw_start`/`kw_end` from the data dir's kw_times file, and `kind`/`cat` from
+    its utt2kind/utt2cat, for the files it has."""
     times_path = os.path.join(data_dir, KW_TIMES)
     kw_times = read_kw_times(times_path) if os.path.exists(times_path) else {}
+    tables = {field: read_table(os.path.join(data_dir, name))
+              for field, name in KIND_TABLES.items()
+              if os.path.exists(os.path.join(data_dir, name))}
 
     def annotate(entry: dict) -> None:
         if entry["key"] in kw_times:
             entry["kw_start"], entry["kw_end"] = kw_times[entry["key"]]
+        for field, table in tables.items():
+            if entry["key"] in table:
+                entry[field] = table[entry["key"]]
     return annotate
 
 

@@ -2,7 +2,10 @@
 scores them on the DET curves of toolkit.tasks.kws.det (FRR and false alarms per hour
 over a threshold grid, operating points, bootstrap intervals), and reports: per-keyword
 DET tables and error lists at the selected threshold, det.json, the DET plot and the
-summary lines."""
+summary lines. A data list with wake-word kinds (`kind`: make_datalist from a corpus's
+utt2kind) is scored as a product: the DET curves over positives and general negatives,
+neighbours and accent variants measured apart at the selected threshold
+(toolkit.tasks.kws.product, product.md)."""
 import io
 import json
 import logging
@@ -19,6 +22,7 @@ from toolkit.data.inventory import read_inventory
 from toolkit.fileio import atomic_write_bytes, atomic_write_text
 from toolkit.tasks.kws.decision import (DEFAULT_FRAME_SHIFT_MS, DEFAULT_REFRACTORY_FRAMES,
                                         DEFAULT_SMOOTH_FRAMES, smooth_scores)
+from toolkit.tasks.kws import product
 from toolkit.tasks.kws.det import (DetCurves, FrrInterval, OperatingPoint, all_firings,
                                    bootstrap_frr_intervals, compute_det, operating_point,
                                    threshold_grid)
@@ -39,6 +43,8 @@ class Utterance:
     label: int  # keyword index, -1 for negatives / filler
     speaker: str = ""  # optional data-list fields, for the error report
     text: str = ""
+    kind: str = ""  # wake-word corpus kind and neighbour category (product scoring)
+    category: str = ""
 
 
 def read_keywords(path: str) -> List[str]:
@@ -56,7 +62,8 @@ def read_data_list(path: str, num_keywords: Optional[int] = None) -> List[Uttera
     for i in range(len(datalist)):
         e = datalist.entry(i)
         utts.append(Utterance(e["key"], float(e["duration"]), int(e["label"]),
-                              e.get("spk", ""), e.get("txt", "")))
+                              e.get("spk", ""), e.get("txt", ""), e.get("kind", ""),
+                              e.get("cat", "")))
     return utts
 
 
@@ -300,6 +307,12 @@ def write_outputs(out_dir: str, result: ScoreResult, config: Dict,
     xmax = plot_max_fa_per_hour or max(5.0, 2.5 * max(targets))
     plot_det(os.path.join(out_dir, "det.png"), keywords, det, result.points, xmax)
     atomic_write_text(os.path.join(out_dir, "summary.txt"), "\n".join(result.summary) + "\n")
+    reports = result.extra.get("product", {})
+    if reports:
+        atomic_write_text(os.path.join(out_dir, "product.md"), "\n".join(
+            product.markdown(keyword_file_name(kw), reports[kw]) for kw in keywords))
+    elif os.path.exists(os.path.join(out_dir, "product.md")):   # an earlier scoring's
+        os.remove(os.path.join(out_dir, "product.md"))
 
 
 def score(data_list: str, posteriors: str, keywords_path: str,
@@ -331,8 +344,11 @@ def score(data_list: str, posteriors: str, keywords_path: str,
             raise ValueError(msg + f"; more than {100 * max_missing_fraction:g}% missing")
         logger.warning("%s; scoring without them", msg)
 
+    # Neighbours and accent variants never set the threshold: measured apart at it.
+    apart = [u for u in present if u.kind in product.MEASURED_APART]
+    present = [u for u in present if u.kind not in product.MEASURED_APART]
     mats = []
-    for u in present:
+    for u in present + apart:
         m = np.asarray(table[u.key])
         if m.ndim != 2 or m.shape[1] != len(keywords):
             raise ValueError(f"{posteriors}: {u.key!r} has shape {m.shape}, expected [T, {len(keywords)}]")
@@ -343,7 +359,9 @@ def score(data_list: str, posteriors: str, keywords_path: str,
                              "(posteriors expected, not logits or log-probabilities)")
         mats.append(m)
     thresholds = threshold_grid() if thresholds is None else thresholds
-    firings = all_firings(mats, len(keywords), thresholds, smooth_frames, refractory_frames)
+    all_fired = all_firings(mats, len(keywords), thresholds, smooth_frames, refractory_frames)
+    mats, firings, apart_firings = mats[:len(present)], all_fired[:len(present)], \
+        all_fired[len(present):]
     det = compute_det(mats, [u.label for u in present], [u.duration for u in present],
                       len(keywords), thresholds, firings=firings)
 
@@ -379,7 +397,12 @@ def score(data_list: str, posteriors: str, keywords_path: str,
         errors.append(error_report(present, mats, firings, k, kw, det.thresholds,
                                    selected[k].threshold, target_fa_per_hour,
                                    float(det.negative_hours[k]), smooth_frames, frame_shift_ms))
-    extra = {"num_utterances": len(utts), "num_scored": len(present)}
+    extra = {"num_utterances": len(utts), "num_scored": len(present) + len(apart)}
+    if any(u.kind for u in present + apart):
+        reports = product_reports(present + apart, firings + apart_firings, keywords,
+                                  det.thresholds, selected, target_fa_per_hour)
+        extra["product"] = reports
+        summary += [product.summary_line(keyword_file_name(kw), reports[kw]) for kw in keywords]
     if intervals is not None:
         extra["bootstrap"] = {
             "replicates": bootstrap_replicates, "level": bootstrap_level, "seed": bootstrap_seed,
@@ -388,3 +411,23 @@ def score(data_list: str, posteriors: str, keywords_path: str,
                               for k, kw in enumerate(keywords)}}
     return ScoreResult(det=det, keywords=keywords, points=points, selected=selected,
                        summary=summary, missing_keys=missing, extra=extra, errors=errors)
+
+
+def product_reports(utts: Sequence[Utterance], firings: List[Tuple], keywords: Sequence[str],
+                    thresholds: np.ndarray, selected: Sequence[OperatingPoint],
+                    target_fa_per_hour: float) -> Dict[str, Dict]:
+    """Per keyword, toolkit.tasks.kws.product's report at its selected threshold: a clip
+    fired when the decision rule fired that keyword on it there."""
+    out = {}
+    for k, kw in enumerate(keywords):
+        thr = selected[k].threshold
+        g = None if thr is None else int(np.searchsorted(thresholds, thr))
+        clips = []
+        for u, (kws, lo, hi, frames) in zip(utts, firings):
+            fired = g is not None and bool(np.any((kws == k) & (lo <= g) & (g < hi)))
+            kind = u.kind or ("pos" if u.label == k else "neg")
+            if kind == "pos" and u.label != k:
+                kind = "other_keyword"
+            clips.append(product.ClipOutcome(kind, fired, u.category, u.text, u.speaker))
+        out[kw] = product.product_report(clips, thr, target_fa_per_hour)
+    return out

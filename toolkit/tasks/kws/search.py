@@ -10,13 +10,20 @@ best path in the keyword's last phone or the blank after it. A confusable ("hey 
 for "hey jarvis") has one phone whose peak is low, which pulls the mean down even though
 every other phone matches.
 
+Beside each keyword runs a free phone loop: the best path through any units over the
+same frames, the best unit of each frame. `verifier` (T, K) holds exp((keyword path's
+log-probability - the free loop's) / phones): 1 when every frame's best unit is on the
+keyword's path, small when another phone wins somewhere ("hey travis" loses on the /t/
+where "hey jarvis" wins): a posterior ratio against the phones heard.
+
     searcher = KeywordSearch.for_words(["hey jarvis", "alexa"], units)
     scores = searcher.step(log_posteriors)        # (T, K) in [0, 1], state kept across calls
 
 `ZeroShotBackend` puts front end and search behind the Backend interface of
 toolkit.tasks.kws.detector, so `Detector` runs a zero-shot keyword like a trained model.
 `FusedBackend` runs a head trained on the same posteriors beside the search and scores
-each frame by the geometric mean of the two.
+each frame by a weighted geometric mean of head, search and verifier
+(toolkit.tasks.kws.fusion; the weights chosen on a dev set).
 """
 import logging
 import re
@@ -101,10 +108,11 @@ class _Keyword:
         self.current = np.zeros(n)          # peak of the phone the state is in
         self.age = np.zeros(n, dtype=np.int64)   # frames since the path started
         self.lead = np.zeros(n, dtype=np.int64)  # frames its first phone was heard before
+        self.free = np.zeros(n)             # the free phone loop's log-probability, same frames
         self.first_run = 0                        # frames the first phone has been heard
 
     def step(self, frame: np.ndarray):
-        """(score, frames since the scored path began, this one included)."""
+        """(score, frames since the scored path began (this one included), verifier)."""
         e = frame[self.ext].astype(np.float64)
         n = len(self.ext)
         # Candidate predecessors of each state: stay, advance one state, skip a blank.
@@ -121,13 +129,15 @@ class _Keyword:
         score[1, 0], peaks[1, 0] = 0.0, 0.0
         lead = np.zeros((3, n), dtype=np.int64)
         lead[0], lead[1, 1:], lead[2, 2:] = self.lead, self.lead[:-1], self.lead[:-2]
+        free = np.zeros((3, n))
+        free[0], free[1, 1:], free[2, 2:] = self.free, self.free[:-1], self.free[:-2]
         if score[1, 1] < 0.0:
             # A fresh start always wins the first phone's state (it costs nothing), so the
             # keyword began where the first phone did, the frames it has been heard so far
             # ago (at most a slow phone's length); reported, not counted against the bound.
-            score[1, 1], peaks[1, 1], age[1, 1] = 0.0, 0.0, 0
+            score[1, 1], peaks[1, 1], age[1, 1], free[1, 1] = 0.0, 0.0, 0, 0.0
             lead[1, 1] = min(self.first_run, FRAMES_PER_PHONE)
-        age[1, 0], lead[1, 0] = 0, 0
+        age[1, 0], lead[1, 0], free[1, 0] = 0, 0, 0.0
         # A path longer than a keyword can last is no keyword (nor words far apart).
         score[age >= self.max_frames] = _NEG
         best = np.argmax(score, axis=0)
@@ -141,13 +151,15 @@ class _Keyword:
         self.score = np.maximum(score[best, cols] + e, _NEG)
         self.age = age[best, cols] + 1
         self.lead = lead[best, cols]
+        self.free = free[best, cols] + float(frame.max())
         self.first_run = self.first_run + 1 if e[1] > _HEARD else 0
         # Done: the best path in the last phone or the blank after it.
         last = n - 2 + int(self.score[n - 1] > self.score[n - 2])
         if self.score[last] <= _NEG / 2:
-            return 0.0, 0
+            return 0.0, 0, 0.0
+        ratio = min(0.0, self.score[last] - self.free[last]) / self.length
         return (float(np.exp(self.peaks[last] / self.length)),
-                int(self.age[last] + self.lead[last]))
+                int(self.age[last] + self.lead[last]), float(np.exp(ratio)))
 
 
 class KeywordSearch:
@@ -164,6 +176,7 @@ class KeywordSearch:
         self._keywords = [_Keyword(ids, blank, bound)
                           for ids, bound in zip(keywords, self.max_frames)]
         self.path_frames = np.zeros((0, len(self._keywords)), np.int64)
+        self.verifier = np.zeros((0, len(self._keywords)), np.float32)
 
     @classmethod
     def for_words(cls, keywords: Sequence[str], units: Sequence[str], voice: str = "en-us",
@@ -179,10 +192,12 @@ class KeywordSearch:
         frames = np.asarray(log_posteriors)
         out = np.zeros((len(frames), len(self._keywords)), np.float32)
         ages = np.zeros(out.shape, np.int64)
+        verifier = np.zeros(out.shape, np.float32)
         for t, frame in enumerate(frames):
             for j, k in enumerate(self._keywords):
-                out[t, j], ages[t, j] = k.step(frame)
+                out[t, j], ages[t, j], verifier[t, j] = k.step(frame)
         self.path_frames = ages
+        self.verifier = verifier
         return out
 
 
@@ -228,11 +243,14 @@ def fusable(metadata: dict) -> bool:
 
 class FusedBackend:
     """A head trained on a phone front end's posteriors and zero-shot search of its keywords
-    in the same posteriors; a frame's score is the geometric mean of the two. The head
-    learned the keyword from training voices and is confidently wrong on voices unlike them;
-    the search knows every phone from the front end's many voices but forgives one missing
-    phone; an alarm needs both. Its threshold is `fused_threshold` in the model's metadata
-    (stage 6 of egs/wake_word/s0 stores it), not the head's own."""
+    in the same posteriors; a frame's score is the weighted geometric mean of head, search
+    and the search's verifier (toolkit.tasks.kws.fusion; `fusion_weights` in the model's
+    metadata, else head and search alike). The head learned the keyword from training
+    voices and is confidently wrong on voices unlike them; the search knows every phone
+    from the front end's many voices but forgives one missing phone; the verifier does not.
+    Its threshold is `fused_threshold` in the model's metadata (stage 6 of
+    egs/wake_word/s0 stores it), not the head's own. After each step `components` holds
+    the (T, 3K) [head | search | verifier] scores the fusion was made of."""
 
     def __init__(self, head, voice: str = "en-us"):
         meta = head.metadata
@@ -243,30 +261,38 @@ class FusedBackend:
                 "(dataset.feature.type phone_frontend, frontend_output posteriors); this model "
                 f"reads {feature.get('type')!r}"
                 + (f" ({feature['frontend'].get('output')})" if feature.get("frontend") else ""))
+        from toolkit.tasks.kws.fusion import DEFAULT_WEIGHTS, check_weights
         self.head = head
         self.search = KeywordSearch.for_words(list(meta["keywords"]),
                                               meta["feature"]["frontend"]["units"], voice)
-        self.metadata: Dict = dict(meta, fusion="geometric mean of head and zero-shot search",
-                                   threshold=meta.get("fused_threshold"))
+        self.weights = check_weights(meta.get("fusion_weights") or DEFAULT_WEIGHTS)
+        self.metadata: Dict = dict(
+            meta, fusion="weighted geometric mean of head, zero-shot search and its verifier",
+            fusion_weights=self.weights, threshold=meta.get("fused_threshold"))
         self.reset()
 
     def reset(self) -> None:
         self.head.reset()
         self.search.reset()
         self.path_frames = np.zeros((0, len(self.search.names)), np.int64)
+        self.components = np.zeros((0, 3 * len(self.search.names)), np.float32)
 
     @property
     def max_keyword_frames(self) -> List[int]:
         return self.search.max_frames
 
     def step(self, feats: np.ndarray) -> np.ndarray:
+        from toolkit.tasks.kws.fusion import fuse
         head = self.head.step(feats)
         if len(feats) == 0:
             self.path_frames = np.zeros((0, len(self.search.names)), np.int64)
+            self.components = np.zeros((0, 3 * len(self.search.names)), np.float32)
             return head
-        fused = np.sqrt(head * self.search.step(feats)).astype(np.float32)
+        search = self.search.step(feats)
+        verifier = self.search.verifier
         self.path_frames = self.search.path_frames
-        return fused
+        self.components = np.concatenate([head, search, verifier], axis=1).astype(np.float32)
+        return fuse(head, search, verifier, self.weights)
 
 
 def calibrate_threshold(scores: Sequence[np.ndarray], hours: float, fa_per_hour: float,
