@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train a wake-word detector from the keyword's text alone: synthetic speech (espeak-ng;
-# Kokoro for some positives with --frontend phone_frontend; flite or festival only when asked
+# Kokoro for 15 % of every kind with --frontend phone_frontend; flite or festival only when asked
 # for in engines=), no corpus download, no recorded audio.
 #
 #   bash run.sh --keyword "hey snips"                 # all stages
@@ -49,7 +49,7 @@ corpus_config=""   # the corpus's sizes and mix (synth_kws_data options); defaul
 corpus_opts=""     # generator options over $corpus_config, e.g. "--other-share 0.4 --blends 200"
 # TTS engines that speak (comma list; the corpus config gives the share of those besides
 # espeak-ng); stage 0 installs those that need it (tools/install_voices.sh). Default:
-# espeak,kokoro (phone_frontend: Kokoro speaks some positives), espeak (the others).
+# espeak,kokoro (phone_frontend: Kokoro speaks a share of every kind), espeak (the others).
 engines=""
 # Outside test sets (comma list of engines): voices no training list or blend holds
 # (Kokoro's seven reserved voices, festival's), written by stage 0 to $data/outside_<engine>
