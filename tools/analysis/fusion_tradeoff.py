@@ -26,7 +26,6 @@ def get_args(argv=None):
 def main(argv=None) -> int:
     args = get_args(argv)
     from toolkit.tasks.kws import fusion
-    from toolkit.tasks.kws.decision import DEFAULT_SMOOTH_FRAMES, smooth_scores
     from toolkit.tasks.kws.scoring import load_posteriors, read_data_list
     utts = read_data_list(args.data_list)
     table = load_posteriors(args.components)
@@ -36,11 +35,7 @@ def main(argv=None) -> int:
     print("| head | search | verifier | FRR | neighbours fire | accent accepted |")
     print("|---:|---:|---:|---:|---:|---:|")
     for weights in fusion.grid():
-        peaks = np.zeros(len(utts))
-        for i, ((h, s, v), clip) in enumerate(zip(parts, clips)):
-            if len(h):
-                fused = smooth_scores(fusion.fuse(h, s, v, weights), DEFAULT_SMOOTH_FRAMES)
-                peaks[i] = fused[:, clip.label].max() if clip.label >= 0 else fused.max()
+        peaks = fusion.fused_peaks(parts, clips, weights)
         thr, frr, fa = fusion.evaluate(peaks, clips, args.target_fa_per_hour)
         acc = float(np.mean(peaks[accent] >= thr)) if accent.any() and thr is not None else None
         cells = ["—" if x is None else f"{100 * x:.1f}%" for x in (frr, fa, acc)]

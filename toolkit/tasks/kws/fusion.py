@@ -115,24 +115,29 @@ def evaluate(peaks: np.ndarray, clips: Sequence[DevClip], target_fa_per_hour: fl
     return threshold, frr, fa
 
 
+def fused_peaks(parts: Sequence[Tuple[np.ndarray, np.ndarray, np.ndarray]],
+                clips: Sequence[DevClip], weights: Dict[str, float],
+                smooth_frames: int = DEFAULT_SMOOTH_FRAMES) -> np.ndarray:
+    """Per clip, the peak of the smoothed fused score as the detector smooths it: a
+    positive's of its keyword, any other clip's the highest over keywords."""
+    peaks = np.zeros(len(clips))
+    for i, ((h, s, v), clip) in enumerate(zip(parts, clips)):
+        if len(h):
+            fused = smooth_scores(fuse(h, s, v, weights), smooth_frames)
+            peaks[i] = fused[:, clip.label].max() if clip.label >= 0 else fused.max()
+    return peaks
+
+
 def choose_weights(components: Sequence[np.ndarray], clips: Sequence[DevClip],
                    target_fa_per_hour: float, smooth_frames: int = DEFAULT_SMOOTH_FRAMES
                    ) -> Tuple[Dict[str, float], List[Candidate]]:
     """The grid's best weights on a dev set (`components`: per clip (T, 3K) arrays) and
-    every candidate's figures. A positive's peak is its keyword's, any other clip's the
-    highest over keywords, each of the smoothed fused score as the detector smooths it."""
+    every candidate's figures (peaks: fused_peaks)."""
     if len(components) != len(clips):
         raise ValueError(f"{len(components)} component arrays for {len(clips)} clips")
     parts = [split_components(np.asarray(m, np.float32)) for m in components]
-    candidates = []
-    for weights in grid():
-        peaks = np.zeros(len(clips))
-        for i, ((h, s, v), clip) in enumerate(zip(parts, clips)):
-            if not len(h):
-                continue
-            fused = smooth_scores(fuse(h, s, v, weights), smooth_frames)
-            peaks[i] = fused[:, clip.label].max() if clip.label >= 0 else fused.max()
-        candidates.append(Candidate(weights, *evaluate(peaks, clips, target_fa_per_hour)))
+    candidates = [Candidate(w, *evaluate(fused_peaks(parts, clips, w, smooth_frames), clips,
+                                         target_fa_per_hour)) for w in grid()]
     best = min(candidates, key=lambda c: c.cost)     # the first of equals: the default
     if best.threshold is None:
         raise DataError("the dev set has no general negatives (kind neg or noise) to set "
