@@ -50,6 +50,9 @@ setup(
         "codec": ["pystoi>=0.4", "pesq==0.0.4", "visqol-python[lattice,accel]==3.8.0",
                   "pycodec2==4.1.1", "av==18.1.0",
                   "speechmos==0.0.1.1", "librosa>=0.10", "requests"],
+        # Channel conditions of the pretraining corpus (toolkit.voicebank.channel: Codec2
+        # and Opus), the two codec pins alone.
+        "channels": ["pycodec2==4.1.1", "av==18.1.0"],
         # Hugging Face datasets as input (dataset.hf); audio is decoded with soundfile, so
         # neither torchcodec nor torchaudio is needed (and none is pulled in).
         "hf": ["datasets>=4.0,<6"],

@@ -2,7 +2,8 @@
 markers of the same names, so `pytest -m "not recipe"` is the everyday loop; the slowest test files are collected first, so that pytest-xdist
 (--dist loadfile, tools/test.sh) hands them out before the short ones and the workers
 finish together instead of one running a long recipe test alone at the end; and the TTS
-clip cache (toolkit.voicebank.cache) is a directory of this run, not the user's."""
+clip cache (toolkit.voicebank.cache) and the wake-word negatives cache
+(toolkit.tasks.kws.negatives) are directories of this run, not the user's."""
 import os
 import shutil
 import sys
@@ -56,12 +57,17 @@ def pytest_configure(config):
     if "TOOLKIT_TTS_CACHE" not in os.environ:
         config._tts_clip_dir = tempfile.mkdtemp(prefix="toolkit-tts-clips-")
         os.environ["TOOLKIT_TTS_CACHE"] = config._tts_clip_dir
+    # The wake-word negatives cache (toolkit.tasks.kws.negatives) likewise.
+    if "TOOLKIT_NEG_CACHE" not in os.environ:
+        config._neg_cache_dir = tempfile.mkdtemp(prefix="toolkit-neg-cache-")
+        os.environ["TOOLKIT_NEG_CACHE"] = config._neg_cache_dir
 
 
 def pytest_unconfigure(config):
-    path = getattr(config, "_tts_clip_dir", None)
-    if path:
-        shutil.rmtree(path, ignore_errors=True)
+    for name in ("_tts_clip_dir", "_neg_cache_dir"):
+        path = getattr(config, name, None)
+        if path:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -2,8 +2,11 @@
 binary as one `error:` line with what to do, and exit status 2. Anything else is a bug
 and keeps its traceback."""
 import functools
+import importlib
 import logging
+import re
 import sys
+from types import ModuleType
 
 
 class UserError(Exception):
@@ -25,6 +28,26 @@ class MissingInputError(UserError, FileNotFoundError):
 
 class DeviceError(UserError, RuntimeError):
     """The requested device or launch setup is not available."""
+
+
+class MissingPackageError(UserError, ImportError):
+    """An optional package (an extra of setup.py) that a metric, codec or channel needs is
+    not installed."""
+
+
+def import_optional(module: str, requirement: str, what: str,
+                    extra: str = "codec") -> ModuleType:
+    """Imports `module`; when it cannot be imported, raises MissingPackageError naming
+    `what` needs it and how to install `requirement` (tools/install.sh installs `extra`)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        shell = requirement if re.fullmatch(r"[\w.-]+", requirement) else f"'{requirement}'"
+        raise MissingPackageError(
+            f"{what} needs the {requirement} package, which cannot be imported ({err}): "
+            f"rerun bash tools/install.sh (it installs the {extra} extra: pip install -e "
+            f"'.[{extra}]'), or pip install {shell}"
+        ) from None
 
 
 def report(err: BaseException) -> int:

@@ -4,6 +4,7 @@
 #
 #   bash tools/install.sh                 # what the wake-word and speaker recipes need
 #   bash tools/install.sh codec           # + codec baselines and metrics (a C/C++ build)
+#   bash tools/install.sh channels        # + Codec2 and Opus alone (rooms and channels of a corpus)
 #   bash tools/install.sh test codec hf wandb   # everything the test suite runs
 #
 # Extras once installed stay installed. Safe to rerun: it does nothing when the install is
@@ -63,7 +64,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TOOLKIT_VENV:-$root/tools/venv}
 python=${PYTHON:-python3}
 stamp=$venv/.toolkit-installed
-known="test tts kokoro codec hf wandb"
+known="test tts kokoro codec channels hf wandb"
 asked=(tts)
 for e in "$@"; do
   case " $known " in *" $e "*) asked+=("$e") ;;

@@ -17,7 +17,8 @@ import torch
 from toolkit import pretrained
 from toolkit.errors import DataError
 
-NAME = "phone-voicebank-v2"
+NAME = "phone-voicebank-v2"           # the default front end
+SHIPPED = [NAME, "phone-voicebank-v3"]
 RATE = 16000
 SENTENCES = ["hey jarvis, turn on the lights", "hey travis, turn on the lights",
              "good morning everyone, how are you", "the seventh train leaves at half past nine"]
@@ -39,30 +40,33 @@ def speech():
     return speech
 
 
-def test_shipped_and_described():
-    assert NAME in pretrained.available()
-    meta = pretrained.metadata(NAME)
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_and_described(name):
+    assert name in pretrained.available()
+    meta = pretrained.metadata(name)
     assert meta["task"] == "phone_ctc" and meta["units"][0] == "<blank>"
     assert meta["activation"] == "log_softmax" and meta["feature"]["frame_shift_ms"] == 10.0
 
 
-def test_streams_chunk_by_chunk_as_whole(speech):
+@pytest.mark.parametrize("name", SHIPPED)
+def test_streams_chunk_by_chunk_as_whole(speech, name):
     from toolkit.data.features import num_frames
     from toolkit.tasks.kws.export import stream_in_chunks
     from toolkit.tasks.kws.frontend import PhoneFrontEnd
-    front = PhoneFrontEnd("pretrained:" + NAME)
+    front = PhoneFrontEnd("pretrained:" + name)
     wave = speech[VOICES[0], SENTENCES[0]]
     whole = front.compute(wave)
     assert whole.shape == (num_frames(len(wave), RATE), len(front.units))
     assert np.abs(stream_in_chunks(front.stream(), wave) - whole).max() < 1e-4
 
 
-def test_it_learned_phones(speech):
+@pytest.mark.parametrize("name", SHIPPED)
+def test_it_learned_phones(speech, name):
     from toolkit.nn.ctc import edit_distance, greedy_decode
     from toolkit.tasks.kws.frontend import PhoneFrontEnd
     from toolkit.tasks.kws.models import build_model
     from toolkit.tasks.kws.tokens import espeak_lexicon
-    front = PhoneFrontEnd("pretrained:" + NAME)
+    front = PhoneFrontEnd("pretrained:" + name)
     index = {u: i for i, u in enumerate(front.units)}
     lexicon = espeak_lexicon({w.strip(",") for t in SENTENCES for w in t.split()})
     untrained = build_model(type(front.model.config)(**vars(front.model.config))).eval()

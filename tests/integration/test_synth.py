@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from toolkit.data.audio import resample
-from toolkit.tasks.kws import corpus as S, corpus_text as T
+from toolkit.tasks.kws import corpus as S, corpus_render as R, corpus_text as T
 from toolkit.voicebank import Voice, espeak as E, flite as F, signal as sig
 from toolkit.voicebank.corpus import open_engines
 from toolkit.voicebank.engines import ENGINES, engine_class
@@ -116,12 +116,12 @@ def test_keyword_span_of_words():
     starts = [(1, 0), (6, 2205), (10, 8820), (16, 17640)]       # "okay hey snips turn it"
     text = "okay hey snips turn it"                              # "it" has no onset event
     # 22050 -> 16000 Hz; 100 output samples of leading silence trimmed; 30000 kept
-    span = S.keyword_span(text, (1, 3), starts, 22050, 16000, (100, 30100))
+    span = R.keyword_span(text, (1, 3), starts, 22050, 16000, (100, 30100))
     assert span == pytest.approx(((1600 - 100) / 16000, (12800 - 100) / 16000))
-    assert S.keyword_span(text, (1, 4), starts, 22050, 16000, (100, 30100)) is None  # no "it"
-    assert S.keyword_span("okay hey snips", (1, 3), starts[:3], 22050, 16000, (0, 20000)) \
+    assert R.keyword_span(text, (1, 4), starts, 22050, 16000, (100, 30100)) is None  # no "it"
+    assert R.keyword_span("okay hey snips", (1, 3), starts[:3], 22050, 16000, (0, 20000)) \
         == pytest.approx((1600 / 16000, 20000 / 16000))          # last words: end of speech
-    assert S.word_char_starts("okay hey  snips") == [1, 6, 11]
+    assert R.word_char_starts("okay hey  snips") == [1, 6, 11]
 
 
 def test_voices_disjoint(corpus):
@@ -204,7 +204,8 @@ def test_plan_is_deterministic_and_in_range():
 
     a, b, c = plan(1), plan(1), plan(2)
     assert [g.specs for g in a] == [g.specs for g in b] != [g.specs for g in c]
-    assert [len(g.specs) for g in a] == [64, 64, 64, 8]
+    # the keyword's 50 positives and 45 confusables, then the 105 general negatives
+    assert [len(g.specs) for g in a] == [64, 31, 64, 41]
     specs = [s for g in a for s in g.specs]
     assert len({s.utt for s in specs}) == 200
     speech = [s for s in specs if s.kind != "noise"]
@@ -427,7 +428,7 @@ with wave.open(out, "wb") as w:
     w.setframerate(16000)
     w.writeframes(buzz.tobytes())
 '''
-FLITE_SIZES = S.Sizes(train_pos=24, train_neg=6, dev_pos=8, dev_neg=4, test_pos=8, test_neg=4)
+FLITE_SIZES = S.Sizes(train_pos=48, train_neg=6, dev_pos=8, dev_neg=4, test_pos=8, test_neg=4)
 
 
 @pytest.fixture(scope="module")
@@ -481,8 +482,8 @@ def test_flite_keyword_alone_positives_span_their_speech(flite_corpus, flite_on_
     is the keyword alone spans its whole trimmed speech, one in a carrier gets no span."""
     plan_dir = tmp_path / "plan"
     plan_dir.mkdir()
-    groups, _ = S.plan_corpus([KW], 777, FLITE_SIZES, (5.0, 30.0),
-                              open_engines(["espeak", "flite"]), str(plan_dir))
+    groups = S.plan_corpus([KW], 777, FLITE_SIZES, (5.0, 30.0),
+                           open_engines(["espeak", "flite"]), str(plan_dir)).groups
     tts = Renderer(16000, str(tmp_path))
     alone = 0
     for g in groups:
@@ -493,7 +494,7 @@ def test_flite_keyword_alone_positives_span_their_speech(flite_corpus, flite_on_
             if spec.text != KW:
                 assert spec.utt not in times, spec.text
                 continue
-            speech, span = S.speak(tts, spec, seed=0)
+            speech, span = R.speak(tts, spec, seed=0)
             assert span == (0.0, len(speech) / 16000)
             lead = round(spec.lead_s * 16000) / 16000
             assert times[spec.utt] == f"{lead:.3f} {lead + len(speech) / 16000:.3f}"

@@ -82,8 +82,9 @@ def spoken_voices(groups):
 def plan(family, engines, tmp_dir, splits=C.SPLITS):
     """(groups, voices by split) of each family's planner."""
     if family == "kws":
-        return kws.plan_corpus(["hey snips"], 777, kws.Sizes(40, 40, 10, 10, 20, 20),
-                               (5.0, 30.0), engines, tmp_dir, splits=splits)
+        planned = kws.plan_corpus(["hey snips"], 777, kws.Sizes(40, 40, 10, 10, 20, 20),
+                                  (5.0, 30.0), engines, tmp_dir, splits=splits)
+        return planned.groups, planned.by_split
     if family == "speaker":
         groups, speakers, _ = speaker.plan_corpus(
             777, speaker.Sizes(20, 2, 6, 2, 8, 2), (10.0, 30.0), engines, tmp_dir, splits)

@@ -32,3 +32,30 @@ def test_confusable_distance_prints_a_row_per_voice(capsys):
         name, *values = line.split("\t")
         assert name == voice and len(values) == 2
         assert all(0.5 < float(v) < 20 for v in values)
+
+
+def test_dev_curve_reads_every_validation_and_the_last_of_a_resumed_step(tmp_path, capsys):
+    dc = load("dev_curve")
+    for name, lines in {
+        "a": ["epoch 0 dev: loss 2.1 per 0.40000 over 80 utterances (step 100, 1.0 s)",
+              "INFO toolkit.trainer.trainer: step 150 loss 1.9",
+              "epoch 0 dev: loss 1.8 per 0.30000 over 80 utterances (step 200, 1.0 s)",
+              # resumed at 200: validated again, the later value counts
+              "epoch 0 dev: loss 1.7 per 0.29000 over 80 utterances (step 200, 1.0 s)"],
+        "b": ["epoch 0 dev: loss 2.0 per 0.35000 over 80 utterances (step 100, 1.2 s)"],
+    }.items():
+        log = tmp_path / name / "log"
+        log.mkdir(parents=True)
+        (log / "train.rank0.log").write_text("\n".join(lines) + "\n")
+    assert dc.read_curve(str(tmp_path / "a"), "per") == [(100, 0.4), (200, 0.29)]
+    assert dc.main(["A=" + str(tmp_path / "a"), "B=" + str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "| step | A | B |"
+    assert out[2:] == ["| 100 | 0.4000 | 0.3500 |", "| 200 | 0.2900 |  |",
+                       "| best | 0.2900 | 0.3500 |"]
+    try:
+        dc.read_curve(str(tmp_path / "a"), "wer")
+    except SystemExit as err:
+        assert "no dev line with metric 'wer'" in str(err)
+    else:
+        raise AssertionError("a missing metric must be an error")

@@ -2,7 +2,11 @@
 and write a data list whose entries point at them (`feat`). Training from such a list
 skips decoding and featurization every epoch; waveform augmentations are then off.
 Work is split over --nj processes; entries that fail are reported and left out. Several
-DATA_LIST OUT_DIR pairs in one call share one start-up."""
+DATA_LIST OUT_DIR pairs in one call share one start-up. With --neg-cache, the general
+negatives of a synthetic wake-word corpus made with synth_kws_data --neg-cache (its data
+dir, DATA_LIST's folder, holds neg_cache.json) take their features from a cache computed
+once per front end and corpus settings (<toolkit cache>/kws_negatives/feats, keyed by the
+front end's sha256); the output is the same."""
 import argparse
 import sys
 
@@ -27,6 +31,10 @@ def get_args(argv=None):
                    help="comma-separated speed factors, e.g. 0.9,1.1: each utterance also gets "
                    "copies played that much faster (keys sp0.9-<key>), as in Kaldi's 3-way speed "
                    "perturbation; for training lists")
+    p.add_argument("--neg-cache", action="store_true",
+                   help="features of the general negatives a corpus took from the negatives "
+                   "cache (neg_cache.json beside DATA_LIST) from the features cache, computed "
+                   "there first when missing; other lists are computed as without it")
     args = p.parse_args(argv)
     args.pairs = path_pairs(p, args.pairs, "DATA_LIST OUT_DIR")
     try:
@@ -42,8 +50,11 @@ def main(argv=None):
     setup_logging()
     cfg = load_dataset_config(args.config) if args.config else DatasetConfig()
     try:
+        compute = compute_features_for_list
+        if args.neg_cache:
+            from toolkit.tasks.kws.neg_feats import compute_features_cached as compute
         for data_list, out_dir in args.pairs:
-            compute_features_for_list(data_list, out_dir, cfg, args.nj, args.speed_copies)
+            compute(data_list, out_dir, cfg, args.nj, args.speed_copies)
     except ValueError as err:
         print(f"compute_feats: {err}", file=sys.stderr)
         return 2

@@ -16,6 +16,8 @@ Examples:
       --engines kokoro --num-test 60 --no-noisy  # the 7 reserved Kokoro voices alone
   python -m toolkit.bin.synth_codec_data --config egs/tts_codec/s0/conf/corpus.yaml \
       --out-dir data --seed 1234                # sizes and shares from a file (--help: keys)
+  python -m toolkit.bin.synth_codec_data --out-dir data/part_1 --part 1 --num-train 2000
+                                                # 2000 more training utterances, same voices
 needs espeak-ng: pip install -e .[tts]; Kokoro: bash tools/install_voices.sh kokoro
 """
 import argparse
@@ -68,6 +70,12 @@ def get_args(argv=None):
                    help="write the noise-free dirs only")
     p.add_argument("--sample-rate", type=int, default=16000, metavar="HZ",
                    help="output sample rate (default %(default)s)")
+    p.add_argument("--part", type=int, default=0, metavar="K",
+                   help="K > 0: more training speech for the corpus of this --seed, in an "
+                        "--out-dir of its own: train (and train_noisy) alone, the same voice "
+                        "split, texts and conditions of its own, sized by --num-train; a "
+                        "corpus grows by parts, and finished ones are never made again "
+                        "(default 0: the corpus itself)")
     p.add_argument("--nj", type=int, default=2,
                    help="parallel render processes; does not change the output (default 2)")
     return parse_with_options_file(p, argv)
@@ -85,7 +93,7 @@ def main(argv=None):
                               n_random_voices=args.random_voices, max_voices=args.max_voices,
                               snr_db=args.snr, noisy=args.noisy, sentences=args.sentences,
                               test_only=args.test_only, other_share=args.other_share,
-                              blends=args.blends)
+                              blends=args.blends, part=args.part)
     for name, info in summary.items():
         logging.info("%s: %d utterances, %.2f h, %d voices", name, info["utts"], info["hours"],
                      info["voices"])

@@ -30,7 +30,9 @@ def get_args(argv=None):
             "(`engine share` lines) and <out-dir>/voices.tsv (each voice that speaks: split,\n"
             "engine, engine voice, version). Train, dev and test use disjoint voices. The\n"
             "output is byte-identical for the same arguments whatever --nj and whatever else\n"
-            "is installed, and rerunning a finished run with the same arguments does nothing.\n\n"
+            "is installed, and rerunning a finished run with the same arguments does nothing.\n"
+            "The general negatives are the same for every keyword (--neg-cache makes them\n"
+            "once); those that hold the keyword are dropped, logged and counted.\n\n"
             "Options may also come from a YAML file (--config; the command line wins).\n\n"
             "example: %(prog)s --keyword 'hey snips' --out-dir data --seed 777 --nj 2\n"
             "needs espeak-ng: pip install -e .[tts]"),
@@ -69,6 +71,13 @@ def get_args(argv=None):
                         f"{','.join(SPOKEN_KINDS)} (positives, confusables, random words): "
                         "'pos' spends a neural engine's synthesis time on short keyword clips "
                         "alone (default %(default)s)")
+    p.add_argument("--neg-cache", action="store_true",
+                   help="take the general negatives (random words, noise alone: the same for "
+                        "every keyword) from the negatives cache ($TOOLKIT_NEG_CACHE, else "
+                        "kws_negatives in $TOOLKIT_CACHE or ~/.cache/toolkit), rendering them "
+                        "there first when "
+                        "it has none; the corpus is the same as without it. Each split's data "
+                        "dir records them (neg_cache.json) for compute_feats --neg-cache")
     return parse_with_options_file(p, argv)
 
 
@@ -88,10 +97,14 @@ def main(argv=None):
                               train_hard_share=args.train_hard_share,
                               other_share=args.other_share, blends=args.blends,
                               test_only=args.test_only,
-                              other_kinds=args.other_kinds.split(","))
+                              other_kinds=args.other_kinds.split(","),
+                              neg_cache=args.neg_cache)
     for split, info in summary.items():
         kinds = ", ".join(f"{k} {h:.2f} h" for k, h in info["hours_by_kind"].items())
-        logging.info("%s: %d utterances, %.2f h (%s)", split, info["utts"], info["hours"], kinds)
+        dropped = (f"; {info['dropped_negatives']} general negatives dropped (they hold the "
+                   "keyword)") if info.get("dropped_negatives") else ""
+        logging.info("%s: %d utterances, %.2f h (%s)%s", split, info["utts"], info["hours"],
+                     kinds, dropped)
     return 0
 
 

@@ -6,7 +6,9 @@ Modules: `engines` (the registry: name -> engine with available/voices/synth), `
 binaries), `kokoro` (Kokoro-82M neural voices and their blends, `kokoro_assets` installs
 them, `kokoro_graph` rewrites its ONNX graph), `debian` (the opt-in Debian engines
 rhvoice, pico, mbrola), `cache` (synthesized clips kept across runs), `signal` (noise,
-levels, SNR mixing), `render` (speech of any engine placed at a level in noise), `pool`
+levels, SNR mixing), `channel` (rooms, telephone band, codecs, microphone colouring,
+clipping) and `conditions` (a data dir copied under them), `render` (speech of any engine
+placed at a level in noise), `pool`
 (deterministic rendering in forked children), `corpus` (what every corpus generator
 shares: engines, voice splits, the output directory). This package knows nothing about
 any task; the shared vocabulary is defined here, with the voices reserved for evaluation
@@ -80,7 +82,13 @@ RESERVED_ENGINES = frozenset({"festival"})
 RESERVED_VOICES = frozenset({
     ("kokoro", "af_heart"), ("kokoro", "af_nicole"), ("kokoro", "af_sky"),
     ("kokoro", "am_michael"), ("kokoro", "am_fenrir"), ("kokoro", "bf_emma"),
-    ("kokoro", "bm_george")})
+    ("kokoro", "bm_george"),
+    # RHVoice's slt is the CMU ARCTIC speaker of festival's and flite's slt voices.
+    ("rhvoice", "slt"),
+    # Never trained on for their licences (CC BY-NC-ND 4.0: no commercial use, no
+    # derivatives), whereas the weights are Apache-2.0; RHVoice's alan, bdl and clb are
+    # LGPL-2.1+ like its engine.
+    ("rhvoice", "evgeniy-eng"), ("rhvoice", "lyubov")})
 
 
 def is_reserved(voice: Voice) -> bool:

@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
 # A pretrained acoustic front end from the voice bank: a small streaming encoder trained
-# with CTC on espeak-ng phones (task phone_ctc), on read speech from espeak-ng's voices
-# and Kokoro's unreserved voices and blends; measured by phone error rate on voices no
-# training list or blend holds (Kokoro's seven reserved ones, festival's). Wake-word heads
-# train on its frozen outputs (egs/wake_word/s0 --frontend phone_frontend) and keywords can
-# be searched in its posteriors with no training (toolkit.bin.kws --keywords).
+# with CTC on espeak-ng phones (task phone_ctc), on read speech from espeak-ng's voices,
+# Kokoro's unreserved voices and blends, and (--extra-engines) other free engines, each
+# utterance heard clean, in noise and in a room or a channel (telephone band, codecs,
+# microphone colouring, clipping); measured by phone error rate on voices no training list
+# or blend holds (Kokoro's seven reserved ones, festival's). Wake-word heads train on its
+# frozen outputs (egs/wake_word/s0 --frontend phone_frontend) and keywords can be searched
+# in its posteriors with no training (toolkit.bin.kws --keywords).
 #
 #   bash run.sh                                  # stages 0-6 on CPU
 #   bash run.sh --stage 3 --stop-stage 3         # only training (resumes if killed)
-#   bash run.sh --gpus 0 --train-overrides "training.use_amp=true training.amp_dtype=bfloat16"
+#   bash run.sh --num-parts 4                    # grow the corpus: parts 1-3 added, 0 kept
+#   bash run.sh --gpus 0                         # one GPU: Kokoro on CUDA, training in bf16
 #   bash run.sh --stage 0 --stop-stage 8         # also package it into $exp/pretrained/
 #   bash run.sh --stage 8 --stop-stage 8 --ship true   # replace the shipped model of that name
 #
 # Stages (each rerunnable; outputs under $data and $exp):
 #   0 synthesize $data/{train,dev,test} (sizes: conf/corpus.yaml), each also in noise
 #     ({train,dev,test}_noisy: white/pink/brown/babble at 5-25 dB SNR, as wake-word audio
-#     is), and the outside test sets $data/reserved/test (Kokoro's reserved voices) and
-#     $data/festival/test, with their _noisy copies
+#     is); more training speech in parts $data/part_K/train (K = 1 .. num_parts-1: the same
+#     voices, other texts; a finished part is never made again, a killed one resumes from
+#     the clip cache); with --extra-engines, a corpus of those engines $data/extra; with
+#     conditions=true a copy of every training dir in a room or a channel (<dir>_cond); the
+#     outside test sets $data/reserved/test (Kokoro's reserved voices) and
+#     $data/festival/test, with their _noisy and _cond copies
 #   1 lexicon and phone list $data/dict/{lexicon,units}.txt (espeak-ng, en-us), data lists
-#     with phone targets $data/*/data.list; training and dev read clean and noisy copies
-#     together ($data/{train,dev}/both.list)
+#     with phone targets $data/*/data.list; training reads every training dir and its
+#     noisy and condition copies together ($data/train/all.list), dev its clean and noisy
+#     copies ($data/dev/both.list)
 #   2 global CMVN $data/train/global_cmvn.json
 #   3 training through torchrun into $exp (resumes when rerun)
 #   4 average of the best $average_num checkpoints by dev PER -> $exp/avg_$average_num.pt
@@ -57,6 +65,11 @@ corpus_config=conf/corpus.yaml
 corpus_opts=""     # generator options over $corpus_config, e.g. "--num-train 20000"
 seed=1234
 engines=espeak,kokoro   # TTS engines of the training corpus (comma list)
+num_parts=1             # parts of training speech (part 0 is the corpus itself)
+extra_engines=""        # e.g. pico,rhvoice: a corpus of its own ($extra_config), train and dev join
+extra_config=conf/extra_corpus.yaml
+nonfree=false           # true lets tools/install_voices.sh add Debian contrib/non-free (pico, rhvoice)
+conditions=true         # copies of the training dirs and outside tests in rooms and channels
 num_test_reserved=40    # utterances of Kokoro's reserved voices
 num_test_outside=60     # utterances of festival's voices
 nj=2
@@ -65,9 +78,10 @@ config=conf/ds_tcn_phone.yaml
 data=data
 exp=exp/ds_tcn_phone
 train_overrides=""   # extra config overrides, e.g. "training.max_epoch=40"
+amp=auto             # auto: bf16 autocast on GPUs, fp32 on CPU (where bf16 is 10-60x slower); true | false
 average_num=5
 
-pretrained_name=phone-voicebank-v2   # stage 8: the model's name
+pretrained_name=phone-voicebank-v3   # stage 8: the model's name
 pretrained_root=""                   # stage 8: where it goes (empty: $exp/pretrained)
 ship=false                           # stage 8: true replaces the shipped toolkit/pretrained/<name>
 
@@ -75,14 +89,34 @@ help_message="Usage: $0 [--stage N] [--stop-stage M] [--gpus 0,1] [--engines esp
 . utils/parse_options.sh
 
 # Checked before any stage runs, not hours later at stage 8.
-case $ship in true|false) ;; *) echo "$0: --ship $ship: expected true or false" >&2; exit 1 ;; esac
+case $amp in
+  auto) amp=false; [ -n "$gpus" ] && [ "$gpus" != -1 ] && amp=true ;;
+  true|false) ;;
+  *) echo "$0: --amp $amp: expected auto, true or false" >&2; exit 1 ;;
+esac
+for opt in ship=$ship nonfree=$nonfree conditions=$conditions; do
+  case ${opt#*=} in true|false) ;;
+    *) echo "$0: --${opt%%=*} ${opt#*=}: expected true or false" >&2; exit 1 ;; esac
+done
 if [ "$ship" = true ] && [ -n "$pretrained_root" ]; then
   echo "$0: --ship true writes the installed toolkit/pretrained: drop --pretrained-root" >&2
   exit 1
 fi
 
+# The training dirs: part 0, the other parts, the extra engines' corpus.
+train_dirs="$data/train"
+for ((k = 1; k < num_parts; k++)); do train_dirs="$train_dirs $data/part_$k/train"; done
+dev_dirs="$data/dev"
 test_sets="$data/test $data/reserved/test $data/festival/test"
-noisy_sets="$data/train_noisy $data/dev_noisy $data/test_noisy $data/reserved/test_noisy $data/festival/test_noisy"
+if [ -n "$extra_engines" ]; then
+  train_dirs="$train_dirs $data/extra/train"; dev_dirs="$dev_dirs $data/extra/dev"
+  test_sets="$test_sets $data/extra/test"
+fi
+noisy_sets="" cond_sets=""
+for x in $train_dirs $dev_dirs $test_sets; do noisy_sets="$noisy_sets ${x}_noisy"; done
+if [ "$conditions" = true ]; then
+  for x in $train_dirs $data/reserved/test $data/festival/test; do cond_sets="$cond_sets ${x}_cond"; done
+fi
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: synthesizing read speech into $data"
@@ -102,25 +136,47 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     --num-test "$num_test_reserved" --engines kokoro --nj "$nj"
   python -m toolkit.bin.synth_codec_data --test-only --out-dir "$data/festival" --seed "$seed" \
     --num-test "$num_test_outside" --engines festival --nj "$nj"
+  for ((k = 1; k < num_parts; k++)); do
+    # shellcheck disable=SC2086
+    python -m toolkit.bin.synth_codec_data --config "$corpus_config" $corpus_opts --part "$k" \
+      --out-dir "$data/part_$k" --seed "$seed" --engines "$engines" --nj "$nj"
+  done
+  if [ -n "$extra_engines" ]; then
+    nonfree_opt=""; [ "$nonfree" = true ] && nonfree_opt=--enable-nonfree
+    # shellcheck disable=SC2086
+    bash "$TOOLKIT_ROOT/tools/install_voices.sh" $nonfree_opt ${extra_engines//,/ }
+    python -m toolkit.bin.synth_codec_data --config "$extra_config" --out-dir "$data/extra" \
+      --seed "$seed" --engines "$extra_engines" --nj "$nj"
+  fi
+  # Codec2 and Opus of the channel conditions (setup.py's `channels` extra, wheels only).
+  [ -z "$cond_sets" ] || bash "$TOOLKIT_ROOT/tools/install.sh" channels
+  for x in $cond_sets; do
+    python -m toolkit.bin.make_condition_copy --src "${x%_cond}" --out "$x" --seed "$seed" --nj "$nj"
+  done
 fi
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   echo "stage 1: lexicon, phone list and data lists with phone targets"
   # shellcheck disable=SC2086
-  python -m toolkit.bin.make_lexicon --unit phone "$data/train" "$data/dev" $test_sets \
+  python -m toolkit.bin.make_lexicon --unit phone $train_dirs $dev_dirs $test_sets \
     --lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt"
   pairs=()
-  for x in "$data/train" "$data/dev" $test_sets $noisy_sets; do pairs+=("$x" "$x/data.list"); done
+  for x in $train_dirs $dev_dirs $test_sets $noisy_sets $cond_sets; do pairs+=("$x" "$x/data.list"); done
   python -m toolkit.bin.make_datalist "${pairs[@]}" --label-mode none \
     --lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt" --nj "$nj"
-  for x in train dev; do
-    cat "$data/$x/data.list" "$data/${x}_noisy/data.list" > "$data/$x/both.list"
+  train_lists=() dev_lists=()
+  for x in $train_dirs; do
+    train_lists+=("$x/data.list" "${x}_noisy/data.list")
+    [ "$conditions" = true ] && train_lists+=("${x}_cond/data.list")
   done
+  for x in $dev_dirs; do dev_lists+=("$x/data.list" "${x}_noisy/data.list"); done
+  cat "${train_lists[@]}" > "$data/train/all.list"
+  cat "${dev_lists[@]}" > "$data/dev/both.list"
 fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   echo "stage 2: global CMVN"
-  python -m toolkit.bin.compute_cmvn "$data/train/both.list" "$data/train/global_cmvn.json" \
+  python -m toolkit.bin.compute_cmvn "$data/train/all.list" "$data/train/global_cmvn.json" \
     --config "$config" --nj "$nj"
 fi
 
@@ -131,8 +187,9 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   utils/torchrun.sh ${master_port:+--master-port $master_port} \
     "$gpus" "$num_procs" "$num_nodes" "$node_rank" "$rdzv_endpoint" \
     -m toolkit.bin.train --config "$config" --exp-dir "$exp" \
-    --train-data "$data/train/both.list" --dev-data "$data/dev/both.list" \
-    --inventory "$data/dict/units.txt" --cmvn "$data/train/global_cmvn.json" $train_overrides
+    --train-data "$data/train/all.list" --dev-data "$data/dev/both.list" \
+    --inventory "$data/dict/units.txt" --cmvn "$data/train/global_cmvn.json" \
+    training.use_amp=$amp training.amp_dtype=bfloat16 $train_overrides
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
@@ -149,13 +206,23 @@ fi
 
 if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   echo "stage 6: phone error rate and streaming speed -> $exp/eval"
-  python -m toolkit.bin.evaluate_frontend --frontend "$exp/export" \
-    --data "espeak-ng held out=$data/test/data.list" \
-    --data "Kokoro reserved=$data/reserved/test/data.list" \
-    --data "festival=$data/festival/test/data.list" \
-    --data "espeak-ng held out, in noise=$data/test_noisy/data.list" \
-    --data "Kokoro reserved, in noise=$data/reserved/test_noisy/data.list" \
-    --data "festival, in noise=$data/festival/test_noisy/data.list" --out-dir "$exp/eval"
+  sets=("espeak-ng held out=$data/test/data.list"
+        "Kokoro reserved=$data/reserved/test/data.list"
+        "festival=$data/festival/test/data.list"
+        "espeak-ng held out, in noise=$data/test_noisy/data.list"
+        "Kokoro reserved, in noise=$data/reserved/test_noisy/data.list"
+        "festival, in noise=$data/festival/test_noisy/data.list")
+  if [ "$conditions" = true ]; then
+    sets+=("Kokoro reserved, in a room or channel=$data/reserved/test_cond/data.list"
+           "festival, in a room or channel=$data/festival/test_cond/data.list")
+  fi
+  if [ -n "$extra_engines" ]; then
+    sets+=("$extra_engines held out=$data/extra/test/data.list")
+  fi
+  data_opts=()
+  for x in "${sets[@]}"; do data_opts+=(--data "$x"); done
+  python -m toolkit.bin.evaluate_frontend --frontend "$exp/export" "${data_opts[@]}" \
+    --out-dir "$exp/eval"
 fi
 
 # Stage 7 is unused.

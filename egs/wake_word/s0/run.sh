@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Train a wake-word detector from the keyword's text alone: synthetic speech (espeak-ng;
-# Kokoro for 15 % of every kind with --frontend phone_frontend; flite or festival only when asked
-# for in engines=), no corpus download, no recorded audio.
+# Kokoro for 15 % of every kind with the default phone front end; flite or festival only when
+# asked for in engines=), no corpus download, no recorded audio.
 #
 #   bash run.sh --keyword "hey snips"                 # all stages
-#   bash run.sh --keyword "hey jarvis" --frontend phone_frontend   # a head on the pretrained front end
+#   bash run.sh --keyword "hey jarvis" --frontend fbank     # a model of its own on fbank
 #   bash run.sh --stage 3 --stop-stage 3              # only training (resumes if killed)
 #   bash run.sh --gpus 0,1                            # two GPUs (or edit gpus= below)
 #   bash run.sh --frontend speech_embedding           # openWakeWord's front end (README.md, "Front ends")
 #
 # Stages (each rerunnable; outputs under $data and $exp):
 #   0 synthesize $data/{train,dev,test} Kaldi dirs + $data/dict/keywords.txt (sizes and
-#     mix: $corpus_config), and the outside test sets $data/outside_<engine>/test
+#     mix: $corpus_config), and the outside test sets $data/outside_<engine>/test; the
+#     general negatives from the negatives cache (neg_cache=true), those that hold the
+#     keyword dropped (logged and counted)
 #   1 data lists $data/*/data.list, the lexicon and CTC units $data/dict/{lexicon,units}.txt,
-#     features $data/*/fbank/ (or speech_embedding/) when precompute_feats
+#     features $data/*/fbank/ (or speech_embedding/) when precompute_feats, the general
+#     negatives' features from the cache (neg_cache=true)
 #   2 global CMVN $data/train/global_cmvn.{json,ark} (global_cmvn_speech_embedding.* for
 #     that front end)
 #   3 training through torchrun into $exp (resumes when rerun)
@@ -57,16 +60,24 @@ engines=""
 # festival needs apt (root).
 outside_engines=""
 nj=2
+# The general negatives (random words, noise alone) are the same for every keyword: with
+# neg_cache=true stage 0 takes them, and stage 1 their features, from the negatives cache
+# ($TOOLKIT_NEG_CACHE, else kws_negatives in $TOOLKIT_CACHE or ~/.cache/toolkit), made
+# there by the first run of these corpus settings and front end; a second keyword then
+# synthesizes and featurizes only its own utterances. The same corpus and features either
+# way.
+neg_cache=true
 
-# Front end: fbank (kaldi-native-fbank), phone_frontend (the toolkit's own pretrained phone
-# front end, frozen: toolkit/pretrained/phone-voicebank-v2) or speech_embedding (openWakeWord
-# 0.5.1's frozen ONNX front end, installed on demand; its models are CC BY-NC-SA 4.0,
-# non-commercial: README.md, "Front ends"). It picks the default config and exp dir and
-# where features go.
-frontend=fbank
-config=""              # default: conf/ds_tcn.yaml (fbank), conf/oww_ds_tcn.yaml (speech_embedding)
+# Front end: phone_frontend (the default and the best on voices no training heard: the
+# toolkit's own pretrained phone front end, frozen, toolkit/pretrained/phone-voicebank-v2),
+# fbank (kaldi-native-fbank: a model of its own from the mel bins) or speech_embedding
+# (openWakeWord 0.5.1's frozen ONNX front end, installed on demand; its models are CC
+# BY-NC-SA 4.0, non-commercial: README.md, "Front ends"). It picks the default config,
+# corpus, engines and exp dir and where features go.
+frontend=phone_frontend
+config=""              # default: conf/phone_ds_tcn.yaml, conf/ds_tcn.yaml (fbank), conf/oww_ds_tcn.yaml (speech_embedding)
 data=data
-exp=""                 # default: exp/ds_tcn (fbank), exp/oww_ds_tcn (speech_embedding)
+exp=""                 # default: exp/phone_ds_tcn, exp/ds_tcn (fbank), exp/oww_ds_tcn (speech_embedding)
 precompute_feats=true  # compute features once (no waveform augmentation then)
 train_speed_copies=""  # with precompute_feats, e.g. 0.9,1.1: speed-perturbed training copies
 train_overrides=""     # extra config overrides, e.g. "training.max_epoch=2 dataset.batch_size=64"
@@ -117,6 +128,12 @@ fi
 # What training reads: precomputed features, or the audio (waveform augmentation).
 list=data.list
 [ "$precompute_feats" = true ] && list=$feat_dir/data.list
+neg_cache_opt=()
+case "$neg_cache" in
+  true) neg_cache_opt=(--neg-cache) ;;
+  false) ;;
+  *) echo "$0: --neg-cache must be true or false, got '$neg_cache'" >&2; exit 1 ;;
+esac
 outside_sets=""
 for e in ${outside_engines//,/ }; do outside_sets="$outside_sets $data/outside_$e/test"; done
 
@@ -129,10 +146,11 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   # $corpus_opts is split into separate options on purpose.
   # shellcheck disable=SC2086
   python -m toolkit.bin.synth_kws_data --config "$corpus_config" $corpus_opts --keyword "$keyword" \
-    --out-dir "$data" --seed "$seed" --engines "$engines" --nj "$nj"
+    --out-dir "$data" --seed "$seed" --engines "$engines" --nj "$nj" "${neg_cache_opt[@]}"
   for e in ${outside_engines//,/ }; do
     python -m toolkit.bin.synth_kws_data --config conf/outside_corpus.yaml --test-only \
-      --keyword "$keyword" --out-dir "$data/outside_$e" --seed "$seed" --engines "$e" --nj "$nj"
+      --keyword "$keyword" --out-dir "$data/outside_$e" --seed "$seed" --engines "$e" --nj "$nj" \
+      "${neg_cache_opt[@]}"
   done
 fi
 
@@ -160,7 +178,8 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
         --config "$config" --nj "$nj" --speed-copies "$train_speed_copies"
       feat_pairs=("${feat_pairs[@]:2}")
     fi
-    python -m toolkit.bin.compute_feats "${feat_pairs[@]}" --config "$config" --nj "$nj"
+    python -m toolkit.bin.compute_feats "${feat_pairs[@]}" --config "$config" --nj "$nj" \
+      "${neg_cache_opt[@]}"
   fi
 fi
 

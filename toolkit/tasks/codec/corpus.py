@@ -218,11 +218,14 @@ class UttSpec:
 
 def plan_split(split: str, n: int, voices: Sequence[Voice], seed: int,
                snr_db: Tuple[float, float], shares: Dict[str, float],
-               sentences: Tuple[int, int] = SENTENCES) -> List[Group]:
+               sentences: Tuple[int, int] = SENTENCES, part: int = 0) -> List[Group]:
     """The utterances of one split in groups of GROUP_SIZE. Each engine's voices are
-    taken in turn (a seeded order), so that every voice speaks about as often."""
+    taken in turn (a seeded order), so that every voice speaks about as often. A `part`
+    > 0 draws from streams of its own (other texts, prosody and noise; the same voices)
+    and tags its utterance ids, so that parts never collide."""
     si = SPLITS.index(split)
-    rng = seeded_rng(seed, 1, si)
+    tail = (part,) if part else ()
+    rng = seeded_rng(seed, 1, si, *tail)
     by_engine: Dict[str, List[Voice]] = {}
     for v in voices:
         by_engine.setdefault(v.engine, []).append(v)
@@ -232,20 +235,21 @@ def plan_split(split: str, n: int, voices: Sequence[Voice], seed: int,
     orders = {e: [by_engine[e][i] for i in rng.permutation(len(by_engine[e]))] for e in engines}
     used = {e: 0 for e in engines}
     width = max(5, len(str(n)))
+    tag = f"p{part:03d}-" if part else ""
     specs = []
     for i in range(n):
         engine = engines[int(rng.choice(len(engines), p=weights))]
         voice = orders[engine][used[engine] % len(orders[engine])]
         used[engine] += 1
         specs.append(UttSpec(
-            utt=f"{voice.spk}-{i:0{width}d}", spk=voice.spk, text=utterance_text(rng, sentences),
+            utt=f"{voice.spk}-{tag}{i:0{width}d}", spk=voice.spk, text=utterance_text(rng, sentences),
             voice=voice, rate=int(rng.integers(RATE_WPM[0], RATE_WPM[1] + 1)),
             pitch=int(rng.integers(PITCH[0], PITCH[1] + 1)),
             prange=int(rng.integers(PITCH_RANGE[0], PITCH_RANGE[1] + 1)),
             level_db=float(rng.uniform(*LEVEL_DBFS)), lead_s=float(rng.uniform(*SILENCE_S)),
             trail_s=float(rng.uniform(*SILENCE_S)), noise=_pick(rng, NOISE_TYPES),
             snr_db=float(rng.uniform(*snr_db))))
-    return [Group(split, g, (int(seed), 2, si, g), specs[start:start + GROUP_SIZE])
+    return [Group(split, g, (int(seed), 2, si, g, *tail), specs[start:start + GROUP_SIZE])
             for g, start in enumerate(range(0, len(specs), GROUP_SIZE))]
 
 
@@ -305,7 +309,7 @@ def summarize(out_dir: str, names: Sequence[str]) -> Dict[str, dict]:
 def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: Engines,
                 n_random_voices: int, max_voices: int, sentences: Tuple[int, int],
                 tmp_dir: str, splits: Sequence[str] = SPLITS,
-                other_share: float = OTHER_ENGINES_SHARE, blends: int = 0
+                other_share: float = OTHER_ENGINES_SHARE, blends: int = 0, part: int = 0
                 ) -> Tuple[List[Group], Dict[str, List[Voice]], Optional[str]]:
     """Groups of `splits`, the voices of every split, and the private espeak-ng data dir of
     the procedural voices (None without them)."""
@@ -331,7 +335,7 @@ def plan_corpus(seed: int, sizes: Sizes, snr_db: Tuple[float, float], engines: E
     shares = engine_shares(engines.names, other_share)
     groups = [g for split in splits
               for g in plan_split(split, getattr(sizes, split), by_split[split], seed,
-                                  snr_db, shares, sentences)]
+                                  snr_db, shares, sentences, part)]
     return groups, by_split, espeak_data
 
 
@@ -340,8 +344,8 @@ def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: 
                     n_random_voices: int = 0, max_voices: int = 0,
                     snr_db: Tuple[float, float] = (5.0, 25.0), noisy: bool = True,
                     sentences: Tuple[int, int] = SENTENCES, test_only: bool = False,
-                    other_share: float = OTHER_ENGINES_SHARE, blends: int = 0
-                    ) -> Dict[str, dict]:
+                    other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
+                    part: int = 0) -> Dict[str, dict]:
     """Writes the corpus (module docstring) and returns summarize()'s figures. Does
     nothing when `out_dir` already holds a complete corpus of the same arguments.
     `n_random_voices`: procedural espeak-ng voices added to the pool before the split;
@@ -350,8 +354,14 @@ def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: 
     espeak-ng speak, alike. `blends`: that many blended voices of each named engine that
     mixes voices (Kokoro). `test_only`: the test dirs alone, on the test voices of the full
     corpus of this seed plus every reserved voice of `engines` (festival's; Kokoro's seven,
-    and no other Kokoro voice or blend)."""
-    splits = ("test",) if test_only else SPLITS
+    and no other Kokoro voice or blend). `part` > 0: more training speech for the
+    corpus of this seed (part 0, the full corpus): the train dirs alone, the same voice
+    split, texts and conditions of the part's own (plan_split), so that a corpus grows by
+    parts in directories of their own and finished parts are never made again."""
+    if part < 0 or (part and test_only):
+        raise SynthError(f"part {part}: parts are >= 0 and add training speech, not with "
+                         "test-only")
+    splits = ("test",) if test_only else ("train",) if part else SPLITS
     for split in splits:
         if getattr(sizes, split) < 1:
             raise SynthError(f"{split}: need at least one utterance, got {getattr(sizes, split)}")
@@ -376,6 +386,8 @@ def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: 
                 "engine_shares": engine_shares(named.names, other_share), "blends": int(blends),
                 "random_voices": int(n_random_voices), "max_voices": int(max_voices),
                 "noisy": bool(noisy), "sentences": [int(x) for x in sentences]}
+    if part:                 # absent for part 0: the stamps of whole corpora stay valid
+        settings["part"] = int(part)
     config = corpus_stamp(FORMAT_VERSION, settings, named)
     out = corpus_dir(out_dir)
     names = output_dirs(noisy, splits)
@@ -388,7 +400,7 @@ def generate_speech(out_dir: str, seed: int = 1234, sizes: Sizes = Sizes(), nj: 
     with out.workspace(config) as tmp_dir:
         groups, by_split, espeak_data = plan_corpus(seed, sizes, snr_db, named, n_random_voices,
                                                     max_voices, sentences, tmp_dir, splits,
-                                                    other_share, blends)
+                                                    other_share, blends, part)
         logger.info("planned %d utterances (%s voices) in %d groups; rendering with nj=%d",
                     sum(len(g.specs) for g in groups),
                     "/".join(str(len(by_split[s])) for s in splits), len(groups), nj)

@@ -5,8 +5,11 @@ utt2kind, kw_times), the WAVs under ``wavs/<split>/``, ``dict/keywords.txt`` (li
 class i), ``dict/tts_engines`` and the voice inventory ``voices.tsv``.
 
 This module is the corpus design (utterance kinds and their mix, voices and prosody, the
-plan, kw_times, the output); the texts (keywords, carriers, negatives, confusables) are
-toolkit.tasks.kws.corpus_text; engines and voices are toolkit.voicebank.corpus, the forked
+plan, the output); the texts (keywords, carriers, negatives, confusables) are
+toolkit.tasks.kws.corpus_text; rendering an utterance, its kw_times and the corpus
+toolkit.tasks.kws.corpus_render; the general negatives (random words, noise alone: the same
+for every keyword, dropped where they hold one, kept in the negatives cache)
+toolkit.tasks.kws.negatives; engines and voices are toolkit.voicebank.corpus, the forked
 rendering, the stamp and the output dir toolkit.voicebank.corpus_dir.
 Engines: those named in ``engines`` speak (espeak-ng alone by default); the engines besides
 espeak-ng speak OTHER_ENGINES_SHARE of the utterances, shared alike. espeak-ng is needed
@@ -28,7 +31,7 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -39,24 +42,30 @@ from toolkit.tasks.kws.corpus_text import (TextFilter, accent_text, accent_varia
                                            confusable_text, hard_confusable_text,
                                            lexicon_words, negative_text, normalize_keyword,
                                            positive_text)
-from toolkit.voicebank import SynthError, Voice, seeded_rng, word_char_starts
+from toolkit.tasks.kws.corpus_render import render_corpus
+from toolkit.tasks.kws.negatives import drop_for_keywords, log_dropped, write_records
+from toolkit.voicebank import SynthError, Voice, seeded_rng
 from toolkit.voicebank.corpus import (OTHER_ENGINES_SHARE, SPLITS, Engines, corpus_stamp,
                                       engine_blends, engine_shares, open_engines, split_by_stratum,
                                       split_with_blends)
 from toolkit.voicebank.corpus_dir import CorpusDir, Group, data_dir_summary
 from toolkit.voicebank.espeak import ACCENTS, INSTALL_HINT, Espeak, espeak_voices
 from toolkit.voicebank.pool import run_forked
-from toolkit.voicebank.render import Clip, Renderer, noise_clip, place_in_noise
-from toolkit.voicebank.signal import NOISE_TYPES, samples
+from toolkit.voicebank.signal import NOISE_TYPES
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 5           # bump when the outputs change, so old stamps are stale
+FORMAT_VERSION = 6           # bump when the outputs change, so old stamps are stale
                              # (2: kw_times, the keyword's span in each positive;
                              # 3: dict/tts_engines, kw_times of flite positives;
                              # 4: the stamp and voices.tsv of toolkit.voicebank.corpus;
-                             # 5: lexicon neighbours, utt2cat, accent variants in test)
+                             # 5: lexicon neighbours, utt2cat, accent variants in test;
+                             # 6: general negatives planned apart, the same for any keyword)
 GROUP_SIZE = 64              # utterances per forked renderer; fixed => nj-independent
+# Streams of seeded_rng(seed, stream, split index): the keyword's own utterances and their
+# groups' generators; the general negatives and theirs (no keyword enters these two).
+KEYWORD_STREAM, KEYWORD_GROUPS, GENERAL_STREAM, GENERAL_GROUPS = 1, 2, 3, 4
+NO_FILTER = TextFilter([], {})      # the general negatives are filtered per keyword later
 STAMP_NAME = ".synth_kws_data.json"
 NOISE_TEXT = "<noise>"
 # Held-out voices per accent (espeak) or engine; the rest is train. Test holds more than
@@ -144,6 +153,13 @@ def _sample_params(rng: np.random.Generator, voices: Sequence[Voice], snr: Tuple
     )
 
 
+def negative_counts(n_neg: int, conf_share: float) -> Tuple[int, int, int]:
+    """(noise-only, confusable, random-word) counts of `n_neg` negatives."""
+    n_noise = int(round(NEG_MIX["noise"] * n_neg))
+    n_conf = min(int(round(conf_share * n_neg)), n_neg - n_noise)
+    return n_noise, n_conf, n_neg - n_conf - n_noise
+
+
 def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
                voices: Sequence[Voice], filt: TextFilter, cats, seed: int,
                snr: Tuple[float, float], other_share: float = OTHER_ENGINES_SHARE,
@@ -154,17 +170,34 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
     negatives are confusables, `hard_share` of those near-homophones of a whole keyword;
     `other_share` of the utterances of `other_kinds` go to the engines besides espeak-ng.
     The test split adds ACCENT_SHARE accent variants (`accents`: keyword -> variants) per
-    positive."""
+    positive. The keyword's own utterances (pos, conf, accent) come first, from a stream
+    of the keyword's; the general negatives (noise alone, random words) follow in groups of
+    their own, from a stream no keyword enters and unfiltered: the same for every keyword,
+    so that they are made once (toolkit.tasks.kws.negatives: the cache, and the filter
+    that drops those that hold a keyword)."""
     si = SPLITS.index(split)
-    rng = seeded_rng(seed, 1, si)
-    n_noise = int(round(NEG_MIX["noise"] * n_neg))
-    n_conf = int(round(conf_share * n_neg))
-    n_conf = min(n_conf, n_neg - n_noise)
+    n_noise, n_conf, n_rand = negative_counts(n_neg, conf_share)
     accent_kws = [k for k in keywords if (accents or {}).get(k)]
     n_accent = int(round(ACCENT_SHARE * n_pos)) if split == "test" and accent_kws else 0
-    kinds = ["pos"] * n_pos + ["conf"] * n_conf + ["noise"] * n_noise + \
-        ["neg"] * (n_neg - n_conf - n_noise) + ["accent"] * n_accent
+    common = dict(voices=voices, snr=snr, other_share=other_share, other_kinds=other_kinds)
+    own = _plan_kinds(split, ["pos"] * n_pos + ["conf"] * n_conf + ["accent"] * n_accent,
+                      seeded_rng(seed, KEYWORD_STREAM, si), (int(seed), KEYWORD_GROUPS, si),
+                      filt, keywords, cats, hard_share, accents or {}, **common)
+    general = _plan_kinds(split, ["noise"] * n_noise + ["neg"] * n_rand,
+                          seeded_rng(seed, GENERAL_STREAM, si), (int(seed), GENERAL_GROUPS, si),
+                          NO_FILTER, (), {}, 0.0, {}, **common)
+    return own + general
+
+
+def _plan_kinds(split: str, kinds: List[str], rng: np.random.Generator, group_seed: Tuple,
+                filt: TextFilter, keywords: Sequence[str], cats, hard_share: float,
+                accents: Dict[str, List[str]], voices: Sequence[Voice],
+                snr: Tuple[float, float], other_share: float,
+                other_kinds: Sequence[str]) -> List[Group]:
+    """Utterances of `kinds` in a random order drawn from `rng`, in groups seeded by
+    `group_seed` + (group index,), each with its babble pool (texts passing `filt`)."""
     kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+    accent_kws = [k for k in keywords if accents.get(k)]
     width = max(5, len(str(len(kinds))))
     specs: List[UttSpec] = []
     n_seen = {"pos": 0, "conf": 0, "hard": 0, "accent": 0}
@@ -216,79 +249,13 @@ def plan_split(split: str, n_pos: int, n_neg: int, keywords: Sequence[str],
             p = _sample_params(rng, talkers, snr, other_share)
             text = negative_text(rng, filt, 8, 14)
             babble.append(UttSpec("babble", p["voice"].spk, "babble", text, **p))
-        groups.append(Group(split, g, (int(seed), 2, si, g), specs[start:start + GROUP_SIZE], babble))
+        groups.append(Group(split, g, group_seed + (g,), specs[start:start + GROUP_SIZE], babble))
     return groups
 
 
 # --------------------------------------------------------------------------------------
-# Rendering (forked children)
+# Probing espeak-ng (a forked child)
 # --------------------------------------------------------------------------------------
-
-def keyword_span(text: str, word_range: Tuple[int, int], word_starts: Sequence[Tuple[int, int]],
-                 rate_in: int, rate_out: int, bounds: Tuple[int, int]) -> Optional[Tuple[float, float]]:
-    """(start, end) seconds of words [a, b) of `text` in the trimmed output audio: from
-    the first word's onset to the next word's onset (or the end of speech). None when
-    the TTS did not report those onsets (espeak-ng reports none for some function words,
-    e.g. "the" in "turn on the lights")."""
-    starts = dict(word_starts)
-    chars = word_char_starts(text)
-    a, b = word_range
-    if chars[a] not in starts or (b < len(chars) and chars[b] not in starts):
-        return None
-    to_out = lambda sample: sample * rate_out / rate_in - bounds[0]
-    length = bounds[1] - bounds[0]
-    start = min(max(to_out(starts[chars[a]]), 0.0), length)
-    end = length if b >= len(chars) else min(max(to_out(starts[chars[b]]), start), length)
-    return start / rate_out, end / rate_out
-
-
-def speak(tts: Renderer, spec: UttSpec, seed: int
-          ) -> Tuple[np.ndarray, Optional[Tuple[float, float]]]:
-    """Trimmed speech, and for positives the keyword's (start, end) seconds in it: from
-    the engine's word onsets, or the whole speech when the text is the keyword alone
-    and the engine times no words; None when neither applies."""
-    clip: Clip = tts.utterance(spec.utt, spec.text, spec.voice, spec.rate, spec.pitch,
-                               spec.prange, seed, time_words=spec.kw_words is not None)
-    span = None
-    if spec.kw_words is not None:
-        if clip.word_onsets:
-            span = keyword_span(spec.text, spec.kw_words, clip.word_onsets, clip.engine_rate,
-                                tts.sample_rate, clip.bounds)
-        elif clip.word_onsets is None and spec.kw_words == (0, len(spec.text.split())):
-            span = (0.0, len(clip.audio) / tts.sample_rate)
-    return clip.audio, span
-
-
-def render_utterance(spec: UttSpec, speech: Optional[np.ndarray], rng: np.random.Generator,
-                     babble_pool: Sequence[np.ndarray], sr: int) -> np.ndarray:
-    """Speech at its level, padded with silence, in noise at the spec's SNR -> int16; a
-    noise-only utterance (`speech` None) is its noise alone at its level."""
-    if speech is None:
-        return noise_clip(rng, sr, spec.level_db, spec.noise, spec.noise_s, babble_pool)
-    return place_in_noise(speech, rng, sr, spec.level_db, spec.noise, spec.snr_db, spec.lead_s,
-                          spec.trail_s, babble_pool)
-
-
-def _render_group(group: Group, tts: Renderer, rng: np.random.Generator, wav_dir: str
-                  ) -> List[Tuple[str, int, Optional[Tuple[float, float]]]]:
-    """Child body: babble pool first, then every utterance; writes WAVs, returns
-    (utterance, samples, keyword span in seconds or None)."""
-    import soundfile as sf
-    sr = tts.sample_rate
-    pool = [tts.clip(b.text, b.voice, b.rate, b.pitch, b.prange, int(rng.integers(2 ** 31))).audio
-            for b in group.babble]
-    out = []
-    for spec in group.specs:
-        tts_seed = int(rng.integers(2 ** 31))
-        speech, span = (None, None) if spec.kind == "noise" else speak(tts, spec, tts_seed)
-        audio = render_utterance(spec, speech, rng, pool, sr)
-        sf.write(os.path.join(wav_dir, spec.utt + ".wav"), audio, sr, subtype="PCM_16")
-        if span is not None:
-            lead = samples(spec.lead_s, sr) / sr      # as place_in_noise pads
-            span = (lead + span[0], lead + span[1])
-        out.append((spec.utt, len(audio), span))
-    return out
-
 
 def _probe(words: Sequence[str], voices: Sequence[Voice]) -> dict:
     """Child body: checks espeak-ng works, which `voices` exist, and phonemizes `words`."""
@@ -363,7 +330,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     train_hard_share: float = TRAIN_HARD_SHARE,
                     other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
                     test_only: bool = False,
-                    other_kinds: Sequence[str] = SPOKEN_KINDS) -> dict:
+                    other_kinds: Sequence[str] = SPOKEN_KINDS, neg_cache: bool = False) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
     `train_conf_share` and `train_hard_share` shape the training negatives only (see
@@ -374,7 +341,11 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     they are made of then all train, the blends are shared out like other voices.
     `test_only` writes the test split alone: the same held-out
     voices as the full corpus of this seed plus every reserved voice of the engines (all
-    of festival's): an evaluation set from other voices and engines."""
+    of festival's): an evaluation set from other voices and engines. `neg_cache`: the
+    general negatives come from the negatives cache (toolkit.tasks.kws.negatives), made
+    there once for every keyword; the corpus is the same as without it. With or without,
+    the general negatives that hold a keyword are dropped (logged; counted in the summary's
+    `dropped_negatives`)."""
     keywords = [normalize_keyword(k) for k in keywords]
     if not keywords:
         raise SynthError("no keyword given: use --keyword 'hey snips'")
@@ -419,38 +390,51 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
 
     t0 = time.time()
     with out.workspace(config) as tmp_dir:
-        groups, by_split = plan_corpus(keywords, seed, sizes, snr_db, named, tmp_dir,
-                                       TrainMix(train_conf_share, train_hard_share), splits,
-                                       other_share, blends, other_kinds)
+        plan = plan_corpus(keywords, seed, sizes, snr_db, named, tmp_dir,
+                           TrainMix(train_conf_share, train_hard_share), splits,
+                           other_share, blends, other_kinds)
         logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
-                    sum(len(g.specs) for g in groups), len(groups), time.time() - t0, nj)
-        results = out.render(groups, lambda g, tts, rng: _render_group(
-            g, tts, rng, out.wav_dir(g.split)), nj, tmp_dir, sample_rate, splits)
-    lengths = {utt: n for res in results for utt, n, _ in res}
-    spans = {utt: span for res in results for utt, _, span in res if span is not None}
+                    sum(len(g.specs) for g in plan.groups), len(plan.groups), time.time() - t0,
+                    nj)
+        dropped = log_dropped(plan.dropped, plan.groups, keywords)
+        lengths, spans, entry = render_corpus(out, plan.groups, plan.dropped, config, nj,
+                                              tmp_dir, sample_rate, splits, neg_cache)
     for split in splits:
-        specs = [s for g in groups if g.split == split for s in g.specs]
+        specs = [s for g in plan.groups if g.split == split for s in g.specs
+                 if s.utt not in plan.dropped]
         write_data_dir(os.path.join(out_dir, split), out.wav_dir(split), specs, lengths,
                        sample_rate, spans)
+    if entry is not None:
+        write_records(out_dir, entry, plan.groups, plan.dropped)
     atomic_write_text(os.path.join(out_dir, "dict", "keywords.txt"),
                       "".join(k + "\n" for k in keywords))
     kaldi.write_table(os.path.join(out_dir, "dict", ENGINES_FILE),
                       {e: f"{share:g}" for e, share in
                        engine_shares(named.names, other_share).items()})
-    out.write_inventory(by_split, {s.spk for g in groups for s in g.specs},
+    out.write_inventory(plan.by_split, {s.spk for g in plan.groups for s in g.specs
+                                        if s.utt not in plan.dropped},
                         config["engine_versions"])
     out.write_stamp(config)
     logger.info("wrote %s in %.1f s", out_dir, time.time() - t0)
-    return summarize(out_dir, splits)
+    summary = summarize(out_dir, splits)
+    for split, n in dropped.items():
+        summary[split]["dropped_negatives"] = n
+    return summary
+
+
+class Plan(NamedTuple):
+    groups: List[Group]                 # every split's, general negatives unfiltered
+    by_split: Dict[str, List[Voice]]    # the voices of each split
+    dropped: Dict[str, str]             # general negatives that hold a keyword: utt -> why
 
 
 def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[float, float],
                 engines: Engines, tmp_dir: str,
                 train_mix: TrainMix = TrainMix(), splits: Sequence[str] = SPLITS,
                 other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
-                other_kinds: Sequence[str] = SPOKEN_KINDS
-                ) -> Tuple[List[Group], Dict[str, List[Voice]]]:
-    """Every group of `splits` and the voices of every split. The speakers: espeak-ng's
+                other_kinds: Sequence[str] = SPOKEN_KINDS) -> Plan:
+    """Every group of `splits`, the voices of every split, and the general negatives the
+    keywords drop (toolkit.tasks.kws.negatives). The speakers: espeak-ng's
     fixed voices when it speaks, and the other engines' voices; reserved voices join the
     test split of a test-only corpus. espeak is only asked (in a forked probe) which voices
     exist and how words sound; the plan itself is pure numpy randomness from `seed`."""
@@ -478,7 +462,7 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
         groups += plan_split(split, *sizes.of(split), keywords, by_split[split], filt, cats,
                              seed, snr_db, other_share, other_kinds=other_kinds,
                              accents=accents, **mix)
-    return groups, by_split
+    return Plan(groups, by_split, drop_for_keywords(groups, filt))
 
 
 def check_other_kinds(kinds: Sequence[str]) -> Tuple[str, ...]:

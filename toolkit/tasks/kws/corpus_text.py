@@ -143,6 +143,31 @@ class TextFilter:
                 return False
         return True
 
+    def keyword_in(self, text: str) -> str:
+        """Why `text` is no negative: `words` (a keyword's words in a row, any case),
+        `spelling` (a keyword's letters spelled by whole words across their boundaries:
+        "a lexa" for "alexa"), `sound` (its phonemes in the text's, as is_negative); ""
+        when it is one."""
+        words = text.lower().split()
+        if any(contains_phrase(words, k) for k in self.keywords):
+            return "words"
+        if any(spelled_across(words, "".join(k)) for k in self.keywords):
+            return "spelling"
+        return "" if self.is_negative(" ".join(words)) else "sound"
+
+
+def spelled_across(words: Sequence[str], letters: str) -> bool:
+    """True when consecutive whole `words` spell `letters` exactly."""
+    for i in range(len(words)):
+        spelled = ""
+        for w in words[i:]:
+            spelled += w
+            if len(spelled) >= len(letters):
+                break
+        if spelled == letters:
+            return True
+    return False
+
 
 def clean_phonemes(s: str) -> str:
     """espeak-ng phonemes without stress marks and word gaps (TextFilter compares these)."""

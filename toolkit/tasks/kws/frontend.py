@@ -36,6 +36,14 @@ def _weights_path(source: str) -> str:
     return source
 
 
+def frontend_files(source: str = DEFAULT_FRONTEND) -> List[str]:
+    """The files the front end `source` is read from: its weights, and the config.json
+    beside them when there is one (a shipped model's): what keys features it computed."""
+    path = _weights_path(source)
+    config = os.path.join(os.path.dirname(path), "config.json")
+    return [path] + ([config] if os.path.isfile(config) else [])
+
+
 class PhoneFrontEnd:
     """The model of a phone_ctc export, eval mode. It leaves torch's thread count alone:
     the feature type below sets one thread in worker processes only."""

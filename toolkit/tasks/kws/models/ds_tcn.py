@@ -96,6 +96,11 @@ class DSTCN(StreamingModel):
         # Deployment scores the mean of the members' posteriors, each maximised over its
         # last `member_window` frames (their spikes need not fall on the same frame).
         member_window: int = 10
+        # Initial scale (BatchNorm weight) of every block's residual branch: a small value
+        # such as 0.1 starts the blocks near the identity, so that blocks added to a
+        # trained network (training.init_checkpoint with init_allow_missing) change its
+        # function little at first; the loaded blocks take their trained values.
+        block_init_gain: float = 1.0
 
     def __init__(self, config: "DSTCN.Config"):
         super().__init__(config)
@@ -130,6 +135,10 @@ class DSTCN(StreamingModel):
         self.num_front_caches = len(front_shapes)
         self.blocks = nn.ModuleList(
             DSConvBlock(width, config.kernel_size, d, config.dropout, members) for d in dilations)
+        if config.block_init_gain <= 0:
+            raise ValueError(f"model.block_init_gain must be > 0, got {config.block_init_gain}")
+        for block in self.blocks:
+            nn.init.constant_(block.norm.weight, config.block_init_gain)
         shapes = front_shapes + [(width, b.depthwise.context) for b in self.blocks]
         self.combiner: Optional[MemberCombiner] = None
         if members > 1:
