@@ -3,6 +3,17 @@ import argparse
 from typing import Dict, List, Optional, Sequence, Tuple
 
 
+def low_high(kind):
+    """An argparse type for `LOW,HIGH` of `kind` (int, float): a clear error otherwise."""
+    def parse(text: str):
+        try:
+            low, high = (kind(x) for x in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected LOW,HIGH, got {text!r}") from None
+        return low, high
+    return parse
+
+
 def path_pairs(parser: argparse.ArgumentParser, paths: Sequence[str],
                names: str) -> List[Tuple[str, str]]:
     """INPUT OUTPUT INPUT OUTPUT ... as (input, output) pairs: one binary start serves a

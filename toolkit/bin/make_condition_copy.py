@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import sys
 
+from toolkit.cli import low_high
 from toolkit.errors import cli
 
 # Option help of each ConditionSettings field (its default is appended).
@@ -54,14 +55,7 @@ def _option(field: dataclasses.Field):
     if kind is str:
         return (lambda text: tuple(x.strip() for x in text.split(",") if x.strip())), \
             "A,B", ",".join(default)
-
-    def pair(text: str):
-        try:
-            low, high = (kind(x) for x in text.split(","))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected LOW,HIGH, got {text!r}") from None
-        return low, high
-    return pair, "LOW,HIGH", ",".join(f"{v:g}" for v in default)
+    return low_high(kind), "LOW,HIGH", ",".join(f"{v:g}" for v in default)
 
 
 def get_args(argv=None):

@@ -24,22 +24,12 @@ import argparse
 import logging
 import sys
 
-from toolkit.cli import parse_with_options_file
+from toolkit.cli import low_high, parse_with_options_file
 from toolkit.errors import cli
 from toolkit.tasks.codec.corpus import SENTENCES, Sizes, generate_speech
 from toolkit.voicebank.corpus import add_voice_bank_arguments
 
 _DEFAULTS = Sizes()
-
-
-def _pair(kind):
-    def parse(text: str):
-        try:
-            low, high = (kind(x) for x in text.split(","))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected LOW,HIGH, got {text!r}") from None
-        return low, high
-    return parse
 
 
 def get_args(argv=None):
@@ -62,9 +52,9 @@ def get_args(argv=None):
         p, engines_note="those besides espeak share --other-share of the utterances",
         blends_note="the blends are split across train/dev/test like other voices",
         test_only_note=" (and test_noisy), sized by --num-test")
-    p.add_argument("--snr", type=_pair(float), default=(5.0, 25.0), metavar="LOW,HIGH",
+    p.add_argument("--snr", type=low_high(float), default=(5.0, 25.0), metavar="LOW,HIGH",
                    help="SNR range in dB of the noisy versions (default 5,25)")
-    p.add_argument("--sentences", type=_pair(int), default=SENTENCES, metavar="LOW,HIGH",
+    p.add_argument("--sentences", type=low_high(int), default=SENTENCES, metavar="LOW,HIGH",
                    help="sentences per utterance (default %d,%d)" % SENTENCES)
     p.add_argument("--no-noisy", dest="noisy", action="store_false",
                    help="write the noise-free dirs only")
