@@ -135,9 +135,12 @@ def test_delay_estimate_recovers_known_shifts(speech):
     # Through noise at 5 dB SNR and an inverted polarity, pooled over two utterances.
     pairs = [(w, -noisy(np.roll(w, 200), 5.0, seed=i)) for i, w in enumerate(speech[0])]
     assert estimate_delay(pairs, SR, 1600) == 200
-    # A codec that keeps only the magnitude (Griffin-Lim phase): within 2 ms.
-    decoded, _ = parse_baseline("melgl:40:100:6").run(np.roll(wave, 300), SR)
-    assert abs(estimate_delay([(wave, decoded)], SR, 1600) - 300) <= 32
+    # A codec that keeps only the magnitude (Griffin-Lim phase), pooled over both
+    # utterances: its waveform peak is arbitrary, so the bound is the envelope's 1 ms
+    # resolution plus the fine search's +-2 ms reach (a wrong coarse lag is off by far more).
+    melgl = parse_baseline("melgl:40:100:6")
+    pairs = [(w, melgl.run(np.roll(w, 300), SR)[0]) for w in speech[0]]
+    assert abs(estimate_delay(pairs, SR, 1600) - 300) <= 48
     ref, dec = apply_delay(wave, np.roll(wave, 37), 37)
     assert len(ref) == len(dec) == len(wave) - 37 and np.array_equal(ref, dec)
     ref, dec = apply_delay(wave, wave[10:], -10)
