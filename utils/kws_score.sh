@@ -12,14 +12,18 @@
 #                            utterance (speaker)
 #   --fuse-zero-shot B       true: score a head on phone posteriors fused with zero-shot
 #                            search of its keywords (compute_posteriors --fuse-zero-shot) (false)
+#   --deployed KEY           also report the set at the threshold MODEL ships with, stored
+#                            under KEY (threshold or fused_threshold; set on a dev set by
+#                            set_threshold) (none)
 set -euo pipefail
 target_fa_per_hour=1.0
 fa_targets=0.5,1,2,5
 bootstrap_unit=speaker
 fuse_zero_shot=false
+deployed=none
 . "$(dirname "$0")/parse_options.sh"
 if [ $# -ne 4 ]; then
-  echo "usage: $0 [--target-fa-per-hour F] [--fa-targets LIST] [--bootstrap-unit U] [--fuse-zero-shot B] MODEL DATA_LIST INVENTORY OUT_DIR" >&2
+  echo "usage: $0 [--target-fa-per-hour F] [--fa-targets LIST] [--bootstrap-unit U] [--fuse-zero-shot B] [--deployed KEY] MODEL DATA_LIST INVENTORY OUT_DIR" >&2
   exit 1
 fi
 model=$1 data_list=$2 inventory=$3 out_dir=$4
@@ -31,7 +35,16 @@ python -m toolkit.bin.compute_posteriors --model "$model" --data-list "$data_lis
 # The decision rule counts in the model's frames (10 ms fbank, 80 ms speech embeddings).
 frame_shift_ms=$(python -c 'import sys; from toolkit.export import read_metadata
 print(read_metadata(sys.argv[1])["feature"]["frame_shift_ms"])' "$model")
-python -m toolkit.bin.score_kws --data-list "$data_list" --posteriors "$out_dir/test_probs.ark" \
+deployed_opt=()
+if [ "$deployed" != none ]; then
+  thr=$(python -c 'import sys; from toolkit.export import read_metadata
+meta = read_metadata(sys.argv[1])
+if sys.argv[2] not in meta:
+    sys.exit(f"{sys.argv[1]}: no {sys.argv[2]} stored (python -m toolkit.bin.set_threshold)")
+print(meta[sys.argv[2]])' "$model" "$deployed")
+  deployed_opt=(--deployed-threshold "$thr")
+fi
+python -m toolkit.bin.score_kws "${deployed_opt[@]}" --data-list "$data_list" --posteriors "$out_dir/test_probs.ark" \
   --inventory "$inventory" --out-dir "$out_dir" --frame-shift-ms "$frame_shift_ms" \
   --target-fa-per-hour "$target_fa_per_hour" --fa-targets "$fa_targets" \
   --bootstrap-unit "$bootstrap_unit"

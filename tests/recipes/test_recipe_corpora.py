@@ -374,9 +374,15 @@ def test_hey_snips_all_stages(hey_snips):
     from toolkit.export import read_metadata
     meta_onnx = read_metadata(str(exp / "export" / "model.onnx"))
     assert meta_onnx["keywords"] == ["hey snips"]
-    selected = json.loads((score / "det.json").read_text())["curves"]["hey snips"]["selected"]
+    # The shipped threshold is the dev set's, never the test's; the test reports at it.
+    dev = json.loads((exp / "score_dev" / "det.json").read_text())
+    assert "/dev/" in dev["config"]["data_list"]
+    selected = dev["curves"]["hey snips"]["selected"]
     assert selected["threshold"] is not None, selected
     assert meta_onnx["threshold"] == pytest.approx(selected["threshold"])
+    deployed = json.loads((score / "det.json").read_text())["deployed"]
+    assert deployed["threshold"] == pytest.approx(meta_onnx["threshold"])
+    assert "at the deployed threshold" in summary
     assert_dev_loss_fell(exp)
 
 
@@ -438,7 +444,10 @@ def test_hi_xiaowen_all_stages(hi_xiaowen):
         assert all(spk[u] == f"nospk_{u.split('-', 1)[1]}" for u in nameless)
     score = exp / "score"
     lines = (score / "summary.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["hi_xiaowen", "nihao_wenwen"]
+    # Each keyword's own operating points, then both at the one threshold shipped (dev's).
+    assert [line.split(":")[0].split(" at the deployed")[0] for line in lines] == [
+        "hi_xiaowen", "nihao_wenwen", "hi_xiaowen", "nihao_wenwen"]
+    assert all("at the deployed threshold" in line for line in lines[2:])
     for line in lines:
         assert line in result.stdout
     assert (score / "det_hi_xiaowen.txt").exists() and (score / "det_nihao_wenwen.txt").exists()

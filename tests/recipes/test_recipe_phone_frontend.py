@@ -83,6 +83,11 @@ def check_fusion_with_zero_shot_search(data, exp, stdout):
     model = str(exp / "export" / "model.onnx")
     meta = read_metadata(model)
     assert 0.0 < meta["fused_threshold"] <= 1.0 and "threshold" in meta
+    # The fused threshold is the dev set's; the test reports at it.
+    dev_fused = json.loads((exp / "score_fused_dev" / "det.json").read_text())
+    assert meta["fused_threshold"] == dev_fused["curves"]["hey jarvis"]["selected"]["threshold"]
+    assert json.loads((exp / "score_fused" / "det.json").read_text())["deployed"][
+        "threshold"] == meta["fused_threshold"]
     chosen = json.loads((exp / "fusion" / "fusion.json").read_text())
     assert meta["fusion_weights"] == chosen["chosen"] and len(chosen["candidates"]) > 20
     head, fused = load_backend(model), load_backend(model, fuse_zero_shot=True)

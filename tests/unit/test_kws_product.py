@@ -68,6 +68,33 @@ def test_neighbours_and_accents_never_set_the_threshold(tmp_path):
     assert plain.selected[0].frr == 1.0 and "product" not in plain.extra
 
 
+def test_a_deployed_threshold_is_reported_beside_the_sets_own(tmp_path):
+    """A threshold chosen on dev: this set's FRR, false alarms and neighbours at it (the
+    lowest grid threshold at or above it), next to the set's own 1 FA/h point."""
+    clips = [(f"p{i:02d}", "pos", "", 0, 0.6 + 0.01 * i) for i in range(20)]   # 0.60-0.79
+    clips += [(f"n{i:02d}", "neg", "", -1, 0.05 + 0.01 * i) for i in range(40)]  # 1 h
+    clips += [(f"c{i:02d}", "conf", "real_word", -1, 0.65) for i in range(5)]
+    clips += [(f"a{i:02d}", "accent", "accent", -1, 0.75) for i in range(4)]
+    data_list, ark, kw = _write(tmp_path, clips)
+    # Dev chose 0.6945 (grid 0.695): the positives at 0.60-0.69 miss, nothing else fires.
+    result = scoring.score(data_list, ark, kw, target_fa_per_hour=1.0,
+                           deployed_threshold=0.6945)
+    dep = result.extra["deployed"]
+    assert dep["threshold"] == 0.695 and dep["requested"] == 0.6945
+    at = dep["keywords"]["hey jarvis"]
+    assert at["frr"] == pytest.approx(0.5) and at["fa_per_hour"] == 0.0
+    assert at["product"]["neighbours"]["fired"] == 0 and at["product"]["accent"]["accepted"] == 4
+    assert result.selected[0].frr == 0.0          # the set's own point is still reported
+    assert result.summary[-1] == ("hey_jarvis at the deployed threshold 0.695 (chosen on dev): "
+                                  "FRR 50.0%, 0.00 FA/h of general negatives; neighbours fire "
+                                  "0/5; accent variants accepted 4/4")
+    # A low one: every negative above it fires.
+    low = scoring.score(data_list, ark, kw, deployed_threshold=0.0)
+    assert low.extra["deployed"]["keywords"]["hey jarvis"]["fa_per_hour"] == pytest.approx(40.0)
+    with pytest.raises(ValueError, match="outside"):
+        scoring.score(data_list, ark, kw, deployed_threshold=1.5)
+
+
 def test_product_report_counts_voices_per_phrase():
     C = product.ClipOutcome
     rep = product.product_report([C("pos", True), C("pos", False),

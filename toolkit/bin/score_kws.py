@@ -78,6 +78,9 @@ def get_args(argv=None):
                              "the spread over another set of voices (default %(default)s)")
     parser.add_argument("--bootstrap-seed", type=int, default=0,
                         help="seed of the resampling (default %(default)s)")
+    parser.add_argument("--deployed-threshold", type=float, default=None, metavar="T",
+                        help="the threshold the model ships with (chosen on a dev set): also "
+                             "report this set's FRR, FA/h, neighbours and accents at it")
     parser.add_argument("--plot-max-fa-per-hour", type=float, default=None,
                         help="x-axis limit of det.png (default max(5, 2.5 x largest target))")
     args = parser.parse_args(argv)
@@ -116,7 +119,8 @@ def main(argv=None) -> int:
                                bootstrap_replicates=args.bootstrap,
                                bootstrap_seed=args.bootstrap_seed,
                                frame_shift_ms=args.frame_shift_ms,
-                               bootstrap_unit=args.bootstrap_unit)
+                               bootstrap_unit=args.bootstrap_unit,
+                               deployed_threshold=args.deployed_threshold)
     except (ValueError, OSError) as err:
         return report(err)
     config = {
@@ -127,6 +131,7 @@ def main(argv=None) -> int:
         "threshold_tail_decades": args.threshold_tail_decades, "target_fa_per_hour": args.target_fa_per_hour,
         "fa_targets": args.fa_targets, "bootstrap": args.bootstrap,
         "bootstrap_seed": args.bootstrap_seed, "bootstrap_unit": args.bootstrap_unit,
+        "deployed_threshold": args.deployed_threshold,
     }
     scoring.write_outputs(args.out_dir, result, config, args.plot_max_fa_per_hour)
     for line in result.summary:

@@ -15,7 +15,8 @@
 #   3 training through torchrun into $exp (resumes when rerun)
 #   4 average the best $average_num checkpoints by dev loss -> $exp/avg_$average_num.pt
 #   5 export TorchScript/ONNX/safetensors -> $exp/export/ (parity-checked)
-#   6 FRR vs false alarms per hour on the test set -> $exp/score/ (summary printed)
+#   6 the shipped threshold at $target_fa_per_hour FA/h of the dev set ($exp/score_dev/), then
+#     FRR vs false alarms per hour on the test set -> $exp/score/ (summary printed)
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./path.sh
@@ -153,10 +154,13 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     echo "stage 6: $data/test has no utt2spk: FRR intervals resample utterances"
     bootstrap_unit=utterance
   fi
+  # The threshold the models ship with meets target_fa_per_hour on the dev set; the test
+  # set reports its own operating points and what a user gets at that threshold.
   utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
-    "$exp/export/model.onnx" "$data/test/$list" "$dict" "$exp/score"
-  # The threshold for target_fa_per_hour goes into the exported models.
-  python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score"
+    "$exp/export/model.onnx" "$data/dev/$list" "$dict" "$exp/score_dev"
+  python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score_dev"
+  utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+    --deployed threshold "$exp/export/model.onnx" "$data/test/$list" "$dict" "$exp/score"
   echo "summary ($exp/score/summary.txt):"
   cat "$exp/score/summary.txt"
   echo "false alarms, per-speaker misses and missed utterances at that threshold:" \

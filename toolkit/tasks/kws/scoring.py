@@ -325,10 +325,16 @@ def score(data_list: str, posteriors: str, keywords_path: str,
           bootstrap_replicates: int = 0, bootstrap_seed: int = 0,
           bootstrap_level: float = 0.95,
           frame_shift_ms: float = DEFAULT_FRAME_SHIFT_MS,
-          bootstrap_unit: str = "utterance") -> ScoreResult:
+          bootstrap_unit: str = "utterance",
+          deployed_threshold: Optional[float] = None) -> ScoreResult:
     """Read the inputs, score every keyword, pick operating points (with bootstrap
     intervals of their FRR when `bootstrap_replicates` > 0) and list the errors at the
-    threshold selected for `target_fa_per_hour`."""
+    threshold selected for `target_fa_per_hour`.
+
+    `deployed_threshold`: the threshold a model ships with (chosen on a dev set); this
+    set's FRR, false alarms per hour and product report are also given at it (at the
+    lowest grid threshold >= it), since the set's own operating points are chosen on
+    the set itself."""
     if bootstrap_unit not in BOOTSTRAP_UNITS:  # checked before any file is read
         raise ValueError(f"bootstrap unit must be one of {', '.join(BOOTSTRAP_UNITS)}, "
                          f"got {bootstrap_unit!r}")
@@ -398,11 +404,26 @@ def score(data_list: str, posteriors: str, keywords_path: str,
                                    selected[k].threshold, target_fa_per_hour,
                                    float(det.negative_hours[k]), smooth_frames, frame_shift_ms))
     extra = {"num_utterances": len(utts), "num_scored": len(present) + len(apart)}
-    if any(u.kind for u in present + apart):
+    has_kinds = any(u.kind for u in present + apart)
+    if has_kinds:
         reports = product_reports(present + apart, firings + apart_firings, keywords,
-                                  det.thresholds, selected, target_fa_per_hour)
+                                  det.thresholds, [p.threshold for p in selected],
+                                  target_fa_per_hour)
         extra["product"] = reports
         summary += [product.summary_line(keyword_file_name(kw), reports[kw]) for kw in keywords]
+    if deployed_threshold is not None:
+        g = grid_index(det.thresholds, deployed_threshold)
+        thr = float(det.thresholds[g])
+        reports = (product_reports(present + apart, firings + apart_firings, keywords,
+                                   det.thresholds, [thr] * len(keywords), target_fa_per_hour)
+                   if has_kinds else {})
+        deployed = {"requested": float(deployed_threshold), "threshold": thr, "keywords": {}}
+        for k, kw in enumerate(keywords):
+            entry = {"frr": float(frr[g, k]), "fa_per_hour": float(fa[g, k]),
+                     "product": reports.get(kw)}
+            deployed["keywords"][kw] = entry
+            summary.append(deployed_line(keyword_file_name(kw), thr, entry))
+        extra["deployed"] = deployed
     if intervals is not None:
         extra["bootstrap"] = {
             "replicates": bootstrap_replicates, "level": bootstrap_level, "seed": bootstrap_seed,
@@ -413,14 +434,35 @@ def score(data_list: str, posteriors: str, keywords_path: str,
                        summary=summary, missing_keys=missing, extra=extra, errors=errors)
 
 
+def grid_index(thresholds: np.ndarray, threshold: float) -> int:
+    """The lowest grid threshold >= `threshold` (the highest where none is)."""
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"deployed threshold {threshold} is outside [0, 1]")
+    return min(int(np.searchsorted(thresholds, threshold - 1e-12)), len(thresholds) - 1)
+
+
+def deployed_line(name: str, threshold: float, entry: Dict) -> str:
+    """One summary line: FRR and false alarms per hour at the shipped threshold, with
+    neighbours and accents when the set has them."""
+    line = (f"{name} at the deployed threshold {threshold:.6g} (chosen on dev): FRR "
+            f"{100 * entry['frr']:.1f}%, {entry['fa_per_hour']:.2f} FA/h")
+    rep = entry.get("product")
+    if rep:
+        n, a = rep["neighbours"], rep["accent"]
+        line += (f" of general negatives; neighbours fire {n['fired']}/{n['clips']}; "
+                 f"accent variants accepted {a['accepted']}/{a['clips']}")
+    return line
+
+
 def product_reports(utts: Sequence[Utterance], firings: List[Tuple], keywords: Sequence[str],
-                    thresholds: np.ndarray, selected: Sequence[OperatingPoint],
+                    thresholds: np.ndarray, chosen: Sequence[Optional[float]],
                     target_fa_per_hour: float) -> Dict[str, Dict]:
-    """Per keyword, toolkit.tasks.kws.product's report at its selected threshold: a clip
-    fired when the decision rule fired that keyword on it there."""
+    """Per keyword, toolkit.tasks.kws.product's report at its chosen grid threshold (None:
+    none met the target): a clip fired when the decision rule fired that keyword on it
+    there."""
     out = {}
     for k, kw in enumerate(keywords):
-        thr = selected[k].threshold
+        thr = chosen[k]
         g = None if thr is None else int(np.searchsorted(thresholds, thr))
         clips = []
         for u, (kws, lo, hi, frames) in zip(utts, firings):
