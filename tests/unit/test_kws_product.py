@@ -87,7 +87,7 @@ def test_a_deployed_threshold_is_reported_beside_the_sets_own(tmp_path):
     assert result.selected[0].frr == 0.0          # the set's own point is still reported
     assert result.summary[-1] == ("hey_jarvis at the deployed threshold 0.695 (chosen on dev): "
                                   "FRR 50.0%, 0.00 FA/h of general negatives; neighbours fire "
-                                  "0/5; accent variants accepted 4/4")
+                                  "0.0% (0/5); accent variants accepted 100.0% (4/4)")
     # A low one: every negative above it fires.
     low = scoring.score(data_list, ark, kw, deployed_threshold=0.0)
     assert low.extra["deployed"]["keywords"]["hey jarvis"]["fa_per_hour"] == pytest.approx(40.0)

@@ -10,6 +10,7 @@ import torch
 import toolkit.tasks  # noqa: F401
 from toolkit.config import TASKS, load_config, resolve_config
 from toolkit.config import load_yaml
+from toolkit.config.schema import to_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "egs", "*", "*", "conf", "*.yaml"))
@@ -59,3 +60,13 @@ def test_codec_gpu_config_is_dac_scale():
     generator = count(modules["generator"])
     assert 70e6 < generator < 78e6, generator      # README: about 74 M (DAC 16 kHz)
     assert count(modules["discriminator"]) > 10e6
+
+
+def test_the_v3_head_differs_from_the_readmes_only_in_its_front_end():
+    conf = os.path.join(ROOT, "egs", "wake_word", "s0", "conf")
+    v2, v3 = (load_config(os.path.join(conf, n)) for n in ("phone_ds_tcn.yaml",
+                                                           "phone_ds_tcn_v3.yaml"))
+    assert v2.dataset.feature.frontend_model == "pretrained:phone-voicebank-v2"
+    assert v3.dataset.feature.frontend_model == "pretrained:phone-voicebank-v3"
+    v3.dataset.feature.frontend_model = v2.dataset.feature.frontend_model
+    assert to_dict(v3) == to_dict(v2)

@@ -102,6 +102,11 @@ def _pct(x: Optional[float]) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
 
 
+def share_text(count: int, total: int) -> str:
+    """'5.9% (40/675)', or '— (0/0)' of nothing."""
+    return f"{_pct(_share(count, total))} ({count}/{total})"
+
+
 def summary_line(name: str, rep: Dict) -> str:
     """One line: FRR, neighbours firing and accent variants accepted at the threshold."""
     if rep["threshold"] is None:

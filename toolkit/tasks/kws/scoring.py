@@ -449,8 +449,8 @@ def deployed_line(name: str, threshold: float, entry: Dict) -> str:
     rep = entry.get("product")
     if rep:
         n, a = rep["neighbours"], rep["accent"]
-        line += (f" of general negatives; neighbours fire {n['fired']}/{n['clips']}; "
-                 f"accent variants accepted {a['accepted']}/{a['clips']}")
+        line += (f" of general negatives; neighbours fire {product.share_text(n['fired'], n['clips'])}"
+                 f"; accent variants accepted {product.share_text(a['accepted'], a['clips'])}")
     return line
 
 
