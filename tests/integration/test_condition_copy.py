@@ -19,6 +19,7 @@ from toolkit.data import kaldi
 from toolkit.errors import DataError, MissingInputError
 from toolkit.voicebank import conditions
 from toolkit.voicebank.channel import ConditionSettings
+from file_tree import file_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SR = 16000
@@ -71,15 +72,7 @@ def reference(src, tmp_path_factory):
 
 def files_of(out):
     """{relative path: bytes} of everything in a copy, wav.scp's paths made relative."""
-    found = {}
-    for folder, _, names in os.walk(out):
-        for name in names:
-            path = os.path.join(folder, name)
-            data = open(path, "rb").read()
-            if name == "wav.scp":
-                data = data.replace(os.path.abspath(out).encode(), b"OUT")
-            found[os.path.relpath(path, out)] = data
-    return found
+    return file_tree(out, relative_in=("wav.scp",))
 
 
 def mtimes(out):

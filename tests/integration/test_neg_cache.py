@@ -3,7 +3,6 @@ toolkit.entry_cache) on real espeak-ng speech and the pretrained phone front end
 keyword reuses the general negatives and their features (the same bytes and features as
 without the cache), a negative that holds the new keyword is dropped and counted, a damaged
 entry is named and rebuilt, and two runs at once build each entry once."""
-import hashlib
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ import pytest
 
 from toolkit.bin import make_datalist
 from toolkit.tasks.kws import corpus as S, corpus_text as T, negatives as N
+from file_tree import file_digests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "egs", "wake_word", "s0", "conf", "phone_ds_tcn.yaml")
@@ -41,19 +41,11 @@ def _table(path):
         return dict(line.rstrip("\n").split(" ", 1) for line in f)
 
 
-def _digest(out_dir, skip=(N.RECORD_NAME,)):
-    """sha256 of every corpus file (absolute paths in wav.scp made relative)."""
-    out = {}
-    for root, _, names in os.walk(out_dir):
-        for name in names:
-            path = os.path.join(root, name)
-            if name in skip or FEATS in path or name == "data.list":
-                continue
-            data = open(path, "rb").read()
-            if name == "wav.scp":
-                data = data.replace(os.path.abspath(out_dir).encode(), b"OUT")
-            out[os.path.relpath(path, out_dir)] = hashlib.sha256(data).hexdigest()
-    return out
+def _digest(out_dir):
+    """sha256 of every corpus file but the cache record, features and data lists (absolute
+    paths in wav.scp made relative)."""
+    return file_digests(out_dir, relative_in=("wav.scp",), skip=lambda rel: FEATS in rel or (
+        os.path.basename(rel) in (N.RECORD_NAME, "data.list")))
 
 
 def _features(data, neg_cache=True):

@@ -1,6 +1,5 @@
 """Tests of the TTS layer (toolkit.voicebank) and the synthetic wake-word corpus on top of it
 (toolkit.tasks.kws.corpus)."""
-import hashlib
 import json
 import os
 import shutil
@@ -17,6 +16,7 @@ from toolkit.voicebank import Voice, espeak as E, flite as F, signal as sig
 from toolkit.voicebank.corpus import open_engines
 from toolkit.voicebank.engines import ENGINES, engine_class
 from toolkit.voicebank.render import Renderer
+from file_tree import file_digests
 from installed import require_engine
 
 
@@ -53,15 +53,7 @@ def _dict(path):
 
 def _digest(out_dir):
     """sha256 of every output file; absolute paths in wav.scp made relative."""
-    out = {}
-    for root, _, names in os.walk(out_dir):
-        for n in names:
-            p = os.path.join(root, n)
-            data = open(p, "rb").read()
-            if n == "wav.scp":
-                data = data.replace(os.path.abspath(out_dir).encode(), b"OUT")
-            out[os.path.relpath(p, out_dir)] = hashlib.sha256(data).hexdigest()
-    return out
+    return file_digests(out_dir, relative_in=("wav.scp",))
 
 
 def test_data_dirs_well_formed(corpus):

@@ -17,6 +17,7 @@ from toolkit.tasks.speaker import corpus as speaker
 from toolkit.voicebank import SynthError, Voice
 from toolkit.voicebank import corpus as C, corpus_dir as D
 from toolkit.voicebank.espeak import espeak_voices
+from file_tree import file_tree
 from installed import require_engine, require_root_and_unshare
 
 
@@ -57,14 +58,7 @@ def read_table(path):
 
 def tree(root):
     """relative path -> bytes of every file under `root` (its own path made relative)."""
-    out = {}
-    for folder, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = f.read().replace(
-                    os.path.abspath(root).encode(), b"<root>")
-    return out
+    return file_tree(root)
 
 
 def spoken_voices(groups):

@@ -21,6 +21,7 @@ from toolkit.voicebank import Voice, is_reserved
 from toolkit.voicebank.corpus import Engines, voice_family
 from toolkit.voicebank.espeak import VARIANTS, espeak_voices
 from toolkit.voicebank.kokoro import kokoro_voices
+from file_tree import file_tree
 from installed import require_engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -163,13 +164,7 @@ def synth(out, *args, status=0):
 
 def tree(root):
     """relative path -> bytes of every file the generator wrote (paths made relative)."""
-    out = {}
-    for d, _, files in os.walk(root):
-        for f in files:
-            path = os.path.join(d, f)
-            out[os.path.relpath(path, root)] = open(path, "rb").read().replace(
-                str(root).encode(), b"<root>")
-    return out
+    return file_tree(root)
 
 
 @pytest.fixture(scope="module")
