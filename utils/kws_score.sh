@@ -32,18 +32,17 @@ fuse=""
 
 python -m toolkit.bin.compute_posteriors --model "$model" --data-list "$data_list" \
   --output "$out_dir/test_probs.ark" $fuse
-# The decision rule counts in the model's frames (10 ms fbank, 80 ms speech embeddings).
-frame_shift_ms=$(python -c 'import sys; from toolkit.export import read_metadata
-print(read_metadata(sys.argv[1])["feature"]["frame_shift_ms"])' "$model")
-deployed_opt=()
-if [ "$deployed" != none ]; then
-  thr=$(python -c 'import sys; from toolkit.export import read_metadata
+# The decision rule counts in the model's frames (10 ms fbank, 80 ms speech embeddings);
+# with --deployed, the threshold stored under that key comes along (one metadata read).
+read -r frame_shift_ms thr < <(python -c 'import sys; from toolkit.export import read_metadata
 meta = read_metadata(sys.argv[1])
-if sys.argv[2] not in meta:
-    sys.exit(f"{sys.argv[1]}: no {sys.argv[2]} stored (python -m toolkit.bin.set_threshold)")
-print(meta[sys.argv[2]])' "$model" "$deployed")
-  deployed_opt=(--deployed-threshold "$thr")
-fi
+key = sys.argv[2]
+if key != "none" and key not in meta:
+    sys.exit(f"{sys.argv[1]}: no {key} stored (python -m toolkit.bin.set_threshold)")
+print(meta["feature"]["frame_shift_ms"], meta[key] if key != "none" else "")' "$model" "$deployed")
+[ -n "${frame_shift_ms:-}" ] || exit 1
+deployed_opt=()
+[ "$deployed" != none ] && deployed_opt=(--deployed-threshold "$thr")
 python -m toolkit.bin.score_kws "${deployed_opt[@]}" --data-list "$data_list" --posteriors "$out_dir/test_probs.ark" \
   --inventory "$inventory" --out-dir "$out_dir" --frame-shift-ms "$frame_shift_ms" \
   --target-fa-per-hour "$target_fa_per_hour" --fa-targets "$fa_targets" \
