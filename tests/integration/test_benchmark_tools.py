@@ -17,8 +17,10 @@ sys.path.insert(0, BENCH)
 from trainer_memory import parse_finished  # noqa: E402
 
 
-def run_tool(*args, timeout=600):
+def run_tool(*args, timeout=600, tmp_dir=None):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if tmp_dir:
+        env["TMPDIR"] = tmp_dir
     env.pop("GLIBC_TUNABLES", None)
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -89,10 +91,14 @@ def test_kws_throughput_corpus_sizes():
 
 def test_trainer_memory_measures_a_speaker_run_on_two_ranks(tmp_path):
     corpus = SpeakerCorpus(str(tmp_path / "speakers"))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     out = run_tool(os.path.join(BENCH, "trainer_memory.py"), "--config", corpus.config,
                    "--items-per-step", "16", "--nproc", "2", "--", "--train-data",
                    corpus.train, "--dev-data", corpus.dev, "--inventory", corpus.inventory,
-                   "training.max_epoch=1")
+                   "training.max_epoch=1", tmp_dir=str(tmp))
+    # The exp dir it made for the run (checkpoints) is gone with it.
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("trainer_memory_")]
     r = rows_of(out)
     # 36 utterances, 18 per rank in batches of 8: 3 steps.
     assert r["steps"] == 3 and r["checksum"] and r["dev"].startswith("eer "), r

@@ -127,15 +127,20 @@ def parse_finished(log: str) -> Optional[re.Match]:
 def train_and_measure(trainer_args: Sequence[str], torchrun: bool = True,
                       cwd: str = ROOT, env: Optional[Dict[str, str]] = None,
                       nproc: int = 1) -> Dict:
-    """Runs `toolkit.bin.train trainer_args` (a fresh exp dir unless --exp-dir is given)
-    with the toolkit of the checkout `cwd` and returns the figures the module docstring
-    lists; exits with the trainer's stderr when it fails."""
+    """Runs `toolkit.bin.train trainer_args` (in a temporary exp dir, removed afterwards,
+    unless --exp-dir is given) with the toolkit of the checkout `cwd` and returns the
+    figures the module docstring lists; exits with the trainer's stderr when it fails."""
+    if "--exp-dir" in trainer_args:
+        return _train_and_measure(list(trainer_args), torchrun, cwd, env, nproc)
+    with tempfile.TemporaryDirectory(prefix="trainer_memory_") as exp:
+        return _train_and_measure([*trainer_args, "--exp-dir", exp], torchrun, cwd, env, nproc)
+
+
+def _train_and_measure(args: List[str], torchrun: bool, cwd: str, env: Optional[Dict[str, str]],
+                       nproc: int) -> Dict:
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.abspath(cwd)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    args = list(trainer_args)
-    if "--exp-dir" not in args:
-        args += ["--exp-dir", tempfile.mkdtemp(prefix="trainer_memory_")]
     exp = args[args.index("--exp-dir") + 1]
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] \
         if torchrun else []
