@@ -124,6 +124,20 @@ def test_value_checks():
     with pytest.raises(ConfigError, match=r"vtlp_range: warp factors must lie in \[0.5, 2.0\]"):
         load_config(RECIPE, ["dataset.vtlp_range=[0.0,1.1]"])
     assert load_config(RECIPE, ["dataset.vtlp_range=[0.9,1.1]"]).dataset.vtlp_range == [0.9, 1.1]
+    # Posterior temperatures: phone posteriors only, >= 1, named in the error.
+    phone = os.path.join(os.path.dirname(RECIPE), "phone_ds_tcn.yaml")
+    assert load_config(phone, ["dataset.posterior_temperature=[1.0,1.5]"]) \
+        .dataset.posterior_temperature == [1.0, 1.5]
+    for config, override, message in (
+            (RECIPE, "[1.0,1.5]", "posterior_temperature flattens log phone posteriors: it "
+                                  "needs dataset.feature.type phone_frontend .* got fbank"),
+            (phone, "[0.5,1.5]", r"posterior_temperature: temperatures must lie in \[1.0, 4.0\]"),
+            (phone, "[1.5,1.0]", r"posterior_temperature: expected \[low, high\]")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(config, [f"dataset.posterior_temperature={override}"])
+    with pytest.raises(ConfigError, match=r"got phone_frontend \(hidden\)"):
+        load_config(phone, ["dataset.posterior_temperature=[1.0,1.5]",
+                            "dataset.feature.frontend_output=hidden"])
     for bad, message in (("prob=1.5", "voice_perturb.prob must be in"),
                          ("low_range=[1.2,0.8]", "voice_perturb.low_range: expected"),
                          ("high_range=[0.1,1.0]", "voice_perturb.high_range: warp factors"),

@@ -676,3 +676,34 @@ def test_a_worker_whose_trainer_died_before_it_started_ends():
     if alive:
         os.kill(worker, signal.SIGKILL)
     assert not alive, "the orphaned loader worker outlived its trainer by 5 s"
+
+
+def test_posterior_temperature_flattens_training_posteriors_only():
+    """Log phone posteriors at temperature T > 1 stay log posteriors (each frame sums to
+    1), keep each frame's ranking and grow flatter; the pipeline draws T per utterance
+    for training only, and draws nothing when the option is off."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, (50, 53))
+    log_post = (logits - np.log(np.exp(logits).sum(1, keepdims=True))).astype(np.float32)
+
+    def entropy(lp):
+        return float(-(np.exp(lp) * lp).sum(1).mean())
+
+    flat = augment.flatten_log_posteriors(log_post, 1.5)
+    np.testing.assert_allclose(np.exp(flat).sum(1), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(flat.argmax(1), log_post.argmax(1))
+    assert entropy(flat) > entropy(log_post) + 0.2
+    assert augment.flatten_log_posteriors(log_post, 1.0) is log_post
+
+    on = DatasetConfig(posterior_temperature=[1.2, 2.0])
+    train = FeaturePipeline(on, seed=5, train=True)
+    out = train.augment_features(log_post, np.random.default_rng(1))
+    np.testing.assert_allclose(np.exp(out).sum(1), 1.0, atol=1e-5)
+    assert entropy(out) > entropy(augment.flatten_log_posteriors(log_post, 1.2)) - 1e-6
+    dev = FeaturePipeline(on, seed=5, train=False)
+    np.testing.assert_array_equal(dev.augment_features(log_post, np.random.default_rng(1)),
+                                  log_post)
+    # Off: the generator is left where it was (older configs' random streams unchanged).
+    gen = np.random.default_rng(2)
+    FeaturePipeline(DatasetConfig(), seed=5, train=True).augment_features(log_post, gen)
+    assert gen.random() == np.random.default_rng(2).random()

@@ -115,6 +115,10 @@ class DatasetConfig:
     # per utterance, on the fbank features (so it also works on precomputed ones).
     vtlp_range: List[float] = field(default_factory=list)
     voice_perturb: VoicePerturbConfig = field(default_factory=VoicePerturbConfig)
+    # Log phone posteriors (feature.type phone_frontend, frontend_output posteriors) divided
+    # by a temperature drawn per utterance from [low, high] >= 1 and renormalised, e.g.
+    # [1.0, 1.5]: flatter posteriors, as the front end gives on voices unlike its own.
+    posterior_temperature: List[float] = field(default_factory=list)
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     reverb: ReverbConfig = field(default_factory=ReverbConfig)
     spec_aug: SpecAugConfig = field(default_factory=SpecAugConfig)

@@ -262,6 +262,17 @@ def check_dataset(d: DatasetConfig) -> None:
     if d.vtlp_range and not 0.5 <= d.vtlp_range[0] <= d.vtlp_range[1] <= 2.0:
         raise ConfigError(f"dataset.vtlp_range: warp factors must lie in [0.5, 2.0], "
                           f"got {d.vtlp_range}")
+    _check_range_pair(d.posterior_temperature, "dataset.posterior_temperature")
+    if d.posterior_temperature:
+        if not 1.0 <= d.posterior_temperature[0] <= d.posterior_temperature[1] <= 4.0:
+            raise ConfigError("dataset.posterior_temperature: temperatures must lie in "
+                              f"[1.0, 4.0], got {d.posterior_temperature}")
+        if (d.feature.type, d.feature.frontend_output) != ("phone_frontend", "posteriors"):
+            raise ConfigError("dataset.posterior_temperature flattens log phone posteriors: it "
+                              "needs dataset.feature.type phone_frontend with frontend_output "
+                              f"posteriors, got {d.feature.type}"
+                              + (f" ({d.feature.frontend_output})"
+                                 if d.feature.type == "phone_frontend" else ""))
     vp = d.voice_perturb
     if not 0.0 <= vp.prob <= 1.0:
         raise ConfigError(f"dataset.voice_perturb.prob must be in [0, 1], got {vp.prob}")

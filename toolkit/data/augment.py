@@ -94,6 +94,17 @@ def tilt_spectrum(feats: np.ndarray, tilt_db: float) -> np.ndarray:
     return (feats + (tilt_db * math.log(10.0) / 10.0) * ramp).astype(np.float32)
 
 
+def flatten_log_posteriors(log_post: np.ndarray, temperature: float) -> np.ndarray:
+    """Log posteriors divided by `temperature` and renormalised per frame (a log-softmax):
+    above 1, each frame's distribution is flatter, its ranking of the units unchanged."""
+    if temperature == 1.0 or log_post.shape[0] == 0:
+        return log_post
+    x = log_post.astype(np.float64) / temperature
+    x -= x.max(axis=1, keepdims=True)
+    x -= np.log(np.exp(x).sum(axis=1, keepdims=True))
+    return x.astype(np.float32)
+
+
 def spec_augment(feats: np.ndarray, rng: np.random.Generator, num_time_masks: int,
                  max_time_width: int, num_freq_masks: int, max_freq_width: int) -> np.ndarray:
     """Masks random time and frequency stripes. Features are raw fbank here (CMVN lives

@@ -138,6 +138,9 @@ class FeaturePipeline:
             low, high = float(rng.uniform(*vp.low_range)), float(rng.uniform(*vp.high_range))
             feats = augment.warp_frequency(feats, low, self.mel_centers, high, vp.split_hz)
             feats = augment.tilt_spectrum(feats, float(rng.uniform(*vp.tilt_db)))
+        if self.train and self.cfg.posterior_temperature:
+            temperature = float(rng.uniform(*self.cfg.posterior_temperature))
+            feats = augment.flatten_log_posteriors(feats, temperature)
         sa = self.cfg.spec_aug
         if self.train and sa.enabled and spec_aug:
             feats = augment.spec_augment(feats, rng, sa.num_time_masks, sa.max_time_width,
