@@ -20,7 +20,8 @@
 #     ({train,dev,test}_noisy: white/pink/brown/babble at 5-25 dB SNR, as wake-word audio
 #     is); more training speech in parts $data/part_K/train (K = 1 .. num_parts-1: the same
 #     voices, other texts; a finished part is never made again, a killed one resumes from
-#     the clip cache); with --extra-engines, a corpus of those engines $data/extra; with
+#     the clip cache); with --extra-engines, a corpus of each engine group
+#     $data/extra_<group> (adding a group adds its corpus, the others stay); with
 #     conditions=true a copy of every training dir in a room or a channel (<dir>_cond); the
 #     outside test sets $data/reserved/test (Kokoro's reserved voices) and
 #     $data/festival/test, with their _noisy and _cond copies
@@ -66,9 +67,12 @@ corpus_opts=""     # generator options over $corpus_config, e.g. "--num-train 20
 seed=1234
 engines=espeak,kokoro   # TTS engines of the training corpus (comma list)
 num_parts=1             # parts of training speech (part 0 is the corpus itself)
-extra_engines=""        # e.g. pico,rhvoice: a corpus of its own ($extra_config), train and dev join
+# Corpora of other engines ($extra_config each; train and dev join): a comma list of groups,
+# engines of one corpus joined by "+" (each corpus needs three voices for its train, dev and
+# test splits), e.g. pico+rhvoice,mbrola -> $data/extra_pico_rhvoice and $data/extra_mbrola.
+extra_engines=""
 extra_config=conf/extra_corpus.yaml
-nonfree=false           # true lets tools/install_voices.sh add Debian contrib/non-free (pico, rhvoice)
+nonfree=false           # true lets tools/install_voices.sh add Debian contrib/non-free (pico, rhvoice, mbrola)
 conditions=true         # copies of the training dirs and outside tests in rooms and channels
 num_test_reserved=40    # utterances of Kokoro's reserved voices
 num_test_outside=60     # utterances of festival's voices
@@ -81,7 +85,7 @@ train_overrides=""   # extra config overrides, e.g. "training.max_epoch=40"
 amp=auto             # auto: bf16 autocast on GPUs, fp32 on CPU (where bf16 is 10-60x slower); true | false
 average_num=5
 
-pretrained_name=phone-voicebank-v3   # stage 8: the model's name
+pretrained_name=phone-voicebank-v4   # stage 8: the model's name
 pretrained_root=""                   # stage 8: where it goes (empty: $exp/pretrained)
 ship=false                           # stage 8: true replaces the shipped toolkit/pretrained/<name>
 
@@ -103,15 +107,15 @@ if [ "$ship" = true ] && [ -n "$pretrained_root" ]; then
   exit 1
 fi
 
-# The training dirs: part 0, the other parts, the extra engines' corpus.
+# The training dirs: part 0, the other parts, each extra engine group's corpus.
 train_dirs="$data/train"
 for ((k = 1; k < num_parts; k++)); do train_dirs="$train_dirs $data/part_$k/train"; done
 dev_dirs="$data/dev"
 test_sets="$data/test $data/reserved/test $data/festival/test"
-if [ -n "$extra_engines" ]; then
-  train_dirs="$train_dirs $data/extra/train"; dev_dirs="$dev_dirs $data/extra/dev"
-  test_sets="$test_sets $data/extra/test"
-fi
+for g in ${extra_engines//,/ }; do
+  x=$data/extra_${g//+/_}
+  train_dirs="$train_dirs $x/train"; dev_dirs="$dev_dirs $x/dev"; test_sets="$test_sets $x/test"
+done
 noisy_sets="" cond_sets=""
 for x in $train_dirs $dev_dirs $test_sets; do noisy_sets="$noisy_sets ${x}_noisy"; done
 if [ "$conditions" = true ]; then
@@ -144,9 +148,11 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   if [ -n "$extra_engines" ]; then
     nonfree_opt=""; [ "$nonfree" = true ] && nonfree_opt=--enable-nonfree
     # shellcheck disable=SC2086
-    bash "$TOOLKIT_ROOT/tools/install_voices.sh" $nonfree_opt ${extra_engines//,/ }
-    python -m toolkit.bin.synth_codec_data --config "$extra_config" --out-dir "$data/extra" \
-      --seed "$seed" --engines "$extra_engines" --nj "$nj"
+    bash "$TOOLKIT_ROOT/tools/install_voices.sh" $nonfree_opt ${extra_engines//[,+]/ }
+    for g in ${extra_engines//,/ }; do
+      python -m toolkit.bin.synth_codec_data --config "$extra_config" \
+        --out-dir "$data/extra_${g//+/_}" --seed "$seed" --engines "${g//+/,}" --nj "$nj"
+    done
   fi
   # Codec2 and Opus of the channel conditions (setup.py's `channels` extra, wheels only).
   [ -z "$cond_sets" ] || bash "$TOOLKIT_ROOT/tools/install.sh" channels
@@ -216,9 +222,9 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     sets+=("Kokoro reserved, in a room or channel=$data/reserved/test_cond/data.list"
            "festival, in a room or channel=$data/festival/test_cond/data.list")
   fi
-  if [ -n "$extra_engines" ]; then
-    sets+=("$extra_engines held out=$data/extra/test/data.list")
-  fi
+  for g in ${extra_engines//,/ }; do
+    sets+=("${g//+/,} held out=$data/extra_${g//+/_}/test/data.list")
+  done
   data_opts=()
   for x in "${sets[@]}"; do data_opts+=(--data "$x"); done
   python -m toolkit.bin.evaluate_frontend --frontend "$exp/export" "${data_opts[@]}" \
