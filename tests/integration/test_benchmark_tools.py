@@ -90,15 +90,21 @@ def test_kws_throughput_corpus_sizes():
 
 
 def test_trainer_memory_measures_a_speaker_run_on_two_ranks(tmp_path):
+    import pathlib
+    import shutil
+    import tempfile
     corpus = SpeakerCorpus(str(tmp_path / "speakers"))
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    out = run_tool(os.path.join(BENCH, "trainer_memory.py"), "--config", corpus.config,
-                   "--items-per-step", "16", "--nproc", "2", "--", "--train-data",
-                   corpus.train, "--dev-data", corpus.dev, "--inventory", corpus.inventory,
-                   "training.max_epoch=1", tmp_dir=str(tmp))
-    # The exp dir it made for the run (checkpoints) is gone with it.
-    assert not [p.name for p in tmp.iterdir() if p.name.startswith("trainer_memory_")]
+    # A TMPDIR of its own (short: worker sockets live under it) to see what the tool leaves.
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="tm", dir="/tmp"))
+    try:
+        out = run_tool(os.path.join(BENCH, "trainer_memory.py"), "--config", corpus.config,
+                       "--items-per-step", "16", "--nproc", "2", "--", "--train-data",
+                       corpus.train, "--dev-data", corpus.dev, "--inventory", corpus.inventory,
+                       "training.max_epoch=1", tmp_dir=str(tmp))
+        # The exp dir it made for the run (checkpoints) is gone with it.
+        assert not [p.name for p in tmp.iterdir() if p.name.startswith("trainer_memory_")]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     r = rows_of(out)
     # 36 utterances, 18 per rank in batches of 8: 3 steps.
     assert r["steps"] == 3 and r["checksum"] and r["dev"].startswith("eer "), r

@@ -707,3 +707,33 @@ def test_posterior_temperature_flattens_training_posteriors_only():
     gen = np.random.default_rng(2)
     FeaturePipeline(DatasetConfig(), seed=5, train=True).augment_features(log_post, gen)
     assert gen.random() == np.random.default_rng(2).random()
+
+
+def test_a_temp_dir_too_long_for_worker_sockets_is_named_not_a_hang(tmp_path):
+    """Workers pass tensors back through a Unix socket under TMPDIR; a path longer than a
+    socket address takes made torch's workers wait forever. The loader names TMPDIR in
+    one line instead, and works under the same depth with a shorter name."""
+    import subprocess
+    import sys
+    script = ("import torch\nfrom toolkit.data.loader import ForkSafeLoader\n"
+              "from torch.utils.data import DataLoader\n"
+              "data = [torch.zeros(1000)] * 4\n"
+              "for _ in ForkSafeLoader(DataLoader(data, batch_size=2, num_workers=1)): pass\n"
+              "print('ok')\n")
+    import shutil
+    import tempfile
+    short = tempfile.mkdtemp(prefix="sock", dir="/tmp")
+    long = tmp_path / ("d" * max(1, 90 - len(str(tmp_path)) - 1))
+    long.mkdir()
+    try:
+        for tmp, works in ((short, True), (str(long), False)):
+            env = dict(os.environ, TMPDIR=tmp)
+            out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                                 text=True, timeout=60)
+            if works:
+                assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+            else:
+                assert out.returncode != 0
+                assert "set TMPDIR to a shorter directory" in out.stderr and tmp in out.stderr
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

@@ -19,6 +19,25 @@ def _identity(x):
     return x
 
 
+# Workers hand tensors over through a Unix socket that multiprocessing binds at
+# <temp dir>/pymp-XXXXXXXX/listener-XXXXXXXX; a path past the socket address's 107 bytes
+# fails in a helper thread and the workers wait forever.
+_SUN_PATH_MAX = 107
+
+
+def check_socket_dir() -> None:
+    """UserError (naming TMPDIR) where worker processes could not pass tensors back."""
+    from multiprocessing import util
+    from toolkit.errors import UserError
+    probe = os.path.join(util.get_temp_dir(), "listener-xxxxxxxx")
+    if len(os.fsencode(probe)) > _SUN_PATH_MAX:
+        raise UserError(
+            f"data-loader workers pass tensors through Unix sockets under the temporary "
+            f"directory {os.path.dirname(util.get_temp_dir())} (TMPDIR), whose socket path "
+            f"would be {len(os.fsencode(probe))} bytes, over the {_SUN_PATH_MAX} a socket takes: "
+            f"set TMPDIR to a shorter directory (e.g. /tmp), or dataset.num_workers=0")
+
+
 class ForkSafeLoader:
     """A DataLoader whose forked workers are checked to have started, and whose iteration
     ends only once the helper threads it started are gone.
@@ -83,6 +102,7 @@ class ForkSafeLoader:
         once the workers exist."""
         if self.loader.num_workers == 0:
             return iter(self.loader)
+        check_socket_dir()
         frozen_before = gc.get_freeze_count() > 0      # someone else's freeze stays
         gc.freeze()
         try:
