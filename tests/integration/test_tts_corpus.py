@@ -142,12 +142,16 @@ def test_a_procedural_voice_without_its_variant_file_is_an_error(family, tmp_pat
         return path
 
     monkeypatch.setattr(module, "private_espeak_data", without_files)
-    with pytest.raises(SynthError, match="ignored the procedural voice"):
-        if family == "speaker":     # more speakers than the fixed voices
-            speaker.generate_corpus(str(tmp_path / "x"), sizes=speaker.Sizes(220, 2, 2, 2, 2, 2))
-        else:
-            generate(family, tmp_path / "x", n_random_voices=3)
-    assert os.listdir(tmp_path / "x") == []         # a failed run removes what it wrote
+    # A failed run removes what it wrote: the directory too where it made it, and only
+    # its own files from a directory that was there.
+    (tmp_path / "there").mkdir()
+    for out in (tmp_path / "x", tmp_path / "there"):
+        with pytest.raises(SynthError, match="ignored the procedural voice"):
+            if family == "speaker":     # more speakers than the fixed voices
+                speaker.generate_corpus(str(out), sizes=speaker.Sizes(220, 2, 2, 2, 2, 2))
+            else:
+                generate(family, out, n_random_voices=3)
+    assert not (tmp_path / "x").exists() and os.listdir(tmp_path / "there") == []
 
 
 # ------------------------------------------------------------------------ engine errors

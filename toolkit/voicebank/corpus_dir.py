@@ -218,18 +218,25 @@ class CorpusDir:
         """Claims the directory for a corpus of `config` (claim) and yields a temporary dir
         inside it (planning probes, private espeak-ng data), removed afterwards whatever
         happens. A run that fails in here removes what it wrote, claim included (none of it
-        would be kept); one killed leaves its claim, and the next run removes the rest."""
+        would be kept), and the directory itself when this run made it and it is left
+        empty; one killed leaves its claim, and the next run removes the rest."""
+        made_here = not os.path.lexists(self.path)
         self.claim(config)
         tmp_dir = os.path.join(self.abspath, TMP_NAME)
+        failed = False
         try:
             os.makedirs(tmp_dir)
             yield tmp_dir
         except BaseException:
+            failed = True
             with contextlib.suppress(OSError, SynthError):     # the first error is the one
                 self.clean()
             raise
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
+            if failed and made_here:
+                with contextlib.suppress(OSError):            # not empty: left as it is
+                    os.rmdir(self.path)
 
     def render(self, groups: Sequence[Group], body: GroupBody, nj: int, tmp_dir: str,
                sample_rate: int, wav_dirs: Sequence[str],
