@@ -29,13 +29,14 @@ def check_socket_dir() -> None:
     """UserError (naming TMPDIR) where worker processes could not pass tensors back."""
     from multiprocessing import util
     from toolkit.errors import UserError
-    probe = os.path.join(util.get_temp_dir(), "listener-xxxxxxxx")
-    if len(os.fsencode(probe)) > _SUN_PATH_MAX:
+    sockets = util.get_temp_dir()
+    size = len(os.fsencode(os.path.join(sockets, "listener-xxxxxxxx")))
+    if size > _SUN_PATH_MAX:
         raise UserError(
             f"data-loader workers pass tensors through Unix sockets under the temporary "
-            f"directory {os.path.dirname(util.get_temp_dir())} (TMPDIR), whose socket path "
-            f"would be {len(os.fsencode(probe))} bytes, over the {_SUN_PATH_MAX} a socket takes: "
-            f"set TMPDIR to a shorter directory (e.g. /tmp), or dataset.num_workers=0")
+            f"directory {os.path.dirname(sockets)} (TMPDIR), whose socket path would be "
+            f"{size} bytes, over the {_SUN_PATH_MAX} a socket takes: set TMPDIR to a shorter "
+            f"directory (e.g. /tmp), or dataset.num_workers=0")
 
 
 class ForkSafeLoader:
