@@ -4,7 +4,7 @@
 #
 #   bash tools/install_voices.sh kokoro            # Kokoro-82M (neural, 28 English voices)
 #   bash tools/install_voices.sh rhvoice pico mbrola
-#   bash tools/install_voices.sh festival flite    # festival: evaluation only (reserved)
+#   bash tools/install_voices.sh festival flite    # evaluation only (reserved)
 #   bash tools/install_voices.sh --enable-nonfree pico   # may add contrib non-free to apt
 #   bash tools/install_voices.sh --enable-nonfree        # only that
 #

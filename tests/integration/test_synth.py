@@ -12,7 +12,7 @@ import soundfile as sf
 
 from toolkit.data.audio import resample
 from toolkit.tasks.kws import corpus as S, corpus_render as R, corpus_text as T
-from toolkit.voicebank import Voice, espeak as E, flite as F, signal as sig
+from toolkit.voicebank import SynthError, Voice, espeak as E, flite as F, signal as sig
 from toolkit.voicebank.corpus import open_engines
 from toolkit.voicebank.engines import ENGINES, engine_class
 from toolkit.voicebank.render import Renderer
@@ -420,7 +420,8 @@ with wave.open(out, "wb") as w:
     w.setframerate(16000)
     w.writeframes(buzz.tobytes())
 '''
-FLITE_SIZES = S.Sizes(train_pos=48, train_neg=6, dev_pos=8, dev_neg=4, test_pos=8, test_neg=4)
+# A test-only corpus (flite is reserved): its test split alone is rendered.
+FLITE_SIZES = S.Sizes(train_pos=8, train_neg=4, dev_pos=8, dev_neg=4, test_pos=96, test_neg=6)
 
 
 @pytest.fixture(scope="module")
@@ -444,7 +445,7 @@ def flite_corpus(fake_flite_dir, tmp_path_factory):
         mp.setenv("PATH", f"{fake_flite_dir}{os.pathsep}{os.environ['PATH']}")
         out = str(tmp_path_factory.mktemp("flite") / "data")
         S.generate_corpus([KW], out, seed=777, sizes=FLITE_SIZES, nj=2,
-                          engines=("espeak", "flite"))
+                          engines=("espeak", "flite"), test_only=True)
     return out
 
 
@@ -452,9 +453,16 @@ def test_flite_voices_when_asked_for(flite_corpus, flite_on_path, tmp_path):
     assert F.flite_voices() == list(F.FLITE_VOICES)
     assert [v.spk for v in engine_class("flite").voices()] == \
         [f"flite_{v}" for v in F.FLITE_VOICES]
-    spk = {s: set(_dict(os.path.join(flite_corpus, s, "utt2spk")).values()) for s in S.SPLITS}
-    flite = {s: {v for v in spk[s] if v.startswith("flite_")} for s in S.SPLITS}
-    assert flite["train"] and not flite["test"] & (flite["train"] | flite["dev"])
+    # flite's voices are festival's speakers: reserved, they speak in a test-only corpus
+    # alone (all of them) and a training corpus that names flite is refused
+    assert not os.path.exists(os.path.join(flite_corpus, "train"))
+    spk = set(_dict(os.path.join(flite_corpus, "test", "utt2spk")).values())
+    flite = {v for v in spk if v.startswith("flite_")}
+    assert len(flite) >= 2 and flite <= {f"flite_{v}" for v in F.FLITE_VOICES}
+    with pytest.raises(SynthError, match="flite is reserved for the unseen-engine test"):
+        S.generate_corpus([KW], str(tmp_path / "refused"), sizes=FLITE_SIZES,
+                          engines=("espeak", "flite"))
+    assert not os.path.exists(tmp_path / "refused")
     assert open(os.path.join(flite_corpus, "dict", "tts_engines")).read() == \
         "espeak 0.8\nflite 0.2\n"
     with open(os.path.join(flite_corpus, S.STAMP_NAME), encoding="utf-8") as f:
@@ -464,8 +472,8 @@ def test_flite_voices_when_asked_for(flite_corpus, flite_on_path, tmp_path):
     assert stamp["engine_voices"] == {"flite": list(F.FLITE_VOICES)}
     out = str(tmp_path / "again")
     shutil.copytree(flite_corpus, out)
-    S.generate_corpus([KW], out, sizes=FLITE_SIZES, engines=("espeak",))
-    spk2 = set(_dict(os.path.join(out, "train", "utt2spk")).values())
+    S.generate_corpus([KW], out, sizes=FLITE_SIZES, engines=("espeak",), test_only=True)
+    spk2 = set(_dict(os.path.join(out, "test", "utt2spk")).values())
     assert not any(v.startswith("flite_") for v in spk2)      # args changed: regenerated
 
 
@@ -475,7 +483,8 @@ def test_flite_keyword_alone_positives_span_their_speech(flite_corpus, flite_on_
     plan_dir = tmp_path / "plan"
     plan_dir.mkdir()
     groups = S.plan_corpus([KW], 777, FLITE_SIZES, (5.0, 30.0),
-                           open_engines(["espeak", "flite"]), str(plan_dir)).groups
+                           open_engines(["espeak", "flite"], test_only=True), str(plan_dir),
+                           splits=("test",)).groups
     tts = Renderer(16000, str(tmp_path))
     alone = 0
     for g in groups:
@@ -497,10 +506,10 @@ def test_flite_keyword_alone_positives_span_their_speech(flite_corpus, flite_on_
 def test_engines_without_espeak(flite_on_path, tmp_path):
     """espeak-ng still filters the texts, but only flite speaks."""
     out = str(tmp_path / "only_flite")
-    S.generate_corpus([KW], out, sizes=S.Sizes(2, 2, 1, 1, 1, 1), engines=("flite",))
-    for split in S.SPLITS:
-        assert all(spk.startswith(("flite_", "noise_"))
-                   for spk in _dict(os.path.join(out, split, "utt2spk")).values())
+    S.generate_corpus([KW], out, sizes=S.Sizes(2, 2, 1, 1, 1, 1), engines=("flite",),
+                      test_only=True)
+    assert all(spk.startswith(("flite_", "noise_"))
+               for spk in _dict(os.path.join(out, "test", "utt2spk")).values())
     assert open(os.path.join(out, "dict", "tts_engines")).read() == "flite 1\n"
 
 
@@ -681,9 +690,10 @@ def test_real_flite_corpus_times_keywords_in_carrier_sentences(tmp_path):
     """With real phone segments, positives in a carrier sentence get keyword times too
     (the fake flite above prints none, so only keyword-alone positives get them)."""
     out = str(tmp_path / "flite_only")
-    S.generate_corpus([KW], out, sizes=S.Sizes(4, 4, 2, 2, 2, 2), engines=("flite",))
+    S.generate_corpus([KW], out, sizes=S.Sizes(4, 4, 2, 2, 8, 4), engines=("flite",),
+                      test_only=True)
     carriers = 0
-    for split in S.SPLITS:
+    for split in ("test",):
         kinds = _dict(os.path.join(out, split, "utt2kind"))
         texts = _dict(os.path.join(out, split, "text"))
         durations = _dict(os.path.join(out, split, "utt2dur"))

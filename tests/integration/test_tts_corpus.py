@@ -171,7 +171,7 @@ def test_one_wording_of_every_engine_error_in_all_three_generators(tmp_path, mon
     cases = {
         "espeak,nope": "error: unknown TTS engine 'nope'; known: espeak, ",   # and the rest
         "espeak,espeak": "error: engine named twice in --engines: espeak,espeak",
-        ",": "error: --engines needs engine names, e.g. espeak or espeak,flite; got ','",
+        ",": "error: --engines needs engine names, e.g. espeak or espeak,kokoro; got ','",
         "espeak,flite": "error: flite was asked for (--engines) but no `flite` binary is on "
                         "PATH: apt-get install flite",
     }

@@ -235,6 +235,8 @@ def test_blends_are_seeded_and_never_reserved():
 
 def test_is_reserved():
     assert is_reserved(Voice("festival_kal", "festival", "kal_diphone"))
+    # flite's voices are festival's speakers (kal, awb, rms, slt)
+    assert all(is_reserved(Voice(f"flite_{v}", "flite", v)) for v in ("kal16", "awb", "rms", "slt"))
     assert is_reserved(Voice("kokoro_af_sky", "kokoro", "af_sky"))
     assert not is_reserved(Voice("kokoro_af_bella", "kokoro", "af_bella"))
     assert not is_reserved(Voice("en-us_f3", "espeak", "en-us+f3"))

@@ -242,6 +242,8 @@ def test_festival_only_when_asked_and_then_in_a_test_only_corpus(seed3, tmp_path
 FESTIVAL = tuple(Voice(f"festival_{v}", "festival", v)
                  for v in ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts"))
 FLITE = tuple(Voice(f"flite_{v}", "flite", v) for v in ("kal16", "awb", "rms", "slt"))
+# An engine of fixed voices that may train (flite's are reserved: festival's speakers).
+MBROLA = tuple(Voice(f"mbrola_{v}", "mbrola", v) for v in ("us1", "us2", "us3", "en1"))
 BANK_SIZES = sc.Sizes(train_speakers=20, dev_speakers=8, test_speakers=8, train_utts=3,
                       dev_utts=2, test_utts=2)
 KOKORO_SIZING = {"kokoro": sc.EngineSizing(train_utts=2, words=(3, 5))}
@@ -291,16 +293,17 @@ def test_kokoro_blends_are_speakers_that_never_hold_a_reserved_voice(tmp_path):
 
 
 def test_each_engine_holds_out_its_own_voices_whatever_else_is_named(tmp_path):
-    alone = sc.split_engine_voices(FLITE, 777)
-    together = sc.split_engine_voices(FLITE + tuple(kokoro_voices()[:10]), 777)
+    alone = sc.split_engine_voices(MBROLA, 777)
+    together = sc.split_engine_voices(MBROLA + tuple(kokoro_voices()[:10]), 777)
     for split in sc.SPLITS:
-        assert [v for v in together[split] if v.engine == "flite"] == alone[split]
+        assert [v for v in together[split] if v.engine == "mbrola"] == alone[split]
     assert [len(alone[s]) for s in sc.SPLITS] == [2, 1, 1]
-    # and in a whole plan: flite's held-out test voice with or without Kokoro and blends
-    _, a = plan_bank(tmp_path / "a", ("espeak", "flite"), FLITE, blends=0, sizing={})
-    _, b = plan_bank(tmp_path / "b", ("espeak", "flite", "kokoro"),
-                     FLITE + tuple(kokoro_voices()))
+    # and in a whole plan: mbrola's held-out test voice with or without Kokoro and blends
+    _, a = plan_bank(tmp_path / "a", ("espeak", "mbrola"), MBROLA, blends=0, sizing={})
+    _, b = plan_bank(tmp_path / "b", ("espeak", "mbrola", "kokoro"),
+                     MBROLA + tuple(kokoro_voices()))
     for split in sc.SPLITS:
+        assert any(v.engine == "mbrola" for v in a[split]), split
         assert [v for v in a[split] if v.engine != "kokoro"] == \
             [v for v in b[split] if v.engine != "kokoro"]
 
@@ -309,13 +312,13 @@ def test_a_test_only_corpus_is_the_reserved_voices_and_the_held_out_ones(tmp_pat
     voices = FESTIVAL + FLITE + tuple(kokoro_voices())
     engines = ("espeak", "festival", "flite", "kokoro")
     groups, only = plan_bank(tmp_path / "only", engines, voices, test_only=True)
-    _, full = plan_bank(tmp_path / "full", ("espeak", "flite", "kokoro"),
-                        FLITE + tuple(kokoro_voices()))
+    _, full = plan_bank(tmp_path / "full", ("espeak", "kokoro"), tuple(kokoro_voices()))
     test = {v.spk for v in only["test"]}
     reserved_kokoro = {v.spk for v in kokoro_voices() if is_reserved(v)}
     assert len(reserved_kokoro) == 7
-    held_out = {v.spk for v in full["test"] if v.engine in ("espeak", "flite")}
-    assert test == reserved_kokoro | {v.spk for v in FESTIVAL} | held_out
+    held_out = {v.spk for v in full["test"] if v.engine == "espeak"}
+    # flite's voices are festival's speakers: all of them reserved, as festival's are
+    assert test == reserved_kokoro | {v.spk for v in FESTIVAL + FLITE} | held_out
     # Kokoro is heard through its reserved voices alone: no blend, no unreserved voice
     assert not any(v.mix for v in only["test"])
     assert {g.split for g in groups} == {"test"}

@@ -77,8 +77,9 @@ class Voice:
 
 
 # Voices kept out of every training list and every blend: the outside test sets of the
-# recipes speak with them. Festival, every voice; Kokoro, these seven.
-RESERVED_ENGINES = frozenset({"festival"})
+# recipes speak with them. Festival and flite (festival's speakers: kal, awb, rms, slt),
+# every voice; Kokoro, these seven.
+RESERVED_ENGINES = frozenset({"festival", "flite"})
 RESERVED_VOICES = frozenset({
     ("kokoro", "af_heart"), ("kokoro", "af_nicole"), ("kokoro", "af_sky"),
     ("kokoro", "am_michael"), ("kokoro", "am_fenrir"), ("kokoro", "bf_emma"),

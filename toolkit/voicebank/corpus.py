@@ -93,7 +93,7 @@ def check_engines(engines: Sequence[str]) -> List[str]:
     work for an empty, repeated, unknown or unavailable one. Only these are looked at."""
     names = [str(e).strip() for e in engines]
     if not names or "" in names:
-        raise SynthError(f"--engines needs engine names, e.g. espeak or espeak,flite; got "
+        raise SynthError(f"--engines needs engine names, e.g. espeak or espeak,kokoro; got "
                          f"{','.join(names)!r}")
     if len(set(names)) != len(names):
         raise SynthError(f"engine named twice in --engines: {','.join(names)}")
@@ -135,7 +135,7 @@ class Engines:
     @staticmethod
     def outside_test(test: Sequence[Voice], reserved: Sequence[Voice]) -> List[Voice]:
         """The test voices of a test-only corpus: the reserved voices, and the held-out
-        `test` voices of the engines that reserve none (espeak-ng, flite): an engine with
+        `test` voices of the engines that reserve none (espeak-ng, pico, ...): an engine with
         reserved voices (Kokoro) is heard through those alone."""
         reserving = {v.engine for v in reserved}
         return [v for v in test if v.engine not in reserving] + list(reserved)

@@ -3,9 +3,9 @@ and this recipe's models, side by side, on TTS voices no model was trained on, s
 common rule.
 
 For each keyword ("hey jarvis", "alexa") and each engine (espeak-ng on the voices the
-recipe's corpus of --seed holds out; flite, if installed, on its held-out voices; festival,
-never used in training, on all its voices; Kokoro on its seven reserved voices, which no
-training list or blend holds) a test set is generated with
+recipe's corpus of --seed holds out; flite, if installed, and festival, never used in
+training (they share speakers), on all their voices; Kokoro on its seven reserved voices,
+which no training list or blend holds) a test set is generated with
 `synth_kws_data --test-only` (toolkit.tasks.kws.corpus). Then every clip is scored by:
 
   (a) openWakeWord 0.5.1's pretrained model (hey_jarvis_v0.1.onnx, alexa_v0.1.onnx): the
@@ -113,7 +113,7 @@ def get_args(argv=None):
     p.add_argument("--num-pos", type=int, default=0, help="overrides --size")
     p.add_argument("--num-neg", type=int, default=0, help="overrides --size")
     p.add_argument("--seed", type=int, default=777,
-                   help="the recipe's corpus seed: espeak/flite voices held out by it "
+                   help="the recipe's corpus seed: the espeak-ng voices held out by it "
                         "(default %(default)s)")
     p.add_argument("--lead-s", type=float, default=2.0)
     p.add_argument("--tail-s", type=float, default=0.5)
