@@ -15,23 +15,32 @@
 #   --deployed KEY           also report the set at the threshold MODEL ships with, stored
 #                            under KEY (threshold or fused_threshold; set on a dev set by
 #                            set_threshold) (none)
+#   --posteriors ARK         score these posteriors of DATA_LIST, already computed from MODEL
+#                            (choose_fusion --fused-output), instead of computing them (none)
 set -euo pipefail
 target_fa_per_hour=1.0
 fa_targets=0.5,1,2,5
 bootstrap_unit=speaker
 fuse_zero_shot=false
 deployed=none
+posteriors=none
 . "$(dirname "$0")/parse_options.sh"
 if [ $# -ne 4 ]; then
-  echo "usage: $0 [--target-fa-per-hour F] [--fa-targets LIST] [--bootstrap-unit U] [--fuse-zero-shot B] [--deployed KEY] MODEL DATA_LIST INVENTORY OUT_DIR" >&2
+  echo "usage: $0 [--target-fa-per-hour F] [--fa-targets LIST] [--bootstrap-unit U] [--fuse-zero-shot B] [--deployed KEY] [--posteriors ARK] MODEL DATA_LIST INVENTORY OUT_DIR" >&2
   exit 1
 fi
 model=$1 data_list=$2 inventory=$3 out_dir=$4
 fuse=""
 [ "$fuse_zero_shot" = true ] && fuse=--fuse-zero-shot
 
-python -m toolkit.bin.compute_posteriors --model "$model" --data-list "$data_list" \
-  --output "$out_dir/test_probs.ark" $fuse
+probs=$out_dir/test_probs.ark
+if [ "$posteriors" = none ]; then
+  python -m toolkit.bin.compute_posteriors --model "$model" --data-list "$data_list" \
+    --output "$probs" $fuse
+else
+  [ -s "$posteriors" ] || { echo "$0: --posteriors $posteriors: no such file" >&2; exit 1; }
+  probs=$posteriors
+fi
 # The decision rule counts in the model's frames (10 ms fbank, 80 ms speech embeddings);
 # with --deployed, the threshold stored under that key comes along (one metadata read).
 read -r frame_shift_ms thr < <(python -c 'import sys; from toolkit.export import read_metadata
@@ -43,7 +52,7 @@ print(meta["feature"]["frame_shift_ms"], meta[key] if key != "none" else "")' "$
 [ -n "${frame_shift_ms:-}" ] || exit 1
 deployed_opt=()
 [ "$deployed" != none ] && deployed_opt=(--deployed-threshold "$thr")
-python -m toolkit.bin.score_kws "${deployed_opt[@]}" --data-list "$data_list" --posteriors "$out_dir/test_probs.ark" \
+python -m toolkit.bin.score_kws "${deployed_opt[@]}" --data-list "$data_list" --posteriors "$probs" \
   --inventory "$inventory" --out-dir "$out_dir" --frame-shift-ms "$frame_shift_ms" \
   --target-fa-per-hour "$target_fa_per_hour" --fa-targets "$fa_targets" \
   --bootstrap-unit "$bootstrap_unit"

@@ -113,3 +113,27 @@ def check_fusion_with_zero_shot_search(data, exp, stdout):
         peaks[0 if entry["label"] == 0 else -1].append(float(whole.max()))
     assert peaks[0] and peaks[-1]
     assert np.mean(peaks[0]) > np.mean(peaks[-1]) + 0.1, peaks
+    check_dev_fused_from_components(data, exp, model)
+
+
+def check_dev_fused_from_components(data, exp, model):
+    """The dev set's fused scores are fused from the components choose_fusion read (no
+    second search of dev), bit for bit what the deployed fused model computes."""
+    import kaldiio
+    from in_process import run_main
+    from toolkit.bin import compute_posteriors
+    assert not (exp / "score_fused_dev" / "test_probs.ark").exists()
+    stored = dict(kaldiio.load_ark(str(exp / "fusion" / "dev_fused.ark")))
+    with open(data / "dev" / "data.list") as f:
+        entries = [json.loads(line) for line in f]
+    assert list(stored) == [e["key"] for e in entries]
+    some = exp / "dev_some.list"
+    some.write_text("".join(json.dumps(e) + "\n" for e in entries[:6] + entries[-6:]))
+    result = run_main(compute_posteriors.main, ["--model", model, "--data-list", str(some),
+                                                "--output", str(exp / "dev_some.ark"),
+                                                "--fuse-zero-shot"])
+    assert result.returncode == 0, result.stderr
+    again = dict(kaldiio.load_ark(str(exp / "dev_some.ark")))
+    assert len(again) == 12
+    for key, scores in again.items():
+        assert scores.shape[1] == 1 and np.array_equal(scores, stored[key]), key

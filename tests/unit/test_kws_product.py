@@ -188,6 +188,14 @@ def test_choose_fusion_stores_the_weights_and_names_a_list_without_kinds(tmp_pat
     assert stored["verifier"] > 0 and stored == json.loads(
         (tmp_path / "fusion" / "fusion.json").read_text())["chosen"]
     assert "chosen: head" in result.stdout
+    # --fused-output: the dev scores at the chosen weights, for kws_score.sh --posteriors
+    result = run_main(choose_fusion.main, args + ["--fused-output", tmp_path / "fused.ark"])
+    assert result.returncode == 0, result.stderr
+    fused = dict(kaldiio.load_ark(str(tmp_path / "fused.ark")))
+    assert list(fused) == list(ark)
+    for key, m in ark.items():
+        assert np.array_equal(fused[key], fusion.fuse(m[:, :1], m[:, 1:2], m[:, 2:], stored))
+    assert fused["u00"][7, 0] > 0.4 and fused["u01"][7, 0] < 0.1      # a positive, a negative
     for e in lines:
         e.pop("kind")
     (tmp_path / "dev.list").write_text("".join(json.dumps(e) + "\n" for e in lines))

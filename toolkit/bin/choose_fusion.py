@@ -35,6 +35,10 @@ def get_args(argv=None):
     p.add_argument("--out-dir", required=True, help="for fusion.json and fusion.md")
     p.add_argument("--target-fa-per-hour", type=float, default=1.0,
                    help="false alarms per hour of general negatives (default %(default)s)")
+    p.add_argument("--fused-output", default="",
+                   help="also write the dev set's fused scores at the chosen weights to this "
+                        "ark, as compute_posteriors --fuse-zero-shot would with them stored "
+                        "(utils/kws_score.sh --posteriors scores it without a second search)")
     args = p.parse_args(argv)
     if args.target_fa_per_hour < 0:
         p.error("--target-fa-per-hour must be >= 0")
@@ -71,6 +75,8 @@ def main(argv=None):
                         "neighbour_fa": c.neighbour_fa} for c in candidates]}, indent=1) + "\n")
     text = fusion.markdown(best, candidates, args.target_fa_per_hour)
     atomic_write_text(os.path.join(args.out_dir, "fusion.md"), text)
+    if args.fused_output:
+        fusion.write_fused(args.fused_output, [(u.key, table[u.key]) for u in utts], best)
     done = update_metadata(args.export_dir, {"fusion_weights": best})
     if not done:
         raise DataError(f"{args.export_dir}: no exported model (model.onnx, model.zip, "

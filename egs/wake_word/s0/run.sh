@@ -238,11 +238,13 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     python -m toolkit.bin.compute_posteriors --model "$exp/export/model.onnx" \
       --data-list "$data/dev/$list" --output "$exp/fusion/dev_parts.ark" \
       --fuse-zero-shot --fusion-components
+    # The dev set's fused scores come from those components: no second search of dev.
     python -m toolkit.bin.choose_fusion --components "$exp/fusion/dev_parts.ark" \
       --data-list "$data/dev/$list" --export-dir "$exp/export" --out-dir "$exp/fusion" \
-      --target-fa-per-hour "$target_fa_per_hour"
+      --target-fa-per-hour "$target_fa_per_hour" --fused-output "$exp/fusion/dev_fused.ark"
     utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
-      --fuse-zero-shot true "$exp/export/model.onnx" "$data/dev/$list" "$dict" "$exp/score_fused_dev"
+      --fuse-zero-shot true --posteriors "$exp/fusion/dev_fused.ark" \
+      "$exp/export/model.onnx" "$data/dev/$list" "$dict" "$exp/score_fused_dev"
     python -m toolkit.bin.set_threshold --fused --export-dir "$exp/export" \
       --score-dir "$exp/score_fused_dev"
     utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \

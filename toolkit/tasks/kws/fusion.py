@@ -13,6 +13,7 @@ and search alone (DEFAULT_WEIGHTS, the fusion of models exported before the veri
 """
 import itertools
 import math
+import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -143,6 +144,19 @@ def choose_weights(components: Sequence[np.ndarray], clips: Sequence[DevClip],
         raise DataError("the dev set has no general negatives (kind neg or noise) to set "
                         "a threshold on: fusion weights need them")
     return best.weights, candidates
+
+
+def write_fused(path: str, components: Sequence[Tuple[str, np.ndarray]],
+                weights: Dict[str, float]) -> None:
+    """Per key, the fused (T, K) scores of its (T, 3K) components at `weights`, to a Kaldi
+    ark at `path` (written whole, then moved into place)."""
+    import kaldiio
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with kaldiio.WriteHelper(f"ark:{tmp}") as writer:
+        for key, mat in components:
+            writer(key, fuse(*split_components(np.asarray(mat, np.float32)), weights))
+    os.replace(tmp, path)
 
 
 def markdown(best: Dict[str, float], candidates: Sequence[Candidate], target: float) -> str:

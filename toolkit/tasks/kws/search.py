@@ -292,7 +292,11 @@ class FusedBackend:
         verifier = self.search.verifier
         self.path_frames = self.search.path_frames
         self.components = np.concatenate([head, search, verifier], axis=1).astype(np.float32)
-        return fuse(head, search, verifier, self.weights)
+        # Fused from the float32 components, so that fusing stored components
+        # (choose_fusion --fused-output) gives these scores to the bit.
+        k = head.shape[1]
+        c = self.components
+        return fuse(c[:, :k], c[:, k:2 * k], c[:, 2 * k:], self.weights)
 
 
 def calibrate_threshold(scores: Sequence[np.ndarray], hours: float, fa_per_hour: float,
