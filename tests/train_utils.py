@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from kws_data import make_datalist, write_keywords
+from process_tree import run_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -99,8 +100,7 @@ def run_train(args: List[str], nproc: int = 0, timeout: float = 300,
     if not torchrun and args[:1] == ["-m"] and set(popen) <= {"cwd"}:
         return _ZYGOTE.start(args, env(**(extra_env or {})), popen.get("cwd") or os.getcwd(),
                              nproc).result(timeout)
-    return subprocess.run(launcher(nproc) + args, capture_output=True, text=True,
-                          timeout=timeout, env=env(**(extra_env or {})), **popen)
+    return run_tree(launcher(nproc) + args, timeout, env=env(**(extra_env or {})), **popen)
 
 
 def start_train(args: List[str], nproc: int = 0,

@@ -10,6 +10,7 @@ import numpy as np
 import soundfile as sf
 
 from kws_data import make_wave
+from process_tree import run_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GUIDE = open(os.path.join(ROOT, "docs", "new_corpus.md"), encoding="utf-8").read()
@@ -70,10 +71,10 @@ def test_guide_walk(tmp_path):
     assert n == 1
     (recipe / "run.sh").write_text(run_sh)
     # 5. Run all stages (small training for the test).
-    result = subprocess.run(["bash", "run.sh", "--train-overrides",
-                             "training.max_epoch=4 dataset.batch_size=8 optim.lr=0.005 "
-                             "optim.scheduler.warmup_steps=2", "--average-num", "2"],
-                            cwd=recipe, capture_output=True, text=True, timeout=600)
+    result = run_tree(["bash", "run.sh", "--train-overrides",
+                       "training.max_epoch=4 dataset.batch_size=8 optim.lr=0.005 "
+                       "optim.scheduler.warmup_steps=2", "--average-num", "2"],
+                      600, cwd=recipe)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert re.findall(r"^stage (-?\d+):", result.stdout, flags=re.M) == [
         "0", "1", "2", "3", "4", "5", "6", "6"]     # stage 6 also says: no utt2spk

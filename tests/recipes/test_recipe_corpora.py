@@ -18,6 +18,7 @@ import soundfile as sf
 
 from corpora import (COMMANDS, SPEECH_COMMANDS_WORDS, build_hey_snips, build_mobvoi_hotwords,
                      build_speech_commands, speech_commands_archive)
+from process_tree import run_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Short, but long enough for each miniature corpus to be learned (the floors below): a
@@ -42,7 +43,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 def run_recipe(recipe, *args, timeout=300):
     cmd = ["bash", os.path.join(ROOT, "egs", recipe, "s0", "run.sh"), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return run_tree(cmd, timeout, env=ENV)
 
 
 def full_run(recipe, tmp, corpus, *extra):

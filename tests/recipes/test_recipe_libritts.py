@@ -14,6 +14,7 @@ import pytest
 
 from libritts_data import (EMPTY_UTT, LAYOUT, ORIGINAL_ONLY_UTT, ArchiveServer,
                            build_libritts, libritts_archives)
+from process_tree import run_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "libritts", "codec")
@@ -55,8 +56,7 @@ def run_recipe(tmp, server, checksums, *args, timeout=600):
            "--checksum-file", checksums, "--data", tmp / "data", "--nj", "1",
            "--num-procs", "1", "--dev-utts", "3", "--average-num", "2", "--eval-n-q", "2",
            "--eval-max-utts", "2", "--baselines", "mulaw:1200:2", *args]
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+    return run_tree(cmd, timeout, env=ENV)
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ stages and card fields by tests/unit/test_layout.py and test_pretrained.py; its 
 binary and export by tests/integration/test_phone_frontend.py."""
 import json
 import os
-import subprocess
 
 import numpy as np
 
 from test_recipe_wake_word import RECIPE, tiny_corpus_config
+from process_tree import run_tree
 
 TINY = ["--num-procs", "1", "--average-num", "2", "--train-overrides",
         "training.max_epoch=8 dataset.max_frames_in_batch=3000 training.log_interval=5 "
@@ -24,7 +24,7 @@ def test_recipe_stages_with_the_phone_frontend(tmp_path):
            str(data), "--exp", str(exp), "--frontend", "phone_frontend",
            "--corpus-config", tiny_corpus_config(tmp_path / "corpus.yaml", source="phone_corpus.yaml"),
            *TINY]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    result = run_tree(cmd, 900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for split in ("train", "dev", "test"):
         assert (data / split / "phone_frontend" / "feats.scp").exists()

@@ -13,6 +13,7 @@ from toolkit.config import DatasetConfig
 from toolkit.data import features as F
 from test_recipe_wake_word import RECIPE, tiny_corpus_config
 from test_speech_embedding_frontend import RATE, needs_oww, oww_installed  # noqa: F401
+from process_tree import run_tree
 
 TINY = ["--num-procs", "1", "--average-num", "2", "--train-overrides",
         "training.max_epoch=3 dataset.max_frames_in_batch=300 training.log_interval=2"]
@@ -25,7 +26,7 @@ def test_recipe_stages_with_speech_embedding_frontend(tmp_path):
            str(data), "--exp", str(exp), "--frontend", "speech_embedding",
            "--corpus-config", tiny_corpus_config(tmp_path / "corpus.yaml"), *TINY]
     t0 = time.time()
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    result = run_tree(cmd, 900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for split in ("train", "dev", "test"):
         assert (data / split / "speech_embedding" / "feats.scp").exists()

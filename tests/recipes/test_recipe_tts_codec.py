@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from installed import require_engine
+from process_tree import run_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "tts_codec", "s0")
@@ -42,7 +43,7 @@ def run_recipe(tmp, *args, timeout=600):
     cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--data", str(tmp / "data"),
            "--exp", str(tmp / "exp"), *TINY, *args]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return run_tree(cmd, timeout, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from toolkit.voicebank.espeak import VARIANTS, espeak_voices
 from toolkit.voicebank.kokoro import kokoro_voices
 from file_tree import file_tree
 from installed import require_engine
+from process_tree import run_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "tts_speakers", "v1")
@@ -53,7 +54,7 @@ def run_recipe(tmp, *args, timeout=600):
            "--outside-utts", "2", "--num-procs", "1", "--average-num", "2",
            "--as-norm-top", "4", "--cohort-utts-per-spk", "2", "--train-overrides", TINY,
            "--lm-config", "conf/lm.yaml", "--lm-train-overrides", TINY_LM, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return run_tree(cmd, timeout, env=ENV)
 
 
 def read_table(path):
@@ -157,7 +158,7 @@ def synth(out, *args, status=0):
     cmd = [sys.executable, "-m", "toolkit.bin.synth_speaker_data", "--out-dir", str(out),
            "--num-train-speakers", "5", "--train-utts", "3", "--num-dev-speakers", "2",
            "--dev-utts", "2", "--num-test-speakers", "3", "--test-utts", "2", *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    result = run_tree(cmd, 300, env=ENV)
     assert result.returncode == status, result.stderr[-3000:]
     return result
 

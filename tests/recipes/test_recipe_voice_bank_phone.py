@@ -8,12 +8,12 @@ toolkit/pretrained model unless asked (--ship true)."""
 import json
 import os
 import re
-import subprocess
 
 import numpy as np
 import pytest
 
 from test_recipe_voice_bank_speaker import shipped_state
+from process_tree import run_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "voice_bank", "phone_frontend")
@@ -37,7 +37,7 @@ CONDITION_SETS = {"Kokoro reserved, in a room or channel": 2,
 def run_recipe(tmp, *args, timeout=600):
     cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--data", str(tmp / "data"),
            "--exp", str(tmp / "exp"), *TINY, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return run_tree(cmd, timeout, env=ENV)
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,11 @@ never over the shipped toolkit/pretrained model unless asked (--ship true)."""
 import json
 import os
 import re
-import subprocess
 
 import numpy as np
 import pytest
+
+from process_tree import run_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "voice_bank", "speaker_encoder")
@@ -39,7 +40,7 @@ TINY = ["--engines", "espeak", "--blends", "0", "--espeak-utts", "6",
 def run_recipe(tmp, *args, timeout=600):
     cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--data", str(tmp / "data"),
            "--exp", str(tmp / "exp"), *TINY, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return run_tree(cmd, timeout, env=ENV)
 
 
 def shipped_state(name="ecapa-voicebank-v1"):

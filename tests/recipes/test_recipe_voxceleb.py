@@ -17,6 +17,7 @@ import pytest
 import soundfile as sf
 
 from speaker_data import RATE, speaker_params, voice_wave
+from process_tree import run_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "voxceleb", "v2")
@@ -122,8 +123,7 @@ def recipe_run(tmp_path_factory):
            "--data", tmp / "data", "--exp", tmp / "exp", "--nj", "2",
            "--average-num", "2", "--lm-average-num", "1", "--cohort-utts-per-spk", "2",
            "--as-norm-top", "3", "--train-overrides", TINY, "--lm-train-overrides", TINY_LM]
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=900,
-                            env=ENV)
+    result = run_tree(cmd, 900, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return tmp, vox1, lists, result
 

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from toolkit.tasks.kws.corpus import ACCENT_SHARE
+from process_tree import run_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "egs", "wake_word", "s0")
@@ -38,7 +39,7 @@ def run_recipe(tmp, *args, timeout=600):
     cmd = ["bash", os.path.join(RECIPE, "run.sh"), "--keyword", "hey snips",
            "--data", str(tmp / "data"), "--exp", str(tmp / "exp"),
            "--corpus-config", tiny_corpus_config(tmp / "corpus.yaml"), *TINY, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return run_tree(cmd, timeout)
 
 
 @pytest.fixture(scope="module")
