@@ -209,7 +209,7 @@ def test_the_sampler_follows_its_settings_and_labels_the_chain():
     assert re.fullmatch(r"room:(small|medium|large)/\d+\.\dm\+noise:(white|pink|brown|babble)/"
                         r"\d+\.\ddB\+(mic:eq\d\+)?(clip:\d+\.\d%\+)?codec2:(3200|2400|1600|"
                         r"1200|700C)", example.label), example.label
-    order = ["room", "noise", "mic", "clip", "telephone", "codec2", "opus"]
+    order = ["whisper", "room", "noise", "mic", "clip", "telephone", "codec2", "opus"]
     for c in chains:
         kinds = [s.kind for s in c.steps]
         assert kinds == sorted(kinds, key=order.index)
@@ -241,11 +241,62 @@ def test_the_chain_keeps_length_and_level(speech):
     assert abs(10 * np.log10(active_power(y) / active_power(speech))) < 0.1
 
 
+def voicing(x, rate=SR):
+    """Cepstral peak prominence at 2.5-12.5 ms quefrency (pitch 80-400 Hz), the mean over
+    the louder half of 64 ms frames: the harmonics of a voice (0.21 for espeak-ng here),
+    none in noise (0.07)."""
+    win, window, frames = 1024, np.hanning(1024), []
+    for i in range(0, len(x) - win, win // 2):
+        f = x[i:i + win] * window
+        c = np.fft.irfft(np.log(np.abs(np.fft.rfft(f)) + 1e-9))
+        seg = c[int(0.0025 * rate):int(0.0125 * rate)]
+        frames.append((np.sum(f ** 2), seg.max() - np.median(seg)))
+    frames.sort(reverse=True)
+    return float(np.mean([p for _, p in frames[:len(frames) // 2]]))
+
+
+def test_whisper_keeps_the_formants_and_drops_the_voicing(speech):
+    from toolkit.data.augment import whisper
+    y = whisper(speech, SR, np.random.default_rng(0), 1.0)
+    assert y.dtype == np.float32 and len(y) == len(speech)
+    assert abs(np.sqrt(np.mean(y ** 2)) / np.sqrt(np.mean(speech ** 2)) - 1) < 0.01
+    assert voicing(speech) > 0.15 and voicing(y) < 0.09         # 0.21 and 0.07 here
+    # the spectral envelope stays: each band's share of the energy within 3 dB
+    for low, high in ((100, 1000), (1000, 3000), (3000, 6000)):
+        assert abs(band_share_db(y, low, high) - band_share_db(speech, low, high)) < 3.0
+    # the phones stay where they were: energy envelopes follow the original's
+    assert np.corrcoef(envelopes(y).ravel(), envelopes(speech).ravel())[0, 1] > 0.8
+    np.testing.assert_array_equal(y, whisper(speech, SR, np.random.default_rng(0), 1.0))
+    half = whisper(speech, SR, np.random.default_rng(0), 0.5)
+    assert voicing(y) < voicing(half) < voicing(speech)
+    assert len(whisper(np.zeros(0, np.float32), SR, np.random.default_rng(0))) == 0
+
+
+def test_whispering_in_a_chain_comes_first_and_moves_no_other_draw(speech):
+    settings = ch.ConditionSettings()
+    whispered = ch.ConditionSettings(whisper_prob=1.0, breath=(0.8, 0.8))
+    for i in range(50):
+        a = ch.sample_chain(np.random.default_rng([9, i]), settings, SR)
+        b = ch.sample_chain(np.random.default_rng([9, i]), whispered, SR)
+        assert b.steps[0].kind == "whisper" and b.label.startswith("whisper:0.80")
+        assert [s.label for s in b.steps[1:]] == [s.label for s in a.steps]
+    half = [ch.sample_chain(np.random.default_rng([10, i]), ch.ConditionSettings(
+        whisper_prob=0.3), SR) for i in range(1000)]
+    assert abs(np.mean([c.step("whisper") is not None for c in half]) - 0.3) < 0.05
+    chain = ch.Chain([ch.Step("whisper", "whisper:1.00", {"breath": 1.0})])
+    y = ch.apply_chain(speech, SR, chain, np.random.default_rng(1))
+    assert len(y) == len(speech) and voicing(y) < 0.09
+    # stamps of copies made before whispering existed stay the same while it is off
+    assert "whisper_prob" not in ch.settings_dict(settings)
+    assert ch.settings_dict(whispered)["breath"] == [0.8, 0.8]
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"room_prob": 1.5}, "room_prob"), ({"snr_db": (20.0, 5.0)}, "snr_db"),
     ({"channels": ("radio",)}, "channels radio"), ({"codec2_modes": ("450",)}, "codec2_modes"),
     ({"opus_kbps": (2, 24)}, "opus_kbps"), ({"noise_kinds": ()}, "noise_kinds"),
-    ({"clip_fraction": (0.0, 0.1)}, "clip_fraction")])
+    ({"clip_fraction": (0.0, 0.1)}, "clip_fraction"), ({"whisper_prob": -0.1}, "whisper_prob"),
+    ({"breath": (0.0, 1.0)}, "breath"), ({"breath": (0.9, 0.5)}, "breath")])
 def test_bad_settings_name_the_setting(bad, match):
     with pytest.raises(ConfigError, match=match):
         ch.ConditionSettings(**bad).check()

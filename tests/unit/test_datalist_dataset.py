@@ -430,6 +430,28 @@ def test_voice_perturb_off_draws_nothing_and_on_changes_the_spectrum(wav_dir):
         np.testing.assert_array_equal(fixed(e, 1), want)
 
 
+def test_whisper_off_draws_nothing_and_on_whispers_training_audio_only(wav_dir):
+    """dataset.whisper: prob 0 leaves the random stream untouched; prob 1 whispers every
+    training utterance (deterministic per seed, epoch and key), never an evaluation one."""
+    entries = wav_dir["good"]
+    base = FeaturePipeline(aug_cfg(), seed=3, train=True)
+    off_cfg = aug_cfg()
+    off_cfg.whisper.breath = [0.9, 1.0]                # a range set, but prob 0: off
+    off = FeaturePipeline(off_cfg, seed=3, train=True)
+    on_cfg = DatasetConfig(batch_size=2)
+    on_cfg.whisper.prob = 1.0
+    on, again = (FeaturePipeline(on_cfg, seed=3, train=True) for _ in range(2))
+    clean = FeaturePipeline(on_cfg, seed=3, train=False)
+    plain = FeaturePipeline(DatasetConfig(batch_size=2), seed=3, train=False)
+    for e in entries:
+        np.testing.assert_array_equal(off(e, 1), base(e, 1))
+        got = on(e, 1)
+        assert got.shape == clean(e, 1).shape and not np.array_equal(got, clean(e, 1))
+        np.testing.assert_array_equal(got, again(e, 1))
+        assert not np.array_equal(got, on(e, 2))
+        np.testing.assert_array_equal(clean(e, 1), plain(e, 1))
+
+
 def test_spec_augment_can_spare_keyword_utterances(wav_dir):
     """The kws task's spec_aug_positives=false: fillers (label -1) are masked, keyword
     utterances keep every frame and band (a mask could turn "hey snips" into "hey snip")."""

@@ -7,6 +7,8 @@ phone targets stay valid). Per utterance, independently:
     Opus (6-24 kbit/s) or microphone colouring (a random EQ), which also comes before a
     telephone/codec channel with prob. 0.3;
   clipping of 1-10 % of the samples, 0.1;
+  whispering (off by default; --whisper-prob), before all of them: each frame's formants
+    over noise, mixed with --breath of it;
 then the input's active level, peak-safe, as 16-bit WAVs. Writes OUT/{wav.scp, text,
 utt2spk, spk2utt, utt2dur, utt2cond} and OUT/wavs/; utt2cond names each chain, e.g.
 `room:medium/2.1m+noise:babble/8.3dB+codec2:1600` (`clean`: none drawn).
@@ -43,6 +45,8 @@ _HELP = {
     "mic_bands": "EQ bands of mic colouring (range)",
     "mic_gain_db": "each EQ band's gain range, dB (either sign)",
     "clip_prob": "probability of clipping", "clip_fraction": "fraction of samples clipped (range)",
+    "whisper_prob": "probability of whispering (the voice turned to noise under its formants)",
+    "breath": "the noise's share of a whispered voice (range)",
 }
 
 

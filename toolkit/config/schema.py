@@ -63,6 +63,15 @@ class VoicePerturbConfig:
 
 
 @dataclass
+class WhisperConfig:
+    """Whispered training speech (toolkit.data.augment.whisper, on the waveform, training
+    only): the voice source turned to noise under each frame's formants, `breath` of it
+    mixed with the voice. Synthesizers do not whisper; some listeners' voices do."""
+    prob: float = 0.0             # share of training utterances whispered; 0: off
+    breath: List[float] = field(default_factory=lambda: [0.6, 1.0])  # the noise's share
+
+
+@dataclass
 class SamplerConfig:
     # bucket: shuffled, length-sorted inside windows; class_balanced: each batch draws
     # `classes_per_batch` labels (e.g. speakers), then `utts_per_class` utterances of each.
@@ -115,6 +124,7 @@ class DatasetConfig:
     # per utterance, on the fbank features (so it also works on precomputed ones).
     vtlp_range: List[float] = field(default_factory=list)
     voice_perturb: VoicePerturbConfig = field(default_factory=VoicePerturbConfig)
+    whisper: WhisperConfig = field(default_factory=WhisperConfig)
     # Log phone posteriors (feature.type phone_frontend, frontend_output posteriors) divided
     # by a temperature drawn per utterance from [low, high] >= 1 and renormalised, e.g.
     # [1.0, 1.5]: flatter posteriors, as the front end gives on voices unlike its own.

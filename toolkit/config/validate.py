@@ -287,6 +287,12 @@ def check_dataset(d: DatasetConfig) -> None:
     if not 0 < vp.split_hz < d.sample_rate / 2:
         raise ConfigError(f"dataset.voice_perturb.split_hz must lie in (0, "
                           f"{d.sample_rate / 2:g}), got {vp.split_hz}")
+    wh = d.whisper
+    if not 0.0 <= wh.prob <= 1.0:
+        raise ConfigError(f"dataset.whisper.prob must be in [0, 1], got {wh.prob}")
+    if len(wh.breath) != 2 or not 0.0 < wh.breath[0] <= wh.breath[1] <= 1.0:
+        raise ConfigError(f"dataset.whisper.breath: expected [low, high] in (0, 1], "
+                          f"got {wh.breath}")
     if len(d.noise.snr_db) != 2:
         raise ConfigError("dataset.noise.snr_db: expected [low, high]")
     for kind, pair in d.noise.snr_db_by_kind.items():

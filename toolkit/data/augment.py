@@ -20,6 +20,44 @@ def speed_perturb(wave: np.ndarray, rate: int, factor: float) -> np.ndarray:
     return resample(wave, int(round(rate * factor)), rate)
 
 
+WHISPER_FRAME_S = 0.032        # analysis frame (a power of two of samples at 16 kHz: 512)
+WHISPER_LIFTER_S = 0.0015      # the envelope: quefrencies below 1.5 ms (no pitch up to 660 Hz)
+
+
+def whisper(x: np.ndarray, rate: int, rng: np.random.Generator, breath: float = 1.0
+            ) -> np.ndarray:
+    """`x` whispered: per frame (32 ms, hop 8 ms, Hann), the spectral envelope (the real
+    cepstrum liftered below 1.5 ms: formants without the harmonics) over complex Gaussian
+    noise drawn from `rng`, at the frame's energy, overlap-added; then `breath` of it
+    mixed with (1 - breath) of `x`, at `x`'s RMS. float32, the same length."""
+    x = np.asarray(x, np.float64)
+    if len(x) == 0:
+        return x.astype(np.float32)
+    n_fft = 1 << int(round(math.log2(WHISPER_FRAME_S * rate)))
+    hop = n_fft // 4
+    window = np.hanning(n_fft + 1)[:-1]
+    padded = np.concatenate([np.zeros(n_fft), x, np.zeros(n_fft)])
+    starts = hop * np.arange(1 + (len(padded) - n_fft) // hop)
+    spec = np.fft.rfft(padded[starts[:, None] + np.arange(n_fft)] * window, axis=1)
+    cepstrum = np.fft.irfft(np.log(np.abs(spec) + 1e-9), n=n_fft, axis=1)
+    keep = max(2, int(WHISPER_LIFTER_S * rate))
+    cepstrum[:, keep:n_fft - keep + 1] = 0.0
+    envelope = np.exp(np.fft.rfft(cepstrum, axis=1).real)
+    noise = rng.standard_normal(spec.shape) + 1j * rng.standard_normal(spec.shape)
+    out = envelope * noise
+    energy = np.sum(np.abs(spec) ** 2, axis=1, keepdims=True)
+    out *= np.sqrt(energy / (np.sum(np.abs(out) ** 2, axis=1, keepdims=True) + 1e-20))
+    frames = np.fft.irfft(out, n=n_fft, axis=1) * window
+    y = np.zeros(len(padded))
+    norm = np.zeros(len(padded))
+    np.add.at(y, starts[:, None] + np.arange(n_fft), frames)
+    np.add.at(norm, starts[:, None] + np.arange(n_fft), np.broadcast_to(window ** 2, frames.shape))
+    y = (y / np.maximum(norm, 1e-3))[n_fft:n_fft + len(x)]
+    mixed = breath * y + (1.0 - breath) * x
+    gain = math.sqrt(np.mean(x ** 2) / (np.mean(mixed ** 2) + 1e-20))
+    return (mixed * gain).astype(np.float32)
+
+
 def apply_volume(wave: np.ndarray, rng: np.random.Generator, low: float, high: float) -> np.ndarray:
     return wave * np.float32(rng.uniform(low, high))
 

@@ -84,7 +84,8 @@ class FeaturePipeline:
 
     def augment_waveform(self, wave: np.ndarray, rng: np.random.Generator,
                          epoch: int = 0) -> np.ndarray:
-        """Speed, volume, reverberation, noise — in that fixed order (training only)."""
+        """Speed, volume, whispering, reverberation, noise — in that fixed order (training
+        only)."""
         d = self.cfg
         if not self.train:
             return wave
@@ -93,6 +94,9 @@ class FeaturePipeline:
             wave = augment.speed_perturb(wave, d.sample_rate, factor)
         if d.volume_range:
             wave = augment.apply_volume(wave, rng, *d.volume_range)
+        # No draw at all when off: the random stream of configs without it stays the same.
+        if d.whisper.prob > 0 and rng.random() < d.whisper.prob:
+            wave = augment.whisper(wave, d.sample_rate, rng, float(rng.uniform(*d.whisper.breath)))
         if self.rirs is not None and rng.random() < self._prob(d.reverb.prob, epoch):
             rir = augment.pick_and_load(self.rirs, rng, d.sample_rate)
             if rir is not None:

@@ -19,16 +19,21 @@ length, time-aligned with the input (the phones of a transcript keep their times
                 zero-phase linear-phase FIR (511 taps, Hann window), so the EQ moves no
                 phone in time.
   clip          hard clipping at the level that `fraction` of the samples exceed.
+  whisper       whispered speech from voiced speech: the voice source replaced by noise
+                under each frame's spectral envelope (formants kept, harmonics gone);
+                `breath` is the noise's share. Voices that whisper or breathe (Kokoro's
+                reserved af_nicole: phone error 60 % against 13-27 % for the other six)
+                are what no synthesizer of the bank speaks.
   codec2        Codec2 (MODE 3200/2400/1600/1200/700C) and Opus at KBPS, through
   opus          toolkit.data.speech_codecs (the pinned `codec` extra: pycodec2==4.1.1,
                 av==18.1.0); Codec2's algorithmic delay (CODEC2_DELAY_MS, measured on
                 espeak-ng speech) is taken out; Opus's decoder drops its own pre-skip.
 
-A chain (`sample_chain`) is drawn per utterance from ConditionSettings: a room, noise,
-then one transmission channel (telephone, Codec2, Opus) or microphone colouring alone,
-clipping; `apply_chain` runs it (room, noise, back to the input's active level, mic,
-clip, transmission, back to the input's active level) and `Chain.label` names it, e.g.
-`room:medium/2.1m+noise:babble/8.3dB+codec2:1600`.
+A chain (`sample_chain`) is drawn per utterance from ConditionSettings: whispering (off
+by default), a room, noise, then one transmission channel (telephone, Codec2, Opus) or
+microphone colouring alone, clipping; `apply_chain` runs it (whisper, room, noise, back to
+the input's active level, mic, clip, transmission, back to the input's active level) and
+`Chain.label` names it, e.g. `room:medium/2.1m+noise:babble/8.3dB+codec2:1600`.
 """
 import math
 from dataclasses import asdict, dataclass, field
@@ -37,6 +42,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from toolkit.data.audio import resample
+from toolkit.data.augment import whisper
 from toolkit.data.rir import ROOM_SIZES, Room, image_method_rir, random_room
 from toolkit.data.speech_codecs import (CODEC2_MODES, OPUS_KBPS_RANGE, codec2_codec,
                                         fit_length, mulaw_decode, mulaw_encode, opus_codec)
@@ -228,14 +234,17 @@ class ConditionSettings:
     mic_gain_db: Tuple[float, float] = (3.0, 10.0)   # each band's gain, either sign
     clip_prob: float = 0.1
     clip_fraction: Tuple[float, float] = (0.01, 0.10)    # of the samples clipped
+    whisper_prob: float = 0.0               # whispered (the source voice turned to noise)
+    breath: Tuple[float, float] = (0.6, 1.0)    # the noise's share of a whispered voice
 
     def check(self) -> "ConditionSettings":
         """Itself, or ConfigError naming the setting at fault."""
-        for name in ("room_prob", "noise_prob", "channel_prob", "mic_also_prob", "clip_prob"):
+        for name in ("room_prob", "noise_prob", "channel_prob", "mic_also_prob", "clip_prob",
+                     "whisper_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"conditions: {name} {getattr(self, name)} outside [0, 1]")
         for name in ("distance_m", "snr_db", "opus_kbps", "mic_bands", "mic_gain_db",
-                     "clip_fraction"):
+                     "clip_fraction", "breath"):
             low, high = getattr(self, name)
             if low > high:
                 raise ConfigError(f"conditions: {name} {low},{high}: low above high")
@@ -257,6 +266,8 @@ class ConditionSettings:
             raise ConfigError(f"conditions: mic_bands {self.mic_bands}: at least 1")
         if not 0 < self.clip_fraction[0] <= self.clip_fraction[1] < 1:
             raise ConfigError(f"conditions: clip_fraction {self.clip_fraction}: in (0, 1)")
+        if not 0 < self.breath[0] <= self.breath[1] <= 1:
+            raise ConfigError(f"conditions: breath {self.breath}: in (0, 1]")
         return self
 
 
@@ -324,6 +335,11 @@ def sample_chain(rng: np.random.Generator, settings: ConditionSettings, rate: in
     mode = _pick(rng, settings.codec2_modes or ("2400",))
     kbps = int(rng.integers(settings.opus_kbps[0], settings.opus_kbps[1] + 1))
     clip_coin, fraction = rng.random(), float(rng.uniform(*settings.clip_fraction))
+    # Drawn after the others (so chains without it are as before), applied first: a
+    # whisper is the talker's, the room and the channel come after.
+    whisper_coin, breath = rng.random(), float(rng.uniform(*settings.breath))
+    if whisper_coin < settings.whisper_prob:
+        steps.insert(0, Step("whisper", f"whisper:{breath:.2f}", {"breath": breath}))
     taken = coin < settings.channel_prob
     if taken and (channel == "mic" or also < settings.mic_also_prob):
         steps.append(Step("mic", f"mic:eq{len(bands)}", {"bands": bands}))
@@ -353,7 +369,9 @@ def apply_chain(wave: np.ndarray, rate: int, chain: Chain, rng: np.random.Genera
     level = active_power(x)
     for step in chain.steps:
         p = step.params
-        if step.kind == "room":
+        if step.kind == "whisper":
+            x = whisper(x, rate, rng, p["breath"])
+        elif step.kind == "room":
             x = reverberate(x, rate, p["room"])
         elif step.kind == "noise":
             noise = background_noise(len(x), p["kind"], rng, rate, babble_pool)
@@ -375,5 +393,9 @@ def apply_chain(wave: np.ndarray, rate: int, chain: Chain, rng: np.random.Genera
 
 
 def settings_dict(settings: ConditionSettings) -> dict:
-    """The settings as JSON-ready values (tuples as lists), for stamps."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(settings).items()}
+    """The settings as JSON-ready values (tuples as lists), for stamps. Whispering, off, is
+    left out: copies made before it existed keep their stamps (their chains are the same)."""
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(settings).items()}
+    if settings.whisper_prob == 0:
+        del out["whisper_prob"], out["breath"]
+    return out
