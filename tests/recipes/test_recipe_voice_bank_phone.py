@@ -31,7 +31,8 @@ TINY = ["--seed", "3", "--engines", "espeak", "--num-parts", "2",
         "training.save_interval_steps=5 training.log_interval=2 optim.scheduler.warmup_steps=2"]
 SETS = {"espeak-ng held out": 4, "Kokoro reserved": 2, "festival": 3}
 CONDITION_SETS = {"Kokoro reserved, in a room or channel": 2,
-                  "festival, in a room or channel": 3}
+                  "festival, in a room or channel": 3,
+                  "Kokoro reserved, whispered": 2, "festival, whispered": 3}
 
 
 def run_recipe(tmp, *args, timeout=600):
@@ -69,6 +70,10 @@ def test_every_stage_runs_and_the_phones_are_v2s(recipe_run):
     assert len(lines(data / "dev" / "both.list")) == 2 * len(lines(data / "dev" / "data.list"))
     conds = (data / "train_cond" / "utt2cond").read_text()
     assert re.search(r"room:|noise:|telephone|codec2|opus|mic:", conds)
+    # the outside tests whispered, every utterance, nothing else
+    whispered = (data / "festival" / "test_whisper" / "utt2cond").read_text().splitlines()
+    assert len(whispered) == 3 and all(re.fullmatch(r"\S+ whisper:[01]\.\d\d", line)
+                                       for line in whispered), whispered
     meta = json.loads((exp / "export" / "config.json").read_text())
     assert meta["task"] == "phone_ctc" and meta["units"] == units
     assert "initialised model from pretrained:phone-voicebank-v3" in result.stderr

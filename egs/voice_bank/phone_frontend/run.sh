@@ -24,7 +24,8 @@
 #     $data/extra_<group> (adding a group adds its corpus, the others stay); with
 #     conditions=true a copy of every training dir in a room or a channel (<dir>_cond); the
 #     outside test sets $data/reserved/test (Kokoro's reserved voices) and
-#     $data/festival/test, with their _noisy and _cond copies
+#     $data/festival/test, with their _noisy, _cond and (conditions=true) _whisper copies
+#     (every utterance whispered: the voice turned to noise under its formants)
 #   1 lexicon and phone list $data/dict/{lexicon,units}.txt (espeak-ng, en-us), data lists
 #     with phone targets $data/*/data.list; training reads every training dir and its
 #     noisy and condition copies together ($data/train/all.list), dev its clean and noisy
@@ -116,10 +117,11 @@ for g in ${extra_engines//,/ }; do
   x=$data/extra_${g//+/_}
   train_dirs="$train_dirs $x/train"; dev_dirs="$dev_dirs $x/dev"; test_sets="$test_sets $x/test"
 done
-noisy_sets="" cond_sets=""
+noisy_sets="" cond_sets="" whisper_sets=""
 for x in $train_dirs $dev_dirs $test_sets; do noisy_sets="$noisy_sets ${x}_noisy"; done
 if [ "$conditions" = true ]; then
   for x in $train_dirs $data/reserved/test $data/festival/test; do cond_sets="$cond_sets ${x}_cond"; done
+  whisper_sets="$data/reserved/test_whisper $data/festival/test_whisper"
 fi
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
@@ -159,6 +161,12 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   for x in $cond_sets; do
     python -m toolkit.bin.make_condition_copy --src "${x%_cond}" --out "$x" --seed "$seed" --nj "$nj"
   done
+  # Whispered outside tests: no synthesizer of the bank whispers (Kokoro's reserved af_nicole
+  # breathes; RESULTS.md).
+  for x in $whisper_sets; do
+    python -m toolkit.bin.make_condition_copy --src "${x%_whisper}" --out "$x" --seed "$seed" \
+      --nj "$nj" --whisper-prob 1 --room-prob 0 --noise-prob 0 --channel-prob 0 --clip-prob 0
+  done
 fi
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
@@ -167,7 +175,9 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   python -m toolkit.bin.make_lexicon --unit phone $train_dirs $dev_dirs $test_sets \
     --lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt"
   pairs=()
-  for x in $train_dirs $dev_dirs $test_sets $noisy_sets $cond_sets; do pairs+=("$x" "$x/data.list"); done
+  for x in $train_dirs $dev_dirs $test_sets $noisy_sets $cond_sets $whisper_sets; do
+    pairs+=("$x" "$x/data.list")
+  done
   python -m toolkit.bin.make_datalist "${pairs[@]}" --label-mode none \
     --lexicon "$data/dict/lexicon.txt" --units "$data/dict/units.txt" --nj "$nj"
   train_lists=() dev_lists=()
@@ -220,7 +230,9 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
         "festival, in noise=$data/festival/test_noisy/data.list")
   if [ "$conditions" = true ]; then
     sets+=("Kokoro reserved, in a room or channel=$data/reserved/test_cond/data.list"
-           "festival, in a room or channel=$data/festival/test_cond/data.list")
+           "festival, in a room or channel=$data/festival/test_cond/data.list"
+           "Kokoro reserved, whispered=$data/reserved/test_whisper/data.list"
+           "festival, whispered=$data/festival/test_whisper/data.list")
   fi
   for g in ${extra_engines//,/ }; do
     sets+=("${g//+/,} held out=$data/extra_${g//+/_}/test/data.list")
