@@ -66,7 +66,7 @@ class VoicePerturbConfig:
 class WhisperConfig:
     """Whispered training speech (toolkit.data.augment.whisper, on the waveform, training
     only): the voice source turned to noise under each frame's formants, `breath` of it
-    mixed with the voice. Synthesizers do not whisper; some listeners' voices do."""
+    mixed with the voice. The bank's synthesizers do not whisper; some users do."""
     prob: float = 0.0             # share of training utterances whispered; 0: off
     breath: List[float] = field(default_factory=lambda: [0.6, 1.0])  # the noise's share
 

@@ -21,9 +21,8 @@ length, time-aligned with the input (the phones of a transcript keep their times
   clip          hard clipping at the level that `fraction` of the samples exceed.
   whisper       whispered speech from voiced speech: the voice source replaced by noise
                 under each frame's spectral envelope (formants kept, harmonics gone);
-                `breath` is the noise's share. Voices that whisper or breathe (Kokoro's
-                reserved af_nicole: phone error 60 % against 13-27 % for the other six)
-                are what no synthesizer of the bank speaks.
+                `breath` is the noise's share (toolkit.data.augment.whisper). No
+                synthesizer of the bank whispers.
   codec2        Codec2 (MODE 3200/2400/1600/1200/700C) and Opus at KBPS, through
   opus          toolkit.data.speech_codecs (the pinned `codec` extra: pycodec2==4.1.1,
                 av==18.1.0); Codec2's algorithmic delay (CODEC2_DELAY_MS, measured on

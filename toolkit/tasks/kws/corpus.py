@@ -16,8 +16,8 @@ espeak-ng speak OTHER_ENGINES_SHARE of the utterances, shared alike. espeak-ng i
 whatever speaks: its phonemes keep keyword sound-alikes out of the negatives.
 ``dict/tts_engines`` holds one ``<engine> <share>`` line per engine (its planned share of
 the utterances; a split without voices of an engine gets none of it). Voices are split by
-accent (espeak-ng) or engine; reserved voices (festival's, flite's) speak only in a ``test_only``
-corpus.
+accent (espeak-ng) or engine; reserved voices (festival's, flite's) speak only in a
+``test_only`` corpus.
 
 Keyword timings (kw_times, positives only) come from the engine's word onsets (espeak-ng;
 flite, from its phone segments, when they add up: toolkit.voicebank.flite). From an engine that
