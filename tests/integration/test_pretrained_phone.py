@@ -18,7 +18,7 @@ from toolkit import pretrained
 from toolkit.errors import DataError
 
 NAME = "phone-voicebank-v2"           # the default front end
-SHIPPED = [NAME, "phone-voicebank-v3", "phone-voicebank-v4"]
+SHIPPED = [NAME, "phone-voicebank-v3", "phone-voicebank-v4", "phone-voicebank-v5"]
 RATE = 16000
 SENTENCES = ["hey jarvis, turn on the lights", "hey travis, turn on the lights",
              "good morning everyone, how are you", "the seventh train leaves at half past nine"]

@@ -62,7 +62,7 @@ def test_codec_gpu_config_is_dac_scale():
     assert count(modules["discriminator"]) > 10e6
 
 
-@pytest.mark.parametrize("version", ["v3", "v4"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
 def test_the_later_front_ends_heads_differ_from_the_readmes_only_in_the_front_end(version):
     conf = os.path.join(ROOT, "egs", "wake_word", "s0", "conf")
     v2, other = (load_config(os.path.join(conf, n)) for n in ("phone_ds_tcn.yaml",

@@ -86,7 +86,7 @@ train_overrides=""   # extra config overrides, e.g. "training.max_epoch=40"
 amp=auto             # auto: bf16 autocast on GPUs, fp32 on CPU (where bf16 is 10-60x slower); true | false
 average_num=5
 
-pretrained_name=phone-voicebank-v4   # stage 8: the model's name
+pretrained_name=phone-voicebank-v5   # stage 8: the model's name
 pretrained_root=""                   # stage 8: where it goes (empty: $exp/pretrained)
 ship=false                           # stage 8: true replaces the shipped toolkit/pretrained/<name>
 
