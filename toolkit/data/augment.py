@@ -50,8 +50,9 @@ def whisper(x: np.ndarray, rate: int, rng: np.random.Generator, breath: float = 
     frames = np.fft.irfft(out, n=n_fft, axis=1) * window
     y = np.zeros(len(padded))
     norm = np.zeros(len(padded))
-    np.add.at(y, starts[:, None] + np.arange(n_fft), frames)
-    np.add.at(norm, starts[:, None] + np.arange(n_fft), np.broadcast_to(window ** 2, frames.shape))
+    for start, frame in zip(starts, frames):         # overlap-add
+        y[start:start + n_fft] += frame
+        norm[start:start + n_fft] += window ** 2
     y = (y / np.maximum(norm, 1e-3))[n_fft:n_fft + len(x)]
     mixed = breath * y + (1.0 - breath) * x
     gain = math.sqrt(np.mean(x ** 2) / (np.mean(mixed ** 2) + 1e-20))

@@ -282,7 +282,7 @@ class FusedBackend:
         return self.search.max_frames
 
     def step(self, feats: np.ndarray) -> np.ndarray:
-        from toolkit.tasks.kws.fusion import fuse
+        from toolkit.tasks.kws.fusion import fuse, split_components
         head = self.head.step(feats)
         if len(feats) == 0:
             self.path_frames = np.zeros((0, len(self.search.names)), np.int64)
@@ -294,9 +294,7 @@ class FusedBackend:
         self.components = np.concatenate([head, search, verifier], axis=1).astype(np.float32)
         # Fused from the float32 components, so that fusing stored components
         # (choose_fusion --fused-output) gives these scores to the bit.
-        k = head.shape[1]
-        c = self.components
-        return fuse(c[:, :k], c[:, k:2 * k], c[:, 2 * k:], self.weights)
+        return fuse(*split_components(self.components), self.weights)
 
 
 def calibrate_threshold(scores: Sequence[np.ndarray], hours: float, fa_per_hour: float,
