@@ -17,6 +17,8 @@
 #                            set_threshold) (none)
 #   --posteriors ARK         score these posteriors of DATA_LIST, already computed from MODEL
 #                            (choose_fusion --fused-output), instead of computing them (none)
+#   --nj N                   processes computing the posteriors, each on a slice of the list
+#                            (the same posteriors whatever N) (1)
 set -euo pipefail
 target_fa_per_hour=1.0
 fa_targets=0.5,1,2,5
@@ -24,9 +26,10 @@ bootstrap_unit=speaker
 fuse_zero_shot=false
 deployed=none
 posteriors=none
+nj=1
 . "$(dirname "$0")/parse_options.sh"
 if [ $# -ne 4 ]; then
-  echo "usage: $0 [--target-fa-per-hour F] [--fa-targets LIST] [--bootstrap-unit U] [--fuse-zero-shot B] [--deployed KEY] [--posteriors ARK] MODEL DATA_LIST INVENTORY OUT_DIR" >&2
+  echo "usage: $0 [--target-fa-per-hour F] [--fa-targets LIST] [--bootstrap-unit U] [--fuse-zero-shot B] [--deployed KEY] [--posteriors ARK] [--nj N] MODEL DATA_LIST INVENTORY OUT_DIR" >&2
   exit 1
 fi
 model=$1 data_list=$2 inventory=$3 out_dir=$4
@@ -36,7 +39,7 @@ fuse=""
 probs=$out_dir/test_probs.ark
 if [ "$posteriors" = none ]; then
   python -m toolkit.bin.compute_posteriors --model "$model" --data-list "$data_list" \
-    --output "$probs" $fuse
+    --output "$probs" --nj "$nj" $fuse
 else
   [ -s "$posteriors" ] || { echo "$0: --posteriors $posteriors: no such file" >&2; exit 1; }
   probs=$posteriors

@@ -323,6 +323,15 @@ def test_compute_posteriors_cli(exported, tmp_path):
         expected = backend_posteriors(model, e["wav"])
         assert got[e["key"]].shape == expected.shape == (len(features_of(e["wav"])), len(KEYWORDS))
         np.testing.assert_allclose(got[e["key"]], expected, atol=1e-6, rtol=0)
+    # Workers on slices of the list write the same ark, byte for byte, skips included, and
+    # leave nothing else beside it.
+    for nj in (2, len(entries) + 1):
+        sliced = tmp_path / f"post_nj{nj}" / "posteriors.ark"
+        _, stderr = run_cli("compute_posteriors", "--model", model, "--data-list", data_list,
+                            "--output", sliced, "--nj", nj)
+        assert sliced.read_bytes() == ark.read_bytes()
+        assert os.listdir(sliced.parent) == ["posteriors.ark"]
+        assert f"{len(entries) - 1} utterances, 1 skipped (missing_file=1" in stderr, stderr
 
 
 def test_fusion_with_zero_shot_search_needs_a_head_on_phone_posteriors(exported, tmp_path):

@@ -156,10 +156,12 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   fi
   # The threshold the models ship with meets target_fa_per_hour on the dev set; the test
   # set reports its own operating points and what a user gets at that threshold.
-  utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+  utils/kws_score.sh --nj "$nj" --target-fa-per-hour "$target_fa_per_hour" \
+    --bootstrap-unit "$bootstrap_unit" \
     "$exp/export/model.onnx" "$data/dev/$list" "$dict" "$exp/score_dev"
   python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score_dev"
-  utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+  utils/kws_score.sh --nj "$nj" --target-fa-per-hour "$target_fa_per_hour" \
+    --bootstrap-unit "$bootstrap_unit" \
     --deployed threshold "$exp/export/model.onnx" "$data/test/$list" "$dict" "$exp/score"
   echo "summary ($exp/score/summary.txt):"
   cat "$exp/score/summary.txt"

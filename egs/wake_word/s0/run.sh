@@ -226,10 +226,12 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   fi
   # The threshold the models ship with meets target_fa_per_hour on the dev set; the test
   # set reports its own operating points and, at that threshold, what a user gets.
-  utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+  utils/kws_score.sh --nj "$nj" --target-fa-per-hour "$target_fa_per_hour" \
+    --bootstrap-unit "$bootstrap_unit" \
     "$exp/export/model.onnx" "$data/dev/$list" "$dict" "$exp/score_dev"
   python -m toolkit.bin.set_threshold --export-dir "$exp/export" --score-dir "$exp/score_dev"
-  utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+  utils/kws_score.sh --nj "$nj" --target-fa-per-hour "$target_fa_per_hour" \
+    --bootstrap-unit "$bootstrap_unit" \
     --deployed threshold "$exp/export/model.onnx" "$data/test/$list" "$dict" "$exp/score"
   echo "summary ($exp/score/summary.txt):"
   cat "$exp/score/summary.txt"
@@ -237,30 +239,34 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     # The weights of head, search and verifier: chosen on the dev set, stored in the export.
     python -m toolkit.bin.compute_posteriors --model "$exp/export/model.onnx" \
       --data-list "$data/dev/$list" --output "$exp/fusion/dev_parts.ark" \
-      --fuse-zero-shot --fusion-components
+      --fuse-zero-shot --fusion-components --nj "$nj"
     # The dev set's fused scores come from those components: no second search of dev.
     python -m toolkit.bin.choose_fusion --components "$exp/fusion/dev_parts.ark" \
       --data-list "$data/dev/$list" --export-dir "$exp/export" --out-dir "$exp/fusion" \
       --target-fa-per-hour "$target_fa_per_hour" --fused-output "$exp/fusion/dev_fused.ark"
-    utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+    utils/kws_score.sh --nj "$nj" --target-fa-per-hour "$target_fa_per_hour" \
+      --bootstrap-unit "$bootstrap_unit" \
       --fuse-zero-shot true --posteriors "$exp/fusion/dev_fused.ark" \
       "$exp/export/model.onnx" "$data/dev/$list" "$dict" "$exp/score_fused_dev"
     python -m toolkit.bin.set_threshold --fused --export-dir "$exp/export" \
       --score-dir "$exp/score_fused_dev"
-    utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+    utils/kws_score.sh --nj "$nj" --target-fa-per-hour "$target_fa_per_hour" \
+      --bootstrap-unit "$bootstrap_unit" \
       --fuse-zero-shot true --deployed fused_threshold \
       "$exp/export/model.onnx" "$data/test/$list" "$dict" "$exp/score_fused"
     echo "fused with zero-shot search ($exp/score_fused/summary.txt):"
     cat "$exp/score_fused/summary.txt"
   fi
   for e in ${outside_engines//,/ }; do
-    utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+    utils/kws_score.sh --nj "$nj" --target-fa-per-hour "$target_fa_per_hour" \
+      --bootstrap-unit "$bootstrap_unit" \
       --deployed threshold \
       "$exp/export/model.onnx" "$data/outside_$e/test/$list" "$dict" "$exp/score_outside_$e"
     echo "outside test $data/outside_$e/test ($exp/score_outside_$e/summary.txt):"
     cat "$exp/score_outside_$e/summary.txt"
     if [ "$fuse_zero_shot" = true ]; then
-      utils/kws_score.sh --target-fa-per-hour "$target_fa_per_hour" --bootstrap-unit "$bootstrap_unit" \
+      utils/kws_score.sh --nj "$nj" --target-fa-per-hour "$target_fa_per_hour" \
+        --bootstrap-unit "$bootstrap_unit" \
         --fuse-zero-shot true --deployed fused_threshold \
         "$exp/export/model.onnx" "$data/outside_$e/test/$list" "$dict" "$exp/score_fused_outside_$e"
       echo "fused, outside test $data/outside_$e/test ($exp/score_fused_outside_$e/summary.txt):"
