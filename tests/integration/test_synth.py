@@ -1,5 +1,6 @@
 """Tests of the TTS layer (toolkit.voicebank) and the synthetic wake-word corpus on top of it
 (toolkit.tasks.kws.corpus)."""
+import collections
 import json
 import os
 import shutil
@@ -707,3 +708,40 @@ def test_real_flite_corpus_times_keywords_in_carrier_sentences(tmp_path):
             assert 0 < start < end <= float(durations[utt]), utt
             carriers += texts[utt] != KW
     assert carriers >= 2
+
+
+def test_outside_dev_speaks_every_unreserved_voice_of_its_engines_in_dev_alone(tmp_path):
+    """--outside-dev: a dev split alone, for choosing on voices unlike the training ones:
+    every voice of pico and RHVoice but RHVoice's reserved ones (slt is festival's speaker,
+    two are for evaluation only), and no train or test split."""
+    from toolkit.voicebank import is_reserved
+    require_engine("pico")
+    require_engine("rhvoice")
+    sizes = S.Sizes(train_pos=0, train_neg=0, dev_pos=20, dev_neg=40, test_pos=0, test_neg=0)
+    out = str(tmp_path / "odev")
+    summary = S.generate_corpus([KW], out, sizes=sizes, engines=("pico", "rhvoice"),
+                                outside_dev=True)
+    assert list(summary) == ["dev"] and summary["dev"]["utts"] == 60
+    assert not os.path.exists(os.path.join(out, "train"))
+    assert not os.path.exists(os.path.join(out, "test"))
+    free = {v.spk for name in ("pico", "rhvoice") for v in engine_class(name).voices()
+            if not is_reserved(v)}
+    assert {"pico_en-us", "pico_en-gb", "rhvoice_alan"} <= free
+    assert not free & {"rhvoice_slt", "rhvoice_lyubov", "rhvoice_evgeniy-eng"}
+    with open(os.path.join(out, "voices.tsv"), encoding="utf-8") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f][1:]
+    assert {r[0] for r in rows} == free and {r[1] for r in rows} == {"dev"}
+    speakers = set(_dict(os.path.join(out, "dev", "utt2spk")).values()) - {"noise_dev"}
+    assert speakers == free                         # every one of them speaks
+    kinds = collections.Counter(_dict(os.path.join(out, "dev", "utt2kind")).values())
+    assert kinds["pos"] == 20 and kinds["conf"] > 0 and kinds["neg"] > 0
+    # The same engines and seed in a test-only corpus hold out other voices: not a dev set.
+    with pytest.raises(SynthError, match="choose one"):
+        S.generate_corpus([KW], str(tmp_path / "both"), sizes=sizes, engines=("pico",),
+                          test_only=True, outside_dev=True)
+    with pytest.raises(SynthError, match="no --blends"):
+        S.generate_corpus([KW], str(tmp_path / "blends"), sizes=sizes, engines=("pico",),
+                          outside_dev=True, blends=2)
+    with pytest.raises(SynthError, match="flite is reserved"):
+        S.generate_corpus([KW], str(tmp_path / "flite"), sizes=sizes, engines=("flite",),
+                          outside_dev=True)

@@ -71,6 +71,12 @@ def get_args(argv=None):
                         f"{','.join(SPOKEN_KINDS)} (positives, confusables, random words): "
                         "'pos' spends a neural engine's synthesis time on short keyword clips "
                         "alone (default %(default)s)")
+    p.add_argument("--outside-dev", action="store_true",
+                   help="write <out-dir>/dev alone (and dict/), sized by --num-dev-pos/"
+                        "--num-dev-neg, spoken by every voice of --engines that no test "
+                        "reserves: a set to choose fusion weights or a front end on, from "
+                        "engines no training corpus speaks (e.g. pico,rhvoice), so that the "
+                        "choice sees voices unlike the training ones")
     p.add_argument("--neg-cache", action="store_true",
                    help="take the general negatives (random words, noise alone: the same for "
                         "every keyword) from the negatives cache ($TOOLKIT_NEG_CACHE, else "
@@ -98,7 +104,7 @@ def main(argv=None):
                               other_share=args.other_share, blends=args.blends,
                               test_only=args.test_only,
                               other_kinds=args.other_kinds.split(","),
-                              neg_cache=args.neg_cache)
+                              neg_cache=args.neg_cache, outside_dev=args.outside_dev)
     for split, info in summary.items():
         kinds = ", ".join(f"{k} {h:.2f} h" for k, h in info["hours_by_kind"].items())
         dropped = (f"; {info['dropped_negatives']} general negatives dropped (they hold the "

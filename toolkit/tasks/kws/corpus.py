@@ -330,7 +330,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     train_hard_share: float = TRAIN_HARD_SHARE,
                     other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
                     test_only: bool = False,
-                    other_kinds: Sequence[str] = SPOKEN_KINDS, neg_cache: bool = False) -> dict:
+                    other_kinds: Sequence[str] = SPOKEN_KINDS, neg_cache: bool = False,
+                    outside_dev: bool = False) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
     `train_conf_share` and `train_hard_share` shape the training negatives only (see
@@ -341,7 +342,10 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     they are made of then all train, the blends are shared out like other voices.
     `test_only` writes the test split alone: the same held-out
     voices as the full corpus of this seed plus every reserved voice of the engines (all
-    of festival's): an evaluation set from other voices and engines. `neg_cache`: the
+    of festival's): an evaluation set from other voices and engines. `outside_dev` writes
+    the dev split alone, spoken by every voice of the engines that no test reserves (no
+    blends): a set to choose on (fusion weights, a front end) from voices unlike the
+    training ones, when the engines are ones no training corpus speaks. `neg_cache`: the
     general negatives come from the negatives cache (toolkit.tasks.kws.negatives), made
     there once for every keyword; the corpus is the same as without it. With or without,
     the general negatives that hold a keyword are dropped (logged; counted in the summary's
@@ -372,7 +376,11 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     if blends < 0:
         raise SynthError(f"blends must be >= 0, got {blends}")
     other_kinds = check_other_kinds(other_kinds)
-    splits = ("test",) if test_only else SPLITS
+    if test_only and outside_dev:
+        raise SynthError("--test-only and --outside-dev each write one split: choose one")
+    splits = ("test",) if test_only else ("dev",) if outside_dev else SPLITS
+    if outside_dev and blends:
+        raise SynthError("--outside-dev speaks with the engines' own voices: no --blends")
     named = open_engines(engines, test_only, needs_espeak=True)
     settings = {"keywords": list(keywords), "seed": int(seed), "sizes": asdict(sizes),
                 "sample_rate": int(sample_rate), "snr_db": [float(snr_db[0]), float(snr_db[1])],
@@ -381,6 +389,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                 "train_hard_share": float(train_hard_share)}
     if other_kinds != SPOKEN_KINDS:     # absent by default: older stamps stay valid
         settings["other_kinds"] = list(other_kinds)
+    if outside_dev:
+        settings["outside_dev"] = True
     config = corpus_stamp(FORMAT_VERSION, settings, named, tools=("espeak",))
     out = corpus_dir(out_dir)
     required = {**{s: DATA_FILES for s in splits}, "dict": DICT_FILES}
@@ -392,7 +402,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     with out.workspace(config) as tmp_dir:
         plan = plan_corpus(keywords, seed, sizes, snr_db, named, tmp_dir,
                            TrainMix(train_conf_share, train_hard_share), splits,
-                           other_share, blends, other_kinds)
+                           other_share, blends, other_kinds, outside_dev)
         logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
                     sum(len(g.specs) for g in plan.groups), len(plan.groups), time.time() - t0,
                     nj)
@@ -432,7 +442,7 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
                 engines: Engines, tmp_dir: str,
                 train_mix: TrainMix = TrainMix(), splits: Sequence[str] = SPLITS,
                 other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
-                other_kinds: Sequence[str] = SPOKEN_KINDS) -> Plan:
+                other_kinds: Sequence[str] = SPOKEN_KINDS, outside_dev: bool = False) -> Plan:
     """Every group of `splits`, the voices of every split, and the general negatives the
     keywords drop (toolkit.tasks.kws.negatives). The speakers: espeak-ng's
     fixed voices when it speaks, and the other engines' voices; reserved voices join the
@@ -445,8 +455,11 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     if not probe["phonemes"]:
         raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: {INSTALL_HINT}")
     free, reserved = engines.usable(probe["voices"])
-    by_split = split_with_blends(free, mixed, seed, VOICE_SPLIT,
-                                 lambda vs: split_voices(vs, seed))
+    if outside_dev:             # every unreserved voice chooses; none trains or tests
+        by_split = {"train": [], "dev": sorted(free, key=lambda v: v.spk), "test": []}
+    else:
+        by_split = split_with_blends(free, mixed, seed, VOICE_SPLIT,
+                                     lambda vs: split_voices(vs, seed))
     if reserved:
         by_split["test"] = sorted(engines.outside_test(by_split["test"], reserved),
                                   key=lambda v: v.spk)
