@@ -44,8 +44,8 @@ def test_recipe_stages_with_the_phone_frontend(tmp_path):
     meta = read_metadata(str(exp / "export" / "model.onnx"))
     front = meta["feature"]["frontend"]
     assert meta["feature"]["type"] == "phone_frontend"
-    assert front["source"] == "pretrained:phone-voicebank-v2"
-    assert front["sha256"] == pretrained.card_sha256("phone-voicebank-v2")
+    assert front["source"] == "pretrained:phone-voicebank-v5"
+    assert front["sha256"] == pretrained.card_sha256("phone-voicebank-v5")
     assert meta["model_config"]["input_dim"] == len(front["units"])
     assert "parity streamed front end vs whole utterance" in result.stderr
     summary = (exp / "score" / "summary.txt").read_text()

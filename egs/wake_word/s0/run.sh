@@ -71,7 +71,7 @@ nj=2
 neg_cache=true
 
 # Front end: phone_frontend (the default and the best on voices no training heard: the
-# toolkit's own pretrained phone front end, frozen, toolkit/pretrained/phone-voicebank-v2),
+# toolkit's own pretrained phone front end, frozen, toolkit/pretrained/phone-voicebank-v5),
 # fbank (kaldi-native-fbank: a model of its own from the mel bins) or speech_embedding
 # (openWakeWord 0.5.1's frozen ONNX front end, installed on demand; its models are CC
 # BY-NC-SA 4.0, non-commercial: README.md, "Front ends"). It picks the default config,
