@@ -79,7 +79,6 @@ def write_posteriors(model: str, data_list: str, output: str, chunk_frames: int 
     Returns (utterances written, the skips)."""
     from toolkit.data.datalist import DataList
     from toolkit.progress import parallel_map
-
     from toolkit.tasks.kws.detector import load_backend
 
     if nj < 1:
