@@ -713,21 +713,24 @@ def test_real_flite_corpus_times_keywords_in_carrier_sentences(tmp_path):
 def test_outside_dev_speaks_every_unreserved_voice_of_its_engines_in_dev_alone(tmp_path):
     """--outside-dev: a dev split alone, for choosing on voices unlike the training ones:
     every voice of pico and RHVoice but RHVoice's reserved ones (slt is festival's speaker,
-    two are for evaluation only), and no train or test split."""
+    two are for evaluation only) and those --exclude-voices names (the voices a front end
+    heard), and no train or test split."""
     from toolkit.voicebank import is_reserved
     require_engine("pico")
     require_engine("rhvoice")
     sizes = S.Sizes(train_pos=0, train_neg=0, dev_pos=20, dev_neg=40, test_pos=0, test_neg=0)
     out = str(tmp_path / "odev")
+    excluded = ("pico_en-gb", "rhvoice_bdl")       # what phone-voicebank-v3..v5 trained on
     summary = S.generate_corpus([KW], out, sizes=sizes, engines=("pico", "rhvoice"),
-                                outside_dev=True)
+                                outside_dev=True, exclude_voices=excluded)
     assert list(summary) == ["dev"] and summary["dev"]["utts"] == 60
     assert not os.path.exists(os.path.join(out, "train"))
     assert not os.path.exists(os.path.join(out, "test"))
     free = {v.spk for name in ("pico", "rhvoice") for v in engine_class(name).voices()
             if not is_reserved(v)}
-    assert {"pico_en-us", "pico_en-gb", "rhvoice_alan"} <= free
+    assert {"pico_en-us", "pico_en-gb", "rhvoice_alan", "rhvoice_bdl"} <= free
     assert not free & {"rhvoice_slt", "rhvoice_lyubov", "rhvoice_evgeniy-eng"}
+    free -= set(excluded)
     with open(os.path.join(out, "voices.tsv"), encoding="utf-8") as f:
         rows = [line.rstrip("\n").split("\t") for line in f][1:]
     assert {r[0] for r in rows} == free and {r[1] for r in rows} == {"dev"}
@@ -745,3 +748,10 @@ def test_outside_dev_speaks_every_unreserved_voice_of_its_engines_in_dev_alone(t
     with pytest.raises(SynthError, match="flite is reserved"):
         S.generate_corpus([KW], str(tmp_path / "flite"), sizes=sizes, engines=("flite",),
                           outside_dev=True)
+    with pytest.raises(SynthError, match="pico_en-au: no such voice .* pico_en-gb,pico_en-us"):
+        S.generate_corpus([KW], str(tmp_path / "unknown"), sizes=sizes, engines=("pico",),
+                          outside_dev=True, exclude_voices=("pico_en-au",))
+    with pytest.raises(SynthError, match="no --blends"):
+        S.generate_corpus([KW], str(tmp_path / "xblends"), sizes=sizes, engines=("pico",),
+                          exclude_voices=("pico_en-gb",), blends=2)
+    assert not os.path.exists(str(tmp_path / "unknown" / "dev"))

@@ -74,9 +74,14 @@ def get_args(argv=None):
     p.add_argument("--outside-dev", action="store_true",
                    help="write <out-dir>/dev alone (and dict/), sized by --num-dev-pos/"
                         "--num-dev-neg, spoken by every voice of --engines that no test "
-                        "reserves: a set to choose fusion weights or a front end on, from "
-                        "engines no training corpus speaks (e.g. pico,rhvoice), so that the "
-                        "choice sees voices unlike the training ones")
+                        "reserves and --exclude-voices does not name: a set to choose fusion "
+                        "weights or a front end on, from voices no training corpus holds "
+                        "(e.g. pico,rhvoice,mbrola less the voices the phone front end was "
+                        "trained on), so that the choice sees voices unlike the training ones")
+    p.add_argument("--exclude-voices", default="", metavar="LIST",
+                   help="speaker ids (as in voices.tsv, e.g. pico_en-gb,rhvoice_bdl) that speak "
+                        "in no split: with --outside-dev, the voices the front end was trained "
+                        "on (its model card names them); an unknown id is an error")
     p.add_argument("--neg-cache", action="store_true",
                    help="take the general negatives (random words, noise alone: the same for "
                         "every keyword) from the negatives cache ($TOOLKIT_NEG_CACHE, else "
@@ -104,7 +109,8 @@ def main(argv=None):
                               other_share=args.other_share, blends=args.blends,
                               test_only=args.test_only,
                               other_kinds=args.other_kinds.split(","),
-                              neg_cache=args.neg_cache, outside_dev=args.outside_dev)
+                              neg_cache=args.neg_cache, outside_dev=args.outside_dev,
+                              exclude_voices=[v for v in args.exclude_voices.split(",") if v])
     for split, info in summary.items():
         kinds = ", ".join(f"{k} {h:.2f} h" for k, h in info["hours_by_kind"].items())
         dropped = (f"; {info['dropped_negatives']} general negatives dropped (they hold the "

@@ -331,7 +331,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
                     other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
                     test_only: bool = False,
                     other_kinds: Sequence[str] = SPOKEN_KINDS, neg_cache: bool = False,
-                    outside_dev: bool = False) -> dict:
+                    outside_dev: bool = False, exclude_voices: Sequence[str] = ()) -> dict:
     """Writes the corpus; returns {split: {"utts": n, "hours": h, ...}}. Skips the work
     when `out_dir` already holds a complete corpus made with the same arguments.
     `train_conf_share` and `train_hard_share` shape the training negatives only (see
@@ -345,7 +345,9 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     of festival's): an evaluation set from other voices and engines. `outside_dev` writes
     the dev split alone, spoken by every voice of the engines that no test reserves (no
     blends): a set to choose on (fusion weights, a front end) from voices unlike the
-    training ones, when the engines are ones no training corpus speaks. `neg_cache`: the
+    training ones, when no training corpus holds the voices left. `exclude_voices`:
+    speaker ids (voices.tsv's) that speak in no split, e.g. the voices a pretrained front
+    end was trained on, so that an outside dev set holds none of them. `neg_cache`: the
     general negatives come from the negatives cache (toolkit.tasks.kws.negatives), made
     there once for every keyword; the corpus is the same as without it. With or without,
     the general negatives that hold a keyword are dropped (logged; counted in the summary's
@@ -381,6 +383,9 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     splits = ("test",) if test_only else ("dev",) if outside_dev else SPLITS
     if outside_dev and blends:
         raise SynthError("--outside-dev speaks with the engines' own voices: no --blends")
+    exclude_voices = sorted(set(exclude_voices))
+    if exclude_voices and blends:     # a blend would still carry an excluded voice's timbre
+        raise SynthError("--exclude-voices keeps voices out of every split: no --blends")
     named = open_engines(engines, test_only, needs_espeak=True)
     settings = {"keywords": list(keywords), "seed": int(seed), "sizes": asdict(sizes),
                 "sample_rate": int(sample_rate), "snr_db": [float(snr_db[0]), float(snr_db[1])],
@@ -391,6 +396,8 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
         settings["other_kinds"] = list(other_kinds)
     if outside_dev:
         settings["outside_dev"] = True
+    if exclude_voices:
+        settings["exclude_voices"] = exclude_voices
     config = corpus_stamp(FORMAT_VERSION, settings, named, tools=("espeak",))
     out = corpus_dir(out_dir)
     required = {**{s: DATA_FILES for s in splits}, "dict": DICT_FILES}
@@ -402,7 +409,7 @@ def generate_corpus(keywords: Sequence[str], out_dir: str, seed: int = 777,
     with out.workspace(config) as tmp_dir:
         plan = plan_corpus(keywords, seed, sizes, snr_db, named, tmp_dir,
                            TrainMix(train_conf_share, train_hard_share), splits,
-                           other_share, blends, other_kinds, outside_dev)
+                           other_share, blends, other_kinds, outside_dev, exclude_voices)
         logger.info("planned %d utterances in %d groups (%.1f s); rendering with nj=%d",
                     sum(len(g.specs) for g in plan.groups), len(plan.groups), time.time() - t0,
                     nj)
@@ -442,7 +449,8 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
                 engines: Engines, tmp_dir: str,
                 train_mix: TrainMix = TrainMix(), splits: Sequence[str] = SPLITS,
                 other_share: float = OTHER_ENGINES_SHARE, blends: int = 0,
-                other_kinds: Sequence[str] = SPOKEN_KINDS, outside_dev: bool = False) -> Plan:
+                other_kinds: Sequence[str] = SPOKEN_KINDS, outside_dev: bool = False,
+                exclude_voices: Sequence[str] = ()) -> Plan:
     """Every group of `splits`, the voices of every split, and the general negatives the
     keywords drop (toolkit.tasks.kws.negatives). The speakers: espeak-ng's
     fixed voices when it speaks, and the other engines' voices; reserved voices join the
@@ -455,6 +463,12 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     if not probe["phonemes"]:
         raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: {INSTALL_HINT}")
     free, reserved = engines.usable(probe["voices"])
+    unknown = sorted(set(exclude_voices) - {v.spk for v in free + reserved})
+    if unknown:
+        raise SynthError(f"--exclude-voices {','.join(unknown)}: no such voice of the engines "
+                         f"{','.join(engines.names)}; they have "
+                         f"{','.join(sorted(v.spk for v in free + reserved))}")
+    free = [v for v in free if v.spk not in set(exclude_voices)]
     if outside_dev:             # every unreserved voice chooses; none trains or tests
         by_split = {"train": [], "dev": sorted(free, key=lambda v: v.spk), "test": []}
     else:
