@@ -463,11 +463,11 @@ def plan_corpus(keywords: Sequence[str], seed: int, sizes: Sizes, snr_db: Tuple[
     if not probe["phonemes"]:
         raise SynthError(f"espeak-ng has none of the English voices {ACCENTS}: {INSTALL_HINT}")
     free, reserved = engines.usable(probe["voices"])
-    unknown = sorted(set(exclude_voices) - {v.spk for v in free + reserved})
+    known = sorted(v.spk for v in probe["voices"])      # reserved ones too: excluding is moot
+    unknown = sorted(set(exclude_voices) - set(known))
     if unknown:
         raise SynthError(f"--exclude-voices {','.join(unknown)}: no such voice of the engines "
-                         f"{','.join(engines.names)}; they have "
-                         f"{','.join(sorted(v.spk for v in free + reserved))}")
+                         f"{','.join(engines.names)}; they have {','.join(known)}")
     free = [v for v in free if v.spk not in set(exclude_voices)]
     if outside_dev:             # every unreserved voice chooses; none trains or tests
         by_split = {"train": [], "dev": sorted(free, key=lambda v: v.spk), "test": []}
