@@ -4,6 +4,7 @@ markers of the same names, so `pytest -m "not recipe"` is the everyday loop; the
 finish together instead of one running a long recipe test alone at the end; and the TTS
 clip cache (toolkit.voicebank.cache) and the wake-word negatives cache
 (toolkit.tasks.kws.negatives) are directories of this run, not the user's."""
+import logging
 import os
 import shutil
 import sys
@@ -81,3 +82,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A binary's main() run in this process (toolkit.logging_utils.setup_logging) binds
+    the root logger to the test's captured stderr, which pytest closes after the test; left
+    there, every later in-process main() of the same worker logs "--- Logging error ---"
+    tracebacks into its stderr (basicConfig does nothing while a handler exists). The
+    handlers a test added go with it; pytest's own come and go by themselves."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in before and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)

@@ -14,7 +14,7 @@ from test_recipe_wake_word import RECIPE, tiny_corpus_config
 from process_tree import run_tree
 
 TINY = ["--num-procs", "1", "--average-num", "2", "--train-overrides",
-        "training.max_epoch=8 dataset.max_frames_in_batch=3000 training.log_interval=5 "
+        "training.max_epoch=12 dataset.max_frames_in_batch=3000 training.log_interval=5 "
         "optim.scheduler.warmup_steps=5"]
 
 

@@ -18,7 +18,7 @@ RECIPE = os.path.join(ROOT, "egs", "wake_word", "s0")
 TINY_CORPUS = {"num_train_pos": 40, "num_train_neg": 60, "num_dev_pos": 10, "num_dev_neg": 14,
                "num_test_pos": 12, "num_test_neg": 24}
 TINY = ["--frontend", "fbank", "--num-procs", "2", "--average-num", "2",
-        "--train-overrides", "training.max_epoch=8 dataset.batch_size=8 training.log_interval=4 "
+        "--train-overrides", "training.max_epoch=12 dataset.batch_size=8 training.log_interval=4 "
         "optim.scheduler.warmup_steps=2"]
 
 
@@ -110,11 +110,13 @@ def test_the_detector_learned(recipe_run):
     """A floor an untrained detector fails: the dev loss ends well below its first value
     (one that learns nothing keeps it or, learning the filler prior only, raises it). The
     best of the last three validations, as stage 4 averages the best checkpoints: a dev set
-    of 24 utterances is noisy (corpus format 6 at seed 777: 0.679 first, 0.602 then 0.622
-    last; seeds 778-780 end at 0.75, 0.67 and 0.59 of their first)."""
+    of 24 utterances is noisy (corpus format 6 at seed 777, 8 epochs on an AVX2 EPYC: 0.679
+    first, 0.602 then 0.622 last; seeds 778-780 end at 0.75, 0.67 and 0.59 of their first).
+    On an AVX-512 EPYC the same 8 epochs ended at 0.91 of the first, so it trains 12: 0.85
+    there."""
     tmp, _ = recipe_run
     losses = dev_values(tmp / "exp" / "log" / "train.rank0.log")
-    assert len(losses) == 8, losses
+    assert len(losses) == 12, losses
     assert min(losses[-3:]) < 0.9 * losses[0], losses
 
 
