@@ -599,26 +599,32 @@ def _os_threads():
     return set(os.listdir("/proc/self/task"))
 
 
-@pytest.mark.parametrize("stop_after", [None, 2], ids=["exhausted", "abandoned"])
-def test_loader_threads_are_gone_before_the_next_fork(stop_after):
+@pytest.mark.parametrize("batches,stop_after", [(6, None), (6, 2), (1, 1)],
+                         ids=["exhausted", "abandoned", "abandoned-before-every-worker-had-work"])
+def test_loader_threads_are_gone_before_the_next_fork(batches, stop_after):
     # A plain DataLoader returns while its queue-feeder threads are still exiting (about
     # half the time here); forking the next loader then can deadlock the child on
-    # CPython 3.11. The pipeline's loader returns only once they are gone.
+    # CPython 3.11. The pipeline's loader returns only once they are gone, including the
+    # feeder that shutdown itself starts for a worker that never got an index (1 batch,
+    # 2 workers).
+    import gc
     import threading
     import time
     from toolkit.data.loader import build_loader
     # One pass first: threads a library starts lazily on its first use in this process and
     # keeps (it ran other tests' files before) are not the loader's. A loader that left its
-    # own behind would still show new ones in every pass below.
+    # own behind would still show new ones in every pass below. Garbage of earlier tests
+    # goes now: an abandoned loader collected mid-pass would shut down its own workers.
     list(build_loader(_Numbers(), 2, 2, 0, sampler=range(6)))
+    gc.collect()
     for _ in range(10):
         before = _os_threads()
         seen = []
-        for i, batch in enumerate(build_loader(_Numbers(), 2, 2, 0, sampler=range(6))):
+        for i, batch in enumerate(build_loader(_Numbers(), 2, 2, 0, sampler=range(batches))):
             seen.append(int(batch[0]))
             if stop_after is not None and i + 1 == stop_after:
                 break
-        assert seen == list(range(6))[:stop_after]
+        assert seen == list(range(batches))[:stop_after]
         assert _os_threads() <= before
     # A thread that starts mid-epoch and lives on (TensorBoard's writer does) is not
     # waited for: the loop ends well inside the 30 s thread-exit timeout.

@@ -117,6 +117,9 @@ class ForkSafeLoader:
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()      # idempotent; already done when the iterator was exhausted
+        # Shutdown's stop message starts the feeder of a worker queue that had no index
+        # yet (fewer batches than workers times prefetch); that thread is waited for too.
+        feeders += [t for t in _queue_feeder_threads(iterator) if t not in feeders]
         if stuck:
             # A worker stuck in fork ignores the shutdown request and may have inherited a
             # SIGTERM handler it can never run; it is off the loader's watch list now.
