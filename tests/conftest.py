@@ -1,6 +1,7 @@
 """Suite-wide pytest setup: the groups (tests/unit, tests/integration, tests/recipes) become
-markers of the same names, so `pytest -m "not recipe"` is the everyday loop; the slowest test files are collected first, so that pytest-xdist
-(--dist loadfile, tools/test.sh) hands them out before the short ones and the workers
+markers of the same names, so `pytest -m "not recipe"` is the everyday loop; the slowest
+test files are collected first, so that pytest-xdist (--dist loadfile
+--no-loadscope-reorder, tools/test.sh) hands them out before the short ones and the workers
 finish together instead of one running a long recipe test alone at the end; and the TTS
 clip cache (toolkit.voicebank.cache) and the wake-word negatives cache
 (toolkit.tasks.kws.negatives) are directories of this run, not the user's."""

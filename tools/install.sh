@@ -101,6 +101,13 @@ sys.exit(os.path.realpath(toolkit.bin.__path__[0]) != os.path.realpath(sys.argv[
   extras
   exit 0
 fi
+# Not current: two runs that find it so at once (two recipes started after a pull that
+# changed setup.py) would run pip in one venv together, and one of them fail. One at a
+# time, and the one that waited checks again (usually: current now, nothing to do).
+if [ -z "${TOOLKIT_INSTALL_LOCKED:-}" ] && command -v flock >/dev/null 2>&1; then
+  mkdir -p "$(dirname "$venv")"
+  exec env TOOLKIT_INSTALL_LOCKED=1 flock "${venv%/}.install-lock" bash "$0" "$@"
+fi
 # What the venv holds afterwards: what it held (same setup.py) and what is asked for.
 all=$(echo $have "${asked[@]}" | tr ' ' '\n' | grep . | sort -u | tr '\n' ',' | sed 's/,$//')
 codec=0

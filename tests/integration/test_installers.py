@@ -661,6 +661,36 @@ def test_install_sh_makes_a_copied_checkouts_venv_afresh(tmp_path):
         index.stop()
 
 
+def test_two_install_sh_runs_on_a_stale_venv_take_turns(tmp_path):
+    """Two recipes started at once after a change to setup.py both find the venv stale:
+    pip runs once, and the run that waited finds the venv current and succeeds."""
+    torch = _wheel("torch", "0.0.1", "torch/__init__.py", b"")
+    name = "torch-0.0.1-py3-none-any.whl"
+    index = AssetServer({"/simple/torch/": f'<html><body><a href="/files/{name}">{name}</a>'
+                                           '</body></html>'.encode(), f"/files/{name}": torch})
+    try:
+        env = _pip_env(f"{index.url}/simple/", TORCH_VERSION="0.0.1", PYTHON=sys.executable)
+        env.pop("PYTHONPATH", None)
+        a = tmp_path / "a"
+        _fake_checkout(a)
+        _venv_with_this_ones_packages(a / "tools" / "venv")
+        first = subprocess.run(["bash", str(a / "tools" / "install.sh")], env=env,
+                               capture_output=True, text=True, timeout=300)
+        assert first.returncode == 0, first.stderr[-3000:]
+        with open(a / "setup.py", "a") as f:
+            f.write("# a pulled change\n")
+        runs = [subprocess.Popen(["bash", str(a / "tools" / "install.sh")], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+        results = [(run.wait(timeout=300), run.communicate()[1]) for run in runs]
+        assert [rc for rc, _ in results] == [0, 0], results
+        installed = [err for _, err in results if "[install] toolkit installed" in err]
+        assert len(installed) == 1, results
+        assert _imported_toolkit(a) == str(a / "toolkit")
+    finally:
+        index.stop()
+
+
 def _made_elsewhere(venv, stamp) -> bool:
     res = subprocess.run(["bash", "-c", 'source tools/install.sh && made_elsewhere "$1" "$2"',
                           "bash", str(venv), str(stamp)], cwd=ROOT, capture_output=True,
