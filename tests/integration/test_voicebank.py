@@ -527,3 +527,26 @@ def test_debian_engine(name, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert not cls.available() and cls.voices() == []
     assert f"bash tools/install_voices.sh {name}" in cls.unavailable_reason()
+
+
+def test_two_espeaks_in_one_process_each_speak_with_their_own_data_dir(tmp_path):
+    """libespeak-ng is one per process (one data dir, one synthesis callback): a second
+    Espeak, here on another data dir, must not take the first one's audio, nor leave it
+    speaking from the second one's data."""
+    from toolkit.voicebank.espeak import Espeak, espeak_paths
+    link = tmp_path / "espeak-ng-data"
+    os.symlink(espeak_paths()[1], link)          # another path: initialised again
+    first = Espeak()
+
+    def seconds(engine):
+        engine.seed(5)
+        return len(engine.synth("the number seven", "en-us+f3")) / engine.rate
+
+    alone = seconds(first)
+    assert alone > 0.5
+    second = Espeak(str(link))
+    # The same words, about as long, from each (one run of espeak-ng to the next differs
+    # by a few samples); before each object claimed the library, `first` got nothing.
+    for engine in (second, first, second, first):
+        assert seconds(engine) == pytest.approx(alone, rel=0.05)
+    assert first.phonemes("seven", "en-us") == second.phonemes("seven", "en-us") != ""

@@ -10,6 +10,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -68,6 +69,10 @@ class _EspeakVoice(ctypes.Structure):
 
 
 _espeak_pid: Optional[int] = None     # pid of the process that loaded espeak-ng, if any
+# libespeak-ng is one per process: one data dir and one synthesis callback for all the
+# Espeak objects in it. Each object takes them back before it speaks (Espeak._claim).
+_library_data: Optional[str] = None   # the data dir it was last initialised with
+_owner = None                         # weakref to the Espeak its callback collects for
 
 
 def loaded_in_this_process() -> bool:
@@ -127,9 +132,10 @@ class Espeak:
         if rate <= 0:
             raise SynthError(f"espeak-ng failed to initialise (data dir {data_path}): "
                              f"{INSTALL_HINT}")
-        self.lib, self.rate = lib, int(rate)
-        global _voice_in_use
+        self.lib, self.rate, self.data_path = lib, int(rate), data_path
+        global _voice_in_use, _library_data
         _voice_in_use = None                  # initialising leaves no voice we chose
+        _library_data = data_path
         # espeak-ng's own noise generator (breath, echo voices such as +f3/+f5) is seeded
         # from the clock at initialisation: without a fixed seed no two runs match.
         self._set_seed = getattr(lib, "espeak_ng_SetRandSeed", None)
@@ -141,7 +147,24 @@ class Espeak:
         # (1-based character position of the word in the text, its first output sample)
         self.word_starts: List[Tuple[int, int]] = []
         self._cb = _SYNTH_CB(self._collect)   # keep a reference: C holds the pointer
-        lib.espeak_SetSynthCallback(self._cb)
+        self._claim()
+
+    def _claim(self) -> None:
+        """Makes the process's libespeak-ng this object's: initialised from its data dir
+        (another Espeak may have initialised it from another since) and collecting into
+        its buffers. Without this a second Espeak silently took the first one's audio."""
+        global _owner, _voice_in_use, _library_data
+        if _owner is not None and _owner() is self:
+            return
+        if _library_data != self.data_path:
+            rate = self.lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0,
+                                              self.data_path.encode(), _INIT_DONT_EXIT)
+            if rate <= 0:
+                raise SynthError(f"espeak-ng failed to initialise (data dir {self.data_path}):"
+                                 f" {INSTALL_HINT}")
+            _library_data, _voice_in_use = self.data_path, None
+        self.lib.espeak_SetSynthCallback(self._cb)
+        _owner = weakref.ref(self)
 
     def _collect(self, wav, n, events):
         if n > 0 and wav:
@@ -157,6 +180,7 @@ class Espeak:
 
     def seed(self, value: int) -> None:
         """Fixes espeak's internal random generator and libc rand() (klatt noise)."""
+        self._claim()                  # initialising again would reseed from the clock
         if self._set_seed is not None:
             self._set_seed(int(value))
         _libc_srand(int(value))
@@ -164,6 +188,7 @@ class Espeak:
     def set_voice(self, voice: str) -> bool:
         """False when espeak does not know the voice (it would silently fall back)."""
         global _voice_in_use
+        self._claim()
         ok = self.lib.espeak_SetVoiceByName(voice.encode()) == 0
         _voice_in_use = voice if ok else None
         return ok
@@ -171,10 +196,12 @@ class Espeak:
     def current_identifier(self) -> str:
         """Data-dir path of the voice in use, with `+variant` only when the variant file
         was found and applied, e.g. gmw/en-US+f3."""
+        self._claim()
         return self.lib.espeak_GetCurrentVoice().contents.identifier.decode()
 
     def synth(self, text: str, voice: str, rate: int = 175, pitch: int = 50,
               prange: int = 50) -> np.ndarray:
+        self._claim()
         if not self.set_voice(voice):
             raise SynthError(f"espeak-ng has no voice {voice!r}")
         for param, value in ((_PARAM_RATE, rate), (_PARAM_PITCH, pitch), (_PARAM_RANGE, prange)):
@@ -195,6 +222,7 @@ class Espeak:
         (one ASCII character) goes between the phonemes of a word."""
         # Loading a voice costs more than the lookup: a lexicon of thousands of words in
         # one voice loads it once (the library holds one voice for the whole process).
+        self._claim()
         if _voice_in_use != voice and not self.set_voice(voice):
             raise SynthError(f"espeak-ng has no voice {voice!r}")
         # Bits 8-23 of the phoneme mode hold the separator character.
