@@ -127,15 +127,8 @@ class Espeak:
         lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
         lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
                                               ctypes.c_int]
-        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(),
-                                     _INIT_DONT_EXIT)
-        if rate <= 0:
-            raise SynthError(f"espeak-ng failed to initialise (data dir {data_path}): "
-                             f"{INSTALL_HINT}")
-        self.lib, self.rate, self.data_path = lib, int(rate), data_path
-        global _voice_in_use, _library_data
-        _voice_in_use = None                  # initialising leaves no voice we chose
-        _library_data = data_path
+        self.lib, self.data_path = lib, data_path
+        self.rate = self._initialise()
         # espeak-ng's own noise generator (breath, echo voices such as +f3/+f5) is seeded
         # from the clock at initialisation: without a fixed seed no two runs match.
         self._set_seed = getattr(lib, "espeak_ng_SetRandSeed", None)
@@ -153,18 +146,25 @@ class Espeak:
         """Makes the process's libespeak-ng this object's: initialised from its data dir
         (another Espeak may have initialised it from another since) and collecting into
         its buffers. Without this a second Espeak silently took the first one's audio."""
-        global _owner, _voice_in_use, _library_data
+        global _owner
         if _owner is not None and _owner() is self:
             return
         if _library_data != self.data_path:
-            rate = self.lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0,
-                                              self.data_path.encode(), _INIT_DONT_EXIT)
-            if rate <= 0:
-                raise SynthError(f"espeak-ng failed to initialise (data dir {self.data_path}):"
-                                 f" {INSTALL_HINT}")
-            _library_data, _voice_in_use = self.data_path, None
+            self._initialise()
         self.lib.espeak_SetSynthCallback(self._cb)
         _owner = weakref.ref(self)
+
+    def _initialise(self) -> int:
+        """espeak_Initialize from this object's data dir; its sample rate."""
+        global _voice_in_use, _library_data
+        rate = self.lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, self.data_path.encode(),
+                                          _INIT_DONT_EXIT)
+        if rate <= 0:
+            raise SynthError(f"espeak-ng failed to initialise (data dir {self.data_path}): "
+                             f"{INSTALL_HINT}")
+        _voice_in_use = None                  # initialising leaves no voice we chose
+        _library_data = self.data_path
+        return int(rate)
 
     def _collect(self, wav, n, events):
         if n > 0 and wav:
@@ -201,8 +201,7 @@ class Espeak:
 
     def synth(self, text: str, voice: str, rate: int = 175, pitch: int = 50,
               prange: int = 50) -> np.ndarray:
-        self._claim()
-        if not self.set_voice(voice):
+        if not self.set_voice(voice):         # claims the library first
             raise SynthError(f"espeak-ng has no voice {voice!r}")
         for param, value in ((_PARAM_RATE, rate), (_PARAM_PITCH, pitch), (_PARAM_RANGE, prange)):
             self.lib.espeak_SetParameter(param, int(value), 0)
