@@ -119,7 +119,7 @@ def test_trainer_memory_measures_a_speaker_run_on_two_ranks(tmp_path):
 def test_gpu_family_check_validates_every_run_and_trains_on_cpu(tmp_path, capsys):
     """The GPU check (run only where a GPU is lent): each family's config with the
     overrides of every run it makes is valid, and a run goes through the trainer on CPU
-    with a tiny model (the codec: two optimizers), so the day a GPU comes the script works."""
+    with a tiny model (the wake-word family), so the day a GPU comes the script works."""
     import gpu_families
     # --check-configs imports and validates, nothing more: its main() in this process.
     capsys.readouterr()

@@ -110,7 +110,7 @@ def test_training_step_and_dev_metrics_at_the_output_rate(rate, decoder):
 
 
 def test_istft_decoder_learns_a_fixed_batch():
-    """Twenty optimizer steps on one batch lower the mel loss of the istft decoder (its
+    """Twelve optimizer steps on one batch lower the mel loss of the istft decoder (its
     gradient reaches the encoder through the inverse STFT and the quantizer)."""
     raw = dual_config(24000, decoder="istft", decoder_strides=[], istft_dim=32, istft_layers=2,
                       quantizer_dropout=0.0)
@@ -123,7 +123,7 @@ def test_istft_decoder_learns_a_fixed_batch():
                           ["a", "b"])
     real = batch.audio.unsqueeze(1)
     losses = []
-    for _ in range(20):
+    for _ in range(12):                     # the last loss is about 0.65 x the first
         out = generator(batch.encoder_audio.unsqueeze(1))
         loss = task._mel(out["audio"], real) + out["commit_loss"] + out["codebook_loss"]
         optimizer.zero_grad()

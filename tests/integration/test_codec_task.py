@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import random
+import shutil
 import sys
 
 import numpy as np
@@ -208,16 +209,17 @@ def test_no_limit_given_is_one_error_line(corpus, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_a_begun_phase_stays_on_when_max_steps_grows(corpus, tmp_path):
-    """4 steps with the phase at 0.5 (the discriminators start at step index 2), then a
-    resume with max_steps=12: the phase would now begin at step index 6, but it had begun,
-    so steps 5-12 keep training the discriminators with the adversarial terms on."""
+def test_a_begun_phase_stays_on_when_max_steps_grows(corpus, phase_run, tmp_path):
+    """4 steps with the phase at 0.5 (the discriminators start at step index 2: a copy of
+    phase_run's exp dir), then a resume with max_steps=12: the phase would now begin at
+    step index 6, but it had begun, so steps 5-12 keep training the discriminators with
+    the adversarial terms on."""
     exp = str(tmp_path / "exp")
-    first = run_train(corpus.train_args(exp, "training.max_steps=4",
-                                         "training.save_interval_steps=100"))
-    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(phase_run[0], exp)
+    assert latest_payload(exp)["step"] == 4
     assert latest_payload(exp)["schedules"]["discriminator"]["step_count"] == 2
-    again = run_train(corpus.train_args(exp, "training.max_steps=12",
+    again = run_train(corpus.train_args(exp, f"dataset.auth_token={SECRET}",
+                                         "training.max_steps=12",
                                          "training.save_interval_steps=100"))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "allowed configuration change on resume: training.max_steps: 4 -> 12" in again.stderr

@@ -624,9 +624,13 @@ def _imported_toolkit(checkout) -> str:
                           text=True).stdout.strip()
 
 
-def test_install_sh_makes_a_copied_checkouts_venv_afresh(tmp_path):
-    """`cp -r a b` copies a's venv into b: its editable install imports a's code and its
-    scripts start a's python. install.sh in b must not call that current."""
+@pytest.fixture(scope="module")
+def installed_checkout(tmp_path_factory):
+    """A fake checkout `a` that install.sh installed (a venv seeing this interpreter's
+    packages, a torch stand-in from a package index on 127.0.0.1), its import checked;
+    install.sh's environment. Built once for the module (an install costs seconds): the
+    tests below leave `a` installed and current (one copies it, one changes its setup.py
+    and reinstalls it), so either order holds."""
     torch = _wheel("torch", "0.0.1", "torch/__init__.py", b"")       # nothing of torch needed
     name = "torch-0.0.1-py3-none-any.whl"
     index = AssetServer({"/simple/torch/": f'<html><body><a href="/files/{name}">{name}</a>'
@@ -634,61 +638,54 @@ def test_install_sh_makes_a_copied_checkouts_venv_afresh(tmp_path):
     try:
         env = _pip_env(f"{index.url}/simple/", TORCH_VERSION="0.0.1", PYTHON=sys.executable)
         env.pop("PYTHONPATH", None)          # the venvs' own imports are under test
-        a, b = tmp_path / "a", tmp_path / "b"
+        a = tmp_path_factory.mktemp("installed") / "a"
         _fake_checkout(a)
         _venv_with_this_ones_packages(a / "tools" / "venv")    # pip without ensurepip's time
         first = subprocess.run(["bash", str(a / "tools" / "install.sh")], env=env,
                                capture_output=True, text=True, timeout=300)
         assert first.returncode == 0, first.stderr[-3000:]
         assert _imported_toolkit(a) == str(a / "toolkit")
-        subprocess.run(["cp", "-r", str(a), str(b)], check=True)
-        assert _imported_toolkit(b) == str(a / "toolkit")     # what the copy starts with
-        res = subprocess.run(["bash", str(b / "tools" / "install.sh")], env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr[-3000:]
-        assert f"[install] {b}/tools/venv was made for another place" in res.stderr
-        assert _imported_toolkit(b) == str(b / "toolkit")
-        assert _imported_toolkit(a) == str(a / "toolkit")
-        with open(b / "tools" / "venv" / "bin" / "pip") as f:
-            assert f.readline().startswith(f"#!{b}/tools/venv/bin/python")
-        # Now current: a rerun does nothing (no pip run, so no request to the index).
-        served = len(index.requests)
-        again = subprocess.run(["bash", str(b / "tools" / "install.sh")], env=env,
-                               capture_output=True, text=True, timeout=120)
-        assert again.returncode == 0 and again.stderr == "", again.stderr
-        assert len(index.requests) == served
+        yield SimpleNamespace(checkout=a, env=env, index=index)
     finally:
         index.stop()
 
 
-def test_two_install_sh_runs_on_a_stale_venv_take_turns(tmp_path):
+def test_install_sh_makes_a_copied_checkouts_venv_afresh(installed_checkout, tmp_path):
+    """`cp -r a b` copies a's venv into b: its editable install imports a's code and its
+    scripts start a's python. install.sh in b must not call that current."""
+    a, b, env = installed_checkout.checkout, tmp_path / "b", installed_checkout.env
+    subprocess.run(["cp", "-r", str(a), str(b)], check=True)
+    assert _imported_toolkit(b) == str(a / "toolkit")     # what the copy starts with
+    res = subprocess.run(["bash", str(b / "tools" / "install.sh")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"[install] {b}/tools/venv was made for another place" in res.stderr
+    assert _imported_toolkit(b) == str(b / "toolkit")
+    assert _imported_toolkit(a) == str(a / "toolkit")
+    with open(b / "tools" / "venv" / "bin" / "pip") as f:
+        assert f.readline().startswith(f"#!{b}/tools/venv/bin/python")
+    # Now current: a rerun does nothing (no pip run, so no request to the index).
+    served = len(installed_checkout.index.requests)
+    again = subprocess.run(["bash", str(b / "tools" / "install.sh")], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert len(installed_checkout.index.requests) == served
+
+
+def test_two_install_sh_runs_on_a_stale_venv_take_turns(installed_checkout):
     """Two recipes started at once after a change to setup.py both find the venv stale:
     pip runs once, and the run that waited finds the venv current and succeeds."""
-    torch = _wheel("torch", "0.0.1", "torch/__init__.py", b"")
-    name = "torch-0.0.1-py3-none-any.whl"
-    index = AssetServer({"/simple/torch/": f'<html><body><a href="/files/{name}">{name}</a>'
-                                           '</body></html>'.encode(), f"/files/{name}": torch})
-    try:
-        env = _pip_env(f"{index.url}/simple/", TORCH_VERSION="0.0.1", PYTHON=sys.executable)
-        env.pop("PYTHONPATH", None)
-        a = tmp_path / "a"
-        _fake_checkout(a)
-        _venv_with_this_ones_packages(a / "tools" / "venv")
-        first = subprocess.run(["bash", str(a / "tools" / "install.sh")], env=env,
-                               capture_output=True, text=True, timeout=300)
-        assert first.returncode == 0, first.stderr[-3000:]
-        with open(a / "setup.py", "a") as f:
-            f.write("# a pulled change\n")
-        runs = [subprocess.Popen(["bash", str(a / "tools" / "install.sh")], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for _ in range(2)]
-        results = [(run.wait(timeout=300), run.communicate()[1]) for run in runs]
-        assert [rc for rc, _ in results] == [0, 0], results
-        installed = [err for _, err in results if "[install] toolkit installed" in err]
-        assert len(installed) == 1, results
-        assert _imported_toolkit(a) == str(a / "toolkit")
-    finally:
-        index.stop()
+    a, env = installed_checkout.checkout, installed_checkout.env
+    with open(a / "setup.py", "a") as f:
+        f.write("# a pulled change\n")
+    runs = [subprocess.Popen(["bash", str(a / "tools" / "install.sh")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(run.wait(timeout=300), run.communicate()[1]) for run in runs]
+    assert [rc for rc, _ in results] == [0, 0], results
+    installed = [err for _, err in results if "[install] toolkit installed" in err]
+    assert len(installed) == 1, results
+    assert _imported_toolkit(a) == str(a / "toolkit")
 
 
 def _made_elsewhere(venv, stamp) -> bool:

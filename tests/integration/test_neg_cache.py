@@ -6,6 +6,7 @@ entry is named and rebuilt, and two runs at once build each entry once."""
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -29,6 +30,50 @@ def cache(tmp_path, monkeypatch):
     path = tmp_path / "neg_cache"
     monkeypatch.setenv(N.CACHE_ENV, str(path))
     return path
+
+
+class _Log(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.text = ""
+
+    def emit(self, record):
+        self.text += self.format(record) + "\n"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Built once for the module (the expensive part: TTS corpora and the front end):
+    `cache` whose entries the first corpus `a` ("hey snips") built, with its log, and the
+    features of `a` (their entries built into `cache` too), with their stderr; `c`: the
+    "alexa" corpus and its features without the cache, the reference the cached ones must
+    equal. Tests that only read `cache` use it (the hard links of `a` point into it); a
+    test that damages an entry works on a copy."""
+    root = tmp_path_factory.mktemp("neg_cache_shared")
+    cache = root / "neg_cache"
+    log, logger = _Log(), logging.getLogger()
+    level = logger.level
+    logger.addHandler(log)
+    logger.setLevel(logging.INFO)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(N.CACHE_ENV, str(cache))
+            _corpus(root / "a", "hey snips")
+            a_log = log.text
+            _corpus(root / "c", "alexa", neg_cache=False)
+            a_features = _features(root / "a")
+            _features(root / "c", neg_cache=False)
+    finally:
+        logger.removeHandler(log)
+        logger.setLevel(level)
+    return dict(cache=cache, a=root / "a", c=root / "c", a_log=a_log, a_features=a_features)
+
+
+@pytest.fixture
+def shared_cache(built, monkeypatch):
+    """The module's cache as this test's, read only."""
+    monkeypatch.setenv(N.CACHE_ENV, str(built["cache"]))
+    return built["cache"]
 
 
 def _corpus(path, keyword, neg_cache=True, sizes=SIZES):
@@ -84,32 +129,30 @@ def _general(data, split="train"):
     return sorted(u for u, k in kinds.items() if k in N.GENERAL_KINDS)
 
 
-def test_a_second_keyword_reuses_the_negatives_and_their_features(cache, tmp_path, caplog):
+def test_a_second_keyword_reuses_the_negatives_and_their_features(built, shared_cache, tmp_path,
+                                                                  caplog):
+    a, c = built["a"], built["c"]
+    assert "(built now)" in built["a_log"]
     caplog.set_level(logging.INFO)
-    _corpus(tmp_path / "a", "hey snips")
-    assert "(built now)" in caplog.text
-    caplog.clear()
     _corpus(tmp_path / "b", "alexa")
     assert "(cached)" in caplog.text and "building" not in caplog.text
-    _corpus(tmp_path / "c", "alexa", neg_cache=False)
     # the same corpus with and without the cache; the negatives are the cache's files
-    assert _digest(tmp_path / "b") == _digest(tmp_path / "c")
-    assert not os.path.exists(tmp_path / "c" / "train" / N.RECORD_NAME)
+    assert _digest(tmp_path / "b") == _digest(c)
+    assert not os.path.exists(c / "train" / N.RECORD_NAME)
     record = N.read_record(str(tmp_path / "b" / "train"))
-    assert record["utts"] == _general(tmp_path / "b") == _general(tmp_path / "a")
+    assert record["utts"] == _general(tmp_path / "b") == _general(a)
     for utt in record["utts"]:
-        a, b = (os.stat(tmp_path / x / "wavs" / "train" / f"{utt}.wav") for x in "ab")
+        a_wav, b_wav = (os.stat(x / "wavs" / "train" / f"{utt}.wav") for x in (a, tmp_path / "b"))
         cached = os.stat(N.wav_path(record["entry"], "train", utt))
-        assert a.st_ino == b.st_ino == cached.st_ino      # hard links: no copy
+        assert a_wav.st_ino == b_wav.st_ino == cached.st_ino      # hard links: no copy
     # features: the first corpus builds the features entry, the second reuses it
-    first = _features(tmp_path / "a")
+    first = built["a_features"]
     assert "negatives features cache entry" in first and "(built now)" in first
     second = _features(tmp_path / "b")
     assert "(cached)" in second and "building" not in second
     n = len(record["utts"])
     assert f"{n} general negatives from the cache (cached), " in second
-    _features(tmp_path / "c", neg_cache=False)
-    _same_features(tmp_path / "b", tmp_path / "c")
+    _same_features(tmp_path / "b", c)
     # another output of the front end misses: the key is the features, not the corpus
     import copy
     import toolkit.tasks  # noqa: F401
@@ -123,14 +166,15 @@ def test_a_second_keyword_reuses_the_negatives_and_their_features(cache, tmp_pat
     assert [name for name, _ in base["model_files"]] == ["model.safetensors", "config.json"]
 
 
-def test_a_negative_that_holds_the_new_keyword_is_dropped_and_counted(cache, tmp_path, caplog):
-    _corpus(tmp_path / "a", "hey snips")
-    text = _table(os.path.join(tmp_path, "a", "train", "text"))
-    kinds = _table(os.path.join(tmp_path, "a", "train", "utt2kind"))
+def test_a_negative_that_holds_the_new_keyword_is_dropped_and_counted(built, shared_cache,
+                                                                      tmp_path, caplog):
+    a = built["a"]
+    text = _table(os.path.join(a, "train", "text"))
+    kinds = _table(os.path.join(a, "train", "utt2kind"))
     # the longest word of the general negatives: the new keyword
-    word = max((w for u in _general(tmp_path / "a") if kinds[u] == "neg"
+    word = max((w for u in _general(a) if kinds[u] == "neg"
                 for w in text[u].split()), key=lambda w: (len(w), w))
-    holding = sorted(u for u in _general(tmp_path / "a")
+    holding = sorted(u for u in _general(a)
                      if kinds[u] == "neg" and word in text[u].split())
     assert holding
     caplog.set_level(logging.INFO)
@@ -138,7 +182,7 @@ def test_a_negative_that_holds_the_new_keyword_is_dropped_and_counted(cache, tmp
     record = N.read_record(str(tmp_path / "d" / "train"))
     assert {u: record["dropped"][u] for u in holding} == {u: "words" for u in holding}
     assert summary["train"]["dropped_negatives"] == len(record["dropped"]) >= len(holding)
-    assert f"train: {len(record['dropped'])} of {len(_general(tmp_path / 'a'))} general " \
+    assert f"train: {len(record['dropped'])} of {len(_general(a))} general " \
            f"negatives dropped: they hold {word!r}" in caplog.text
     left = _table(os.path.join(tmp_path, "d", "train", "text"))
     assert not set(record["dropped"]) & set(left)
@@ -164,10 +208,12 @@ def test_spelling_and_case_count_as_the_keyword():
     assert filt.keyword_in("ale xa") == "spelling" and filt.keyword_in("alexander") == ""
 
 
-def test_a_damaged_entry_is_named_and_rebuilt(cache, tmp_path, caplog):
-    _corpus(tmp_path / "a", "hey snips")
-    record = N.read_record(str(tmp_path / "a" / "train"))
-    victim = N.wav_path(record["entry"], "train", record["utts"][0])
+def test_a_damaged_entry_is_named_and_rebuilt(built, cache, tmp_path, caplog):
+    shutil.copytree(built["cache"], cache)      # a copy of its own: this test damages it
+    record = N.read_record(str(built["a"] / "train"))
+    assert os.path.dirname(record["entry"]) == str(built["cache"] / "audio")
+    entry = os.path.join(cache, "audio", os.path.basename(record["entry"]))
+    victim = N.wav_path(entry, "train", record["utts"][0])
     good = open(victim, "rb").read()
     os.chmod(victim, 0o644)                    # entries are read-only
     with open(victim, "r+b") as f:             # one byte changed in place, same size
@@ -179,10 +225,9 @@ def test_a_damaged_entry_is_named_and_rebuilt(cache, tmp_path, caplog):
     assert any(victim in w and "damaged" in w and "building it again" in w for w in warnings)
     assert "(built now)" in caplog.text
     assert open(victim, "rb").read() == good               # rebuilt, byte for byte
-    _corpus(tmp_path / "c", "alexa", neg_cache=False)
-    assert _digest(tmp_path / "b") == _digest(tmp_path / "c")
-    # a damaged features entry: named, rebuilt, the same features
-    _features(tmp_path / "b")
+    assert _digest(tmp_path / "b") == _digest(built["c"])
+    # a damaged features entry (built by corpus `a`; the rebuilt negatives are the same
+    # bytes, so the same key): named, rebuilt, the same features
     feats_root = os.path.join(str(cache), "feats")
     entry = next(os.path.join(feats_root, d) for d in os.listdir(feats_root)
                  if not d.startswith(".") and
@@ -193,8 +238,7 @@ def test_a_damaged_entry_is_named_and_rebuilt(cache, tmp_path, caplog):
     os.truncate(ark, os.path.getsize(ark) - 8)
     err = _features(tmp_path / "b")
     assert f"{ark}: " in err and "damaged" in err and "building it again" in err
-    _features(tmp_path / "c", neg_cache=False)
-    _same_features(tmp_path / "b", tmp_path / "c")
+    _same_features(tmp_path / "b", built["c"])
 
 
 RUN = """set -e

@@ -1,19 +1,18 @@
 """Experiment-dir rules, locking, init_checkpoint, AMP, uneven ranks, rank death,
-two-launcher multi-node, secrets, TensorBoard — each with the real training binary.
-Runs of several ranks are forked from the test zygote (train_utils.run_train), except
-where torchrun itself is part of the test: a rank's death seen by its launcher, workers
-orphaned by a killed launcher, two launchers meeting at a rendezvous."""
+secrets, TensorBoard — each with the real training binary. Runs of several ranks are
+forked from the test zygote (train_utils.run_train), except where torchrun itself is part
+of the test: a rank's death seen by its launcher, workers orphaned by a killed launcher.
+Two launchers meeting at a c10d rendezvous: tests/integration/test_trainer_restarts.py."""
 import glob
 import json
 import os
-import socket
 import subprocess
 import time
 
 import pytest
 import torch
 
-from train_utils import (TORCHRUN, Corpus, descendants, env, kill_tree, latest_payload,
+from train_utils import (Corpus, descendants, env, kill_tree, latest_payload,
                          launcher, rank_process, run_train, wait_for_checkpoint,
                          wait_gone)
 
@@ -202,25 +201,6 @@ def test_orphaned_workers_hold_the_exp_dir(corpus, tmp_path):
     # The dead run's lock is stale now: a rerun takes over and resumes.
     again = run_train(corpus.train_args(exp, "training.max_epoch=2", LOADER_WORKERS))
     assert again.returncode == 0, again.stderr[-2000:]
-
-
-def test_two_launchers_multi_node(corpus, tmp_path):
-    exp = str(tmp_path / "exp")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for node_rank in (0, 1):
-        cmd = [TORCHRUN, "--nnodes=2", f"--node-rank={node_rank}", "--nproc-per-node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=mn-test",
-               *corpus.train_args(exp, *FAST)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, env=env()))
-    outs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
-    assert os.path.exists(os.path.join(exp, "log", "train.rank1.log"))
-    assert "world=2" in open(os.path.join(exp, "log", "train.rank0.log")).read()
-    assert latest_payload(exp)["world_size"] == 2
 
 
 def test_num_gpus_mismatch_is_an_error_before_work(corpus, tmp_path):

@@ -1,6 +1,7 @@
 """torchrun --max-restarts: a rank killed mid-training, the job restarts once and resumes
 from the last checkpoint — on one node through the agent's shared store, and on two
-nodes (two launchers, c10d rendezvous) through utils/torchrun.sh.
+nodes (two launchers, c10d rendezvous, one rank each: a world of two) through
+utils/torchrun.sh.
 
 Only one restart is allowed, so a restarted round that reads the dead round's
 addresses (connection refused) fails the test instead of being retried away."""
@@ -90,3 +91,7 @@ def test_two_node_restart_through_utils_torchrun(corpus, tmp_path):
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
     assert "exitcode: -9" in outs[1]
     assert_resumed_to_the_end(exp, outs)
+    # one rank on each of the two nodes: both trained, as one world of two
+    assert os.path.exists(os.path.join(exp, "log", "train.rank1.log"))
+    assert "world=2" in open(os.path.join(exp, "log", "train.rank0.log")).read()
+    assert latest_payload(exp)["world_size"] == 2

@@ -51,6 +51,21 @@ def generate(family, out, **kwargs):
                                  sentences=(1, 1), **kwargs)
 
 
+@pytest.fixture(scope="module")
+def default_corpus(tmp_path_factory):
+    """family -> its generator's corpus at the tiny size and default arguments, made once
+    for the module (the parent process never loads espeak-ng, so each render starts from
+    the same state whenever it runs): read it, or copy it (shutil.copytree) to change it."""
+    made = {}
+
+    def corpus(family):
+        if family not in made:
+            made[family] = tmp_path_factory.mktemp(family) / "data"
+            generate(family, made[family])
+        return made[family]
+    return corpus
+
+
 def read_table(path):
     with open(path, encoding="utf-8") as f:
         return dict(line.rstrip("\n").split(" ", 1) for line in f if line.strip())
@@ -229,9 +244,9 @@ def test_the_stamp_decides_what_is_made_again(family, tmp_path):
 
 
 @pytest.mark.parametrize("family", ["kws", "speaker", "codec"])
-def test_cleaning_removes_only_what_the_generator_writes(family, tmp_path):
+def test_cleaning_removes_only_what_the_generator_writes(family, tmp_path, default_corpus):
     out = tmp_path / "data"
-    generate(family, out)
+    shutil.copytree(default_corpus(family), out)              # what `generate` wrote there
     (out / "notes.txt").write_text("mine\n")                    # the user's
     (out / "lang").mkdir()
     (out / "lang" / "words.txt").write_text("a 1\n")
@@ -294,11 +309,12 @@ def test_a_corpus_of_the_other_kind_is_refused_not_emptied(family, tmp_path, cap
     assert json.loads(next(only.glob(".synth_*.json")).read_text())["seed"] == 5
 
 
-def test_files_no_stamp_of_the_generator_accounts_for_are_refused(tmp_path, capsys):
+def test_files_no_stamp_of_the_generator_accounts_for_are_refused(tmp_path, capsys,
+                                                                 default_corpus):
     """Another generator's corpus in the --out-dir (both write train/, test/, wavs/,
     voices.tsv), or the user's own data dirs, are not this generator's to remove."""
     out = tmp_path / "data"
-    generate("kws", out)
+    shutil.copytree(default_corpus("kws"), out)             # its stamp is broken below
     for family in ("speaker", "codec"):
         line = refused(family, out, capsys)
         assert line.startswith(f"error: {out} holds voices.tsv, train/, dev/, test/, ") and \
@@ -363,9 +379,8 @@ def test_an_interrupted_run_is_cleaned_by_the_next_whatever_its_kind(test_only, 
 # ------------------------------------------------------------------------ inventory
 
 @pytest.mark.parametrize("family", ["kws", "speaker", "codec"])
-def test_the_inventory_lists_every_voice_that_speaks(family, tmp_path):
-    out = tmp_path / "data"
-    generate(family, out)
+def test_the_inventory_lists_every_voice_that_speaks(family, default_corpus):
+    out = default_corpus(family)
     lines = (out / D.INVENTORY_NAME).read_text().splitlines()
     assert lines[0].split("\t") == list(D.INVENTORY_COLUMNS)
     rows = [line.split("\t") for line in lines[1:]]
@@ -397,11 +412,11 @@ def test_blend_weights_in_the_inventory():
 
 # ------------------------------------------------------------------------ test-only corpora
 
-def test_test_only_speaker_and_speech_corpora_are_the_held_out_test_split(tmp_path):
+def test_test_only_speaker_and_speech_corpora_are_the_held_out_test_split(tmp_path,
+                                                                          default_corpus):
     """espeak-ng alone, --test-only writes the full corpus's test split, byte for byte."""
     for family, names in (("speaker", ("test",)), ("codec", ("test",))):
-        full, only = tmp_path / f"{family}_full", tmp_path / f"{family}_only"
-        generate(family, full)
+        full, only = default_corpus(family), tmp_path / f"{family}_only"
         summary = generate(family, only, test_only=True)
         assert set(summary) - {"trials"} == set(names)
         a, b = tree(full), tree(only)

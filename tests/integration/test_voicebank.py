@@ -432,12 +432,23 @@ def kokoro_engine(tmp_path_factory):
     return KokoroEngine(str(tmp_path_factory.mktemp("kokoro")))
 
 
-def test_kokoro_speaks_voices_blends_rate_and_pitch(kokoro_engine, monkeypatch):
+@pytest.fixture(scope="module")
+def bella_hey_jarvis(kokoro_engine):
+    """af_bella's "hey jarvis" from Kokoro itself (clip cache off): the clip the tests below
+    compare others with, synthesized once (a Kokoro run costs about a CPU-second)."""
+    from toolkit.voicebank.kokoro import kokoro_voice
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOOLKIT_TTS_CACHE", "off")
+        return kokoro_engine.synth("hey jarvis", kokoro_voice("af_bella"))
+
+
+def test_kokoro_speaks_voices_blends_rate_and_pitch(kokoro_engine, bella_hey_jarvis,
+                                                    monkeypatch):
     from toolkit.voicebank.kokoro import kokoro_blends, kokoro_voice
     monkeypatch.setenv("TOOLKIT_TTS_CACHE", "off")
     engine = kokoro_engine
     bella = kokoro_voice("af_bella")
-    base = engine.synth("hey jarvis", bella)
+    base = bella_hey_jarvis
     assert base.sample_rate == 24000 and base.audio.dtype == np.float32
     assert 0.4 < len(base.audio) / 24000 < 2.0
     assert np.array_equal(np.round(base.audio * 32768) / 32768, base.audio)   # 16-bit grid
@@ -470,7 +481,7 @@ def test_kokoro_phonemes_match_kokoro_onnx(kokoro_engine):
         assert engine.phonemes(text, lang) == engine._kokoro.tokenizer.phonemize(text, lang)
 
 
-def test_kokoro_device_choice(kokoro_engine, monkeypatch):
+def test_kokoro_device_choice(kokoro_engine, bella_hey_jarvis, monkeypatch):
     """TOOLKIT_KOKORO_PROVIDER: cpu by default; cuda only where onnxruntime offers it, else
     an error naming the fix; auto falls back to the CPU, with the very same clips."""
     import onnxruntime as ort
@@ -497,8 +508,7 @@ def test_kokoro_device_choice(kokoro_engine, monkeypatch):
     if not has_cuda:
         bella = K.kokoro_voice("af_bella")
         assert K.KokoroEngine.fingerprint() == cpu_fingerprint
-        assert np.array_equal(auto.synth("hey jarvis", bella).audio,
-                              kokoro_engine.synth("hey jarvis", bella).audio)
+        assert np.array_equal(auto.synth("hey jarvis", bella).audio, bella_hey_jarvis.audio)
 
 
 # --------------------------------------------------------------------------------------

@@ -104,38 +104,57 @@ def test_it_runs_end_to_end_with_figures_per_voice(run, plan):
     assert not any(match["frr"] < f <= 0.5 for f in frr)
 
 
-def test_a_voice_scores_its_own_clips_above_other_voices_clips(tool, run, plan):
+def test_a_voice_scores_its_own_clips_above_other_voices_clips(tool, run, plan, tmp_path):
     """Each voice's pickled verifier run by openWakeWord's own Model (custom_verifier_models,
     default custom_verifier_threshold) over the held-out clips: the verifier's probability
     per clip (max over the chunks it is asked about) is higher on the voice's own clips
-    than on the other voices' clips, and the tool's offline figures are those numbers."""
+    than on the other voices' clips, and the tool's offline figures are those numbers.
+    One Model holds the wake-word model once ungated and once per voice (copies of the ONNX
+    file named after the voice, each with that voice's verifier): its audio features, the
+    bulk of the work, are computed once per clip instead of once per clip and model."""
+    import shutil
+
     import openwakeword
     from toolkit.data.features import oww_model_dir
     _, _, res = run
     path, content = plan
-    model_path = os.path.join(oww_model_dir(), "hey_jarvis_v0.1.onnx")
-    name = "hey_jarvis_v0.1"
     cvt = res["openwakeword"]["custom_verifier_threshold_default"]
     enrolled = {k for keys in content["enrol"].values() for k in keys}
+    # The wake-word model under one name per voice (gated by that voice's verifier), then
+    # under one more, ungated.
+    gate = {spk: f"hey_jarvis_gated_{spk}" for spk in VOICES}
+    names = [*gate.values(), "hey_jarvis_ungated"]
+    for name in names:
+        shutil.copyfile(os.path.join(oww_model_dir(), "hey_jarvis_v0.1.onnx"),
+                        tmp_path / f"{name}.onnx")
+    verifier = {spk: res["voices"][spk]["verifier"] for spk in VOICES}
+    first, *rest = VOICES
+    model = openwakeword.Model(wakeword_models=[str(tmp_path / f"{n}.onnx") for n in names],
+                               inference_framework="onnx",
+                               custom_verifier_models={gate[first]: verifier[first]},
+                               custom_verifier_threshold=cvt)
+    # openWakeWord 0.5.1's constructor takes one verifier at most, its first model's (after
+    # each model it loads it compares the verifiers loaded with those given, model.py:186);
+    # the others go where it put that one, unpickled as it does.
+    for spk in rest:
+        model.custom_verifier_models[gate[spk]] = tool.load_verifier(verifier[spk])
+    assert list(model.models) == names and set(model.custom_verifier_models) == set(gate.values())
 
-    def chunk_scores(model, clip):
+    def chunk_scores(clip):
         audio = tool.padded_int16(tool.read_wave(clip["wav"]), clip["key"], 2.0, 0.5)
-        out = [model.predict(audio[i:i + 1280])[name] for i in range(0, len(audio) - 1279, 1280)]
-        return np.array(out[25:])                     # chunks ending after the 2 s lead
+        out = [model.predict(audio[i:i + 1280]) for i in range(0, len(audio) - 1279, 1280)]
+        out = out[25:]                                # chunks ending after the 2 s lead
+        return {name: np.array([o[name] for o in out]) for name in model.models}
 
-    plain = openwakeword.Model(wakeword_models=[model_path], inference_framework="onnx")
-    raw = {c["key"]: chunk_scores(plain, c) for c in content["positives"]}
+    scores = {c["key"]: chunk_scores(c) for c in content["positives"]}
     aucs = []
     for spk in VOICES:
         v = res["voices"][spk]
-        gated = openwakeword.Model(wakeword_models=[model_path], inference_framework="onnx",
-                                   custom_verifier_models={name: v["verifier"]},
-                                   custom_verifier_threshold=cvt)
         own, others = [], []
         for clip in content["positives"]:
             if clip["key"] in enrolled and clip["spk"] == spk:
                 continue
-            w, s = raw[clip["key"]], chunk_scores(gated, clip)
+            w, s = scores[clip["key"]]["hey_jarvis_ungated"], scores[clip["key"]][gate[spk]]
             assert np.any(w >= cvt), clip["key"]          # the verifier is asked on every clip
             (own if clip["spk"] == spk else others).append(s[w >= cvt].max())
         own, others = np.array(own), np.array(others)

@@ -4,6 +4,7 @@ keyword's real-word neighbours by category, toolkit.tasks.kws.neighbours) and ac
 variants of the keyword (test sets only: they should fire). `TextFilter` keeps every negative free of a keyword, by words and by
 sound (espeak-ng phonemes). Every draw comes from the caller's numpy generator, so that
 a corpus plan stays a pure function of its seed."""
+import functools
 import re
 from typing import Dict, List, Sequence, Tuple
 
@@ -107,8 +108,15 @@ def common_words() -> frozenset:
 
 def confusable_categories(keyword: str) -> Dict[str, List[str]]:
     """The keyword's neighbours by category (toolkit.tasks.kws.neighbours.CATEGORIES),
-    unfiltered; `context` (keyword pieces among random words) is drawn at sampling time."""
-    return KeywordNeighbours(keyword, common=common_words()).categories()
+    unfiltered; `context` (keyword pieces among random words) is drawn at sampling time.
+    The caller's own copy: planning asks twice per keyword (lexicon_words, the draw)."""
+    return {cat: list(words) for cat, words in _categories(keyword).items()}
+
+
+@functools.lru_cache(maxsize=8)
+def _categories(keyword: str) -> Dict[str, Tuple[str, ...]]:
+    return {cat: tuple(words)
+            for cat, words in KeywordNeighbours(keyword, common=common_words()).categories().items()}
 
 
 def accent_variants(keyword: str) -> List[str]:
