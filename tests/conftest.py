@@ -4,8 +4,7 @@ test files are collected first, so that pytest-xdist (--dist loadfile
 --no-loadscope-reorder, tools/test.sh) hands them out before the short ones and the workers
 finish together instead of one running a long recipe test alone at the end; and the TTS
 clip cache (toolkit.voicebank.cache) and the wake-word negatives cache
-(toolkit.tasks.kws.negatives) are directories of this run, not the user's; OpenMP threads
-wait passively (the workers outnumber the cores)."""
+(toolkit.tasks.kws.negatives) are directories of this run, not the user's."""
 import logging
 import os
 import shutil
@@ -60,11 +59,6 @@ def pytest_configure(config):
     if "TOOLKIT_TTS_CACHE" not in os.environ:
         config._tts_clip_dir = tempfile.mkdtemp(prefix="toolkit-tts-clips-")
         os.environ["TOOLKIT_TTS_CACHE"] = config._tts_clip_dir
-    # Every subprocess's OpenMP threads sleep when idle instead of spinning: the suite runs
-    # one worker more than cores, and a recipe's training on two spinning threads took 48
-    # CPU-s where it takes 11 with passive waiting (10 on one thread). libgomp reads this
-    # when torch loads, so it is set here, before the workers start.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # The wake-word negatives cache (toolkit.tasks.kws.negatives) likewise.
     if "TOOLKIT_NEG_CACHE" not in os.environ:
         config._neg_cache_dir = tempfile.mkdtemp(prefix="toolkit-neg-cache-")
