@@ -133,3 +133,4 @@ def test_gpu_family_check_validates_every_run_and_trains_on_cpu(tmp_path, capsys
     assert (r["family"], r["dtype"], r["steps"]) == ("kws", "float32", 2)
     assert r["train_s"] > 0 and r["host_rss_gb"] > 0.1 and len(r["checksum"]) == 16
     assert r["cuda_peak_gb"] is None        # no CUDA line on CPU
+    assert not (tmp_path / "speakers").exists()      # only the asked family's corpus

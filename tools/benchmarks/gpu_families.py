@@ -76,28 +76,33 @@ def get_args(argv=None):
     return args
 
 
-def write_corpora(work: str, tiny: bool) -> Dict[str, List[str]]:
-    """Trainer arguments naming each family's data."""
+def write_corpora(work: str, tiny: bool, families: List[str]) -> Dict[str, List[str]]:
+    """Trainer arguments naming the data of each of `families`; only their corpora are
+    written (the speaker and codec families read the same formant voices)."""
     from kws_data import make_datalist, write_keywords
     from speaker_data import speaker_list
-    kws = os.path.join(work, "kws")
-    spk = os.path.join(work, "speakers")
-    for d in (kws, spk):
-        os.makedirs(d, exist_ok=True)
+    out: Dict[str, List[str]] = {}
     n_kws, n_spk, n_utt = (12, 4, 4) if tiny else (512, 64, 12)
-    kws_args = ["--train-data", make_datalist(kws, "train", n_kws // 4, n_kws - n_kws // 4, 1),
-                "--dev-data", make_datalist(kws, "dev", 4, 12, 2),
-                "--inventory", write_keywords(kws, ["hey chirp"])]
-    names = [f"spk{s:03d}" for s in range(n_spk)]
-    inventory = os.path.join(spk, "speakers.txt")
-    with open(inventory, "w") as f:
-        f.writelines(n + "\n" for n in names)
-    index = {n: i for i, n in enumerate(names)}
-    train = speaker_list(spk, "train", range(n_spk), n_utt, 1, index)
-    dev = speaker_list(spk, "dev", range(100, 104), 4, 2, index)
-    return {"kws": kws_args,
-            "speaker": ["--train-data", train, "--dev-data", dev, "--inventory", inventory],
-            "codec": ["--train-data", train, "--dev-data", dev]}
+    if "kws" in families:
+        kws = os.path.join(work, "kws")
+        os.makedirs(kws, exist_ok=True)
+        train = make_datalist(kws, "train", n_kws // 4, n_kws - n_kws // 4, 1)
+        out["kws"] = ["--train-data", train,
+                      "--dev-data", make_datalist(kws, "dev", 4, 12, 2),
+                      "--inventory", write_keywords(kws, ["hey chirp"])]
+    if {"speaker", "codec"} & set(families):
+        spk = os.path.join(work, "speakers")
+        os.makedirs(spk, exist_ok=True)
+        names = [f"spk{s:03d}" for s in range(n_spk)]
+        inventory = os.path.join(spk, "speakers.txt")
+        with open(inventory, "w") as f:
+            f.writelines(n + "\n" for n in names)
+        index = {n: i for i, n in enumerate(names)}
+        train = speaker_list(spk, "train", range(n_spk), n_utt, 1, index)
+        dev = speaker_list(spk, "dev", range(100, 104), 4, 2, index)
+        out["speaker"] = ["--train-data", train, "--dev-data", dev, "--inventory", inventory]
+        out["codec"] = ["--train-data", train, "--dev-data", dev]
+    return out
 
 
 def overrides(family: str, dtype: str, steps: int, tiny: bool) -> List[str]:
@@ -150,7 +155,7 @@ def main(argv=None):
         check_configs()
         return 0
     args.work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="gpu_families_"))
-    data = write_corpora(args.work, args.tiny)
+    data = write_corpora(args.work, args.tiny, args.families)
     rows = [measure(f, d, data[f], args) for f in args.families for d in args.dtypes]
     print(f"{args.device}; {args.steps} steps per run; work dir {args.work}")
     print("| family | dtype | steps | train s | items/s (median) | loader wait % | "
