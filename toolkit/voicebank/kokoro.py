@@ -75,6 +75,12 @@ _BLEND_DECIMALS = 4
 _PUNCTUATION = set(';:,.!?¡¿—…"«»“”()')
 
 
+# phonemizer warns on every call where espeak-ng joins words ("in the" -> one word),
+# thousands of lines a corpus; _word_onsets already handles such text (onsets None).
+_PHONEMIZER_LOG = logging.getLogger(__name__ + ".phonemizer")
+_PHONEMIZER_LOG.setLevel(logging.ERROR)
+
+
 def lang_of(name: str) -> str:
     """espeak-ng language of a Kokoro voice: a* American, b* British."""
     return {"a": "en-us", "b": "en-gb"}[name[0]]
@@ -334,7 +340,7 @@ class KokoroEngine(Engine):
         from phonemizer.separator import default_separator
         if lang not in self._phonemizers:
             self._phonemizers[lang] = EspeakBackend(lang, preserve_punctuation=True,
-                                                    with_stress=True)
+                                                    with_stress=True, logger=_PHONEMIZER_LOG)
         out = self._phonemizers[lang].phonemize([text.strip()], separator=default_separator,
                                                 strip=False, njobs=1)[0]
         vocab = self._kokoro.tokenizer.vocab
