@@ -59,3 +59,40 @@ def test_dev_curve_reads_every_validation_and_the_last_of_a_resumed_step(tmp_pat
         assert "no dev line with metric 'wer'" in str(err)
     else:
         raise AssertionError("a missing metric must be an error")
+
+
+def test_mix_condition_copy_swaps_a_seeded_share_and_keeps_clean_chains(tmp_path, capsys):
+    import json
+    import pytest
+    mix = load("mix_condition_copy")
+    src, cond = tmp_path / "src", tmp_path / "cond"
+    src.mkdir(), cond.mkdir()
+    keys = [f"u{i:03d}" for i in range(200)]
+    (src / "data.list").write_text("".join(
+        json.dumps({"key": k, "wav": f"/s/{k}.wav", "label": i % 2}) + "\n"
+        for i, k in enumerate(keys)))
+    (src / "text").write_text("".join(f"{k} hey\n" for k in keys))
+    (cond / "wav.scp").write_text("".join(f"{k} /c/{k}.wav\n" for k in keys))
+    (cond / "utt2cond").write_text("".join(
+        f"{k} {'clean' if i % 10 == 0 else 'room:small/1.0m'}\n" for i, k in enumerate(keys)))
+
+    def mixed(out, prob, seed=7):
+        assert mix.main(["--src", str(src), "--cond", str(cond), "--out", str(out),
+                         "--prob", str(prob), "--seed", str(seed)]) == 0
+        return [json.loads(line) for line in (out / "data.list").read_text().splitlines()]
+
+    half = mixed(tmp_path / "a", 0.5)
+    assert [e["key"] for e in half] == keys and [e["label"] for e in half] == [i % 2 for i in
+                                                                                range(200)]
+    swapped = [e["key"] for e in half if e["wav"].startswith("/c/")]
+    assert 70 < len(swapped) < 110                         # about half of the 180 not clean
+    assert not [k for k in swapped if int(k[1:]) % 10 == 0]  # a clean chain keeps its audio
+    assert mixed(tmp_path / "b", 0.5) == half               # seeded
+    assert mixed(tmp_path / "c", 0.5, seed=8) != half
+    assert all(e["wav"].startswith("/c/") == (int(e["key"][1:]) % 10 != 0)
+               for e in mixed(tmp_path / "d", 1.0))
+    assert (tmp_path / "a" / "text").read_text() == (src / "text").read_text()
+    assert "utterances heard as their condition copy" in capsys.readouterr().out
+    (cond / "wav.scp").write_text("u000 /c/u000.wav\n")     # copies missing
+    with pytest.raises(SystemExit, match="has no condition copy"):
+        mixed(tmp_path / "e", 1.0)
