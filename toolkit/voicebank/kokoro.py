@@ -75,8 +75,8 @@ _BLEND_DECIMALS = 4
 _PUNCTUATION = set(';:,.!?¡¿—…"«»“”()')
 
 
-# phonemizer warns on every call where espeak-ng joins words ("in the" -> one word),
-# thousands of lines a corpus; _word_onsets already handles such text (onsets None).
+# phonemizer warns on every call where espeak-ng joins words ("on the" -> one word),
+# thousands of lines a corpus; _word_onsets lays joined words out itself.
 _PHONEMIZER_LOG = logging.getLogger(__name__ + ".phonemizer")
 _PHONEMIZER_LOG.setLevel(logging.ERROR)
 

@@ -22,19 +22,6 @@ import sys
 KALDI_FILES = ("utt2spk", "spk2utt", "text", "utt2kind", "utt2cat", "utt2dur", "kw_times")
 
 
-def read_table(path: str) -> dict:
-    if not os.path.exists(path):
-        raise SystemExit(f"error: {path} not found (is its dir a make_condition_copy output?)")
-    table = {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            parts = line.split(None, 1)
-            if len(parts) != 2:
-                raise SystemExit(f"error: {path}:{n}: expected 'key value', got {line!r}")
-            table[parts[0]] = parts[1].strip()
-    return table
-
-
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,6 +38,7 @@ def get_args(argv=None):
 
 def main(argv=None) -> int:
     args = get_args(argv)
+    from toolkit.data.kaldi import read_table
     wavs = read_table(os.path.join(args.cond, "wav.scp"))
     chains = read_table(os.path.join(args.cond, "utt2cond"))
     rng = random.Random(args.seed)
