@@ -21,7 +21,8 @@ ENGINE_INSTALL = {"kokoro": "bash tools/install_voices.sh kokoro",
                   "flite": "bash tools/install_voices.sh flite",
                   "rhvoice": "bash tools/install_voices.sh --enable-nonfree rhvoice",
                   "pico": "bash tools/install_voices.sh --enable-nonfree pico",
-                  "mbrola": "bash tools/install_voices.sh --enable-nonfree mbrola"}
+                  "mbrola": "bash tools/install_voices.sh --enable-nonfree mbrola",
+                  "mbrola_accent": "bash tools/install_voices.sh --enable-nonfree mbrola_accent"}
 
 
 def require_engine(name: str) -> None:

@@ -4,6 +4,7 @@
 #
 #   bash tools/install_voices.sh kokoro            # Kokoro-82M (neural, 28 English voices)
 #   bash tools/install_voices.sh rhvoice pico mbrola
+#   bash tools/install_voices.sh mbrola_accent     # English in 16 other languages' MBROLA voices
 #   bash tools/install_voices.sh festival flite    # evaluation only (reserved)
 #   bash tools/install_voices.sh --enable-nonfree pico   # may add contrib non-free to apt
 #   bash tools/install_voices.sh --enable-nonfree        # only that
@@ -12,7 +13,7 @@
 #   npm package kokoro-js, each checked against a hash pinned in toolkit/voicebank/kokoro_assets.py,
 #   cached outside the repository in ${TOOLKIT_CACHE:-$HOME/.cache/toolkit}/kokoro, plus
 #   kokoro-onnx into the toolkit's venv (torch is held at its installed version).
-# rhvoice, pico, mbrola: Debian packages from contrib/non-free; festival, flite: Debian
+# rhvoice, pico, mbrola, mbrola_accent: Debian packages from contrib/non-free; festival, flite: Debian
 #   main. apt needs root (or sudo). When those packages are missing and apt's sources do
 #   not enable contrib and non-free, the script names the line to change and stops,
 #   changing nothing. --enable-nonfree makes that change: it adds the two components to
@@ -33,11 +34,14 @@ declare -A packages=(
   [rhvoice]="rhvoice rhvoice-english"
   [pico]="libttspico-utils"
   [mbrola]="espeak-ng mbrola mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1"
+  [mbrola_accent]="espeak-ng mbrola mbrola-af1 mbrola-de1 mbrola-de2 mbrola-de3 mbrola-de4
+    mbrola-de5 mbrola-de6 mbrola-fr1 mbrola-fr4 mbrola-gr2 mbrola-hu1 mbrola-nl2 mbrola-pl1
+    mbrola-ro1 mbrola-sw1 mbrola-sw2"
   [festival]="festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"
   [flite]="flite"
 )
-engines="kokoro rhvoice pico mbrola festival flite"
-nonfree_engines=" rhvoice pico mbrola "     # their packages live in contrib/non-free
+engines="kokoro rhvoice pico mbrola mbrola_accent festival flite"
+nonfree_engines=" rhvoice pico mbrola mbrola_accent "     # their packages live in contrib/non-free
 
 enable_nonfree=0
 asked=()

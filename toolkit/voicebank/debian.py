@@ -9,8 +9,13 @@ per clip, so the same text, voice and arguments give the same samples every time
   phonemes and run the `mbrola` binary on the diphone databases us1, us2, us3 (American)
   and en1 (British), 16 kHz; rate in words per minute and pitch on espeak's 0-100 scale.
   (The espeakng-loader wheel the toolkit speaks espeak-ng with has no MBROLA voices.)
+- mbrola_accent: English through 16 MBROLA databases of other languages' speakers
+  (Afrikaans, German, French, Greek, Hungarian, Dutch, Polish, Romanian, Swedish), with
+  espeak-ng's `mb-<db>-en` voices, which map its English phonemes onto each database's
+  phones: real speakers' diphones, heard with a foreign accent; 16 kHz.
 
-None reports word onsets. Install: `bash tools/install_voices.sh rhvoice pico mbrola`.
+None reports word onsets. Install: `bash tools/install_voices.sh rhvoice pico mbrola
+mbrola_accent`.
 Clips go through the clip cache (toolkit.voicebank.cache), keyed by the packages' versions.
 """
 import os
@@ -29,6 +34,9 @@ PICO_VOICES = ("en-US", "en-GB")
 PICO_DATA = "/usr/share/pico/lang"
 MBROLA_VOICES = ("us1", "us2", "us3", "en1")
 MBROLA_DATA = "/usr/share/mbrola"
+# The databases espeak-ng speaks English with (its voices/mb/mb-<db>-en).
+MBROLA_ACCENT_VOICES = ("af1", "de1", "de2", "de3", "de4", "de5", "de6", "fr1", "fr4", "gr2",
+                        "hu1", "nl2", "pl1", "ro1", "sw1", "sw2")
 _TIMEOUT_S = 120
 
 
@@ -52,6 +60,19 @@ def _run(cmd: Sequence[str], what: str, stdin: Optional[str] = None) -> None:
     if res.returncode != 0:
         raise SynthError(f"{what} failed (exit {res.returncode}): "
                          f"{(res.stderr or res.stdout).strip()[:200]}")
+
+
+def _espeak_cli_voice_files() -> frozenset:
+    """The voice files (e.g. mb/mb-de4-en) the espeak-ng CLI lists; empty without it."""
+    if not shutil.which("espeak-ng"):
+        return frozenset()
+    try:
+        res = subprocess.run(["espeak-ng", "--voices=mb"], capture_output=True, text=True,
+                             timeout=_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return frozenset(f for line in res.stdout.splitlines()[1:] for f in line.split()
+                     if f.startswith("mb/"))
 
 
 class _DebianEngine(Engine):
@@ -151,15 +172,41 @@ class MbrolaEngine(_DebianEngine):
     def installed_voices(cls) -> List[str]:
         return [v for v in MBROLA_VOICES if os.path.isfile(os.path.join(MBROLA_DATA, v, v))]
 
+    @staticmethod
+    def espeak_voice(database: str) -> str:
+        return f"mb-{database}"
+
     def _synth(self, text, voice, rate, pitch, prange, seed, time_words) -> Speech:
         path = self._wav_path()
+        espeak_voice = self.espeak_voice(voice.name)
         # `--` ends the options: a text starting with "-" is still text.
-        _run(["espeak-ng", "-v", f"mb-{voice.name}", "-s", str(int(rate)),
+        _run(["espeak-ng", "-v", espeak_voice, "-s", str(int(rate)),
               "-p", str(int(min(max(pitch, 0), 99))), "-w", path, "--", text],
-             f"espeak-ng with MBROLA voice mb-{voice.name}")
+             f"espeak-ng with MBROLA voice {espeak_voice}")
         audio, sr = _read_wav(path, "espeak-ng (mbrola)")
         os.unlink(path)
         if not np.any(audio):
-            raise SynthError(f"MBROLA voice {voice.name} produced silence for {text!r} "
+            raise SynthError(f"MBROLA voice {espeak_voice} produced silence for {text!r} "
                              f"(is {MBROLA_DATA}/{voice.name}/{voice.name} readable?)")
         return Speech(audio, sr, None)
+
+
+@ENGINES.register("mbrola_accent")
+class MbrolaAccentEngine(MbrolaEngine):
+    """English in other languages' MBROLA voices: a separate engine (not more voices of
+    `mbrola`), so that the corpora already made with `mbrola` keep their voice splits."""
+    name = "mbrola_accent"
+    install_hint = "bash tools/install_voices.sh mbrola_accent"
+    packages = ("espeak-ng", "libespeak-ng1", "espeak-ng-data", "mbrola") + tuple(
+        f"mbrola-{v}" for v in MBROLA_ACCENT_VOICES)
+
+    @classmethod
+    def installed_voices(cls) -> List[str]:
+        known = _espeak_cli_voice_files()
+        return [v for v in MBROLA_ACCENT_VOICES
+                if os.path.isfile(os.path.join(MBROLA_DATA, v, v))
+                and f"mb/{cls.espeak_voice(v)}" in known]
+
+    @staticmethod
+    def espeak_voice(database: str) -> str:
+        return f"mb-{database}-en"

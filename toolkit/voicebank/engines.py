@@ -216,7 +216,7 @@ class FestivalEngine(Engine):
 
 # Registered by their own modules, imported on first use (they import this one).
 ENGINES.register_lazy("kokoro", "toolkit.voicebank.kokoro")
-for _name in ("rhvoice", "pico", "mbrola"):
+for _name in ("rhvoice", "pico", "mbrola", "mbrola_accent"):
     ENGINES.register_lazy(_name, "toolkit.voicebank.debian")
 
 
