@@ -5,6 +5,7 @@
 #   bash tools/install_voices.sh kokoro            # Kokoro-82M (neural, 28 English voices)
 #   bash tools/install_voices.sh rhvoice pico mbrola
 #   bash tools/install_voices.sh mbrola_accent     # English in 16 other languages' MBROLA voices
+#   bash tools/install_voices.sh mbrola_accent:de1,pl1   # only those databases (157 MB all)
 #   bash tools/install_voices.sh festival flite    # evaluation only (reserved)
 #   bash tools/install_voices.sh --enable-nonfree pico   # may add contrib non-free to apt
 #   bash tools/install_voices.sh --enable-nonfree        # only that
@@ -34,12 +35,12 @@ declare -A packages=(
   [rhvoice]="rhvoice rhvoice-english"
   [pico]="libttspico-utils"
   [mbrola]="espeak-ng mbrola mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1"
-  [mbrola_accent]="espeak-ng mbrola mbrola-af1 mbrola-de1 mbrola-de2 mbrola-de3 mbrola-de4
-    mbrola-de5 mbrola-de6 mbrola-fr1 mbrola-fr4 mbrola-gr2 mbrola-hu1 mbrola-nl2 mbrola-pl1
-    mbrola-ro1 mbrola-sw1 mbrola-sw2"
+  [mbrola_accent]="espeak-ng mbrola"     # + its databases, below
   [festival]="festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"
   [flite]="flite"
 )
+# The databases espeak-ng speaks English with (toolkit.voicebank.debian.MBROLA_ACCENT_VOICES).
+accent_dbs="af1 de1 de2 de3 de4 de5 de6 fr1 fr4 gr2 hu1 nl2 pl1 ro1 sw1 sw2"
 engines="kokoro rhvoice pico mbrola mbrola_accent festival flite"
 nonfree_engines=" rhvoice pico mbrola mbrola_accent "     # their packages live in contrib/non-free
 
@@ -49,8 +50,22 @@ for arg in "$@"; do
   case $arg in
     --enable-nonfree) enable_nonfree=1 ;;
     -*) die "unknown option '$arg'; known: --enable-nonfree" ;;
-    *) [ -n "${packages[$arg]+set}" ] || die "unknown engine '$arg'; known: $engines"
-       asked+=("$arg") ;;
+    *) name=${arg%%:*}
+       [ -n "${packages[$name]+set}" ] || die "unknown engine '$name'; known: $engines"
+       dbs=$accent_dbs
+       if [ "$name" != "$arg" ]; then       # NAME:db1,db2
+         [ "$name" = mbrola_accent ] \
+           || die "'$arg': only mbrola_accent takes a list of voices (mbrola_accent:de1,pl1)"
+         dbs=${arg#*:}; dbs=${dbs//,/ }
+         for d in $dbs; do
+           case " $accent_dbs " in *" $d "*) ;;
+             *) die "unknown mbrola_accent voice '$d'; known: $accent_dbs" ;; esac
+         done
+       fi
+       if [ "$name" = mbrola_accent ]; then
+         for d in $dbs; do packages[$name]+=" mbrola-$d"; done
+       fi
+       asked+=("$name") ;;
   esac
 done
 [ ${#asked[@]} -gt 0 ] || [ $enable_nonfree = 1 ] \

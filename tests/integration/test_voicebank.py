@@ -190,7 +190,11 @@ def test_install_binary_and_script_errors(tmp_path):
         "error: --graphs: unknown int4; known: int8, float32"
     for args, message in (([], "error: name the engines to install: kokoro rhvoice pico "
                                 "mbrola mbrola_accent festival flite"),
-                          (["kokoro", "piper"], "error: unknown engine 'piper'; known: ")):
+                          (["kokoro", "piper"], "error: unknown engine 'piper'; known: "),
+                          (["mbrola_accent:de1,xx1"],
+                           "error: unknown mbrola_accent voice 'xx1'; known: af1 de1"),
+                          (["pico:en-US"], "error: 'pico:en-US': only mbrola_accent takes a "
+                                           "list of voices")):
         res = subprocess.run(["bash", os.path.join(ROOT, "tools", "install_voices.sh"), *args],
                              capture_output=True, text=True)
         assert res.returncode == 2 and res.stderr.startswith(message), res.stderr
@@ -579,9 +583,11 @@ def test_mbrola_accent_speaks_english_through_other_languages_voices(tmp_path, m
         heard = greedy_decode(torch.from_numpy(frontend.compute(audio)))
         return edit_distance(heard, reference) / len(reference)
 
-    for database in ("de1", "de4"):        # 0.25 and 0.32 here; by German rules 0.61, 0.54
+    # The two databases tools/test.sh installs: 0.25 and 0.46 here, by their own
+    # language's rules 0.61 and 0.71.
+    for database, bound in (("de1", 0.4), ("pl1", 0.55)):
         english = per(MbrolaAccentEngine, database)
-        assert english < 0.45 and per(OwnRules, database) > english + 0.15, database
+        assert english < bound and per(OwnRules, database) > english + 0.15, database
 
 
 def test_two_espeaks_in_one_process_each_speak_with_their_own_data_dir(tmp_path):
