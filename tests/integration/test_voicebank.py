@@ -554,6 +554,14 @@ def test_debian_engine(name, tmp_path, monkeypatch):
     assert f"bash tools/install_voices.sh {name}" in cls.unavailable_reason()
 
 
+def test_install_voices_knows_the_mbrola_accent_databases_the_engine_lists():
+    import re
+    from toolkit.voicebank.debian import MBROLA_ACCENT_VOICES
+    with open(os.path.join(ROOT, "tools", "install_voices.sh"), encoding="utf-8") as f:
+        listed = re.search(r'^accent_dbs="([^"]*)"', f.read(), re.M)
+    assert listed and tuple(listed.group(1).split()) == MBROLA_ACCENT_VOICES
+
+
 def test_mbrola_accent_speaks_english_through_other_languages_voices(tmp_path, monkeypatch):
     """mbrola_accent's mb-<db>-en voices put English phonemes on a foreign database: the
     shipped phone front end hears the English phones in them, and far better than in the
