@@ -2,7 +2,8 @@
 and safetensors + config.json, each carrying the task's metadata (what a runtime needs:
 feature options, sizes, class names). Tasks decide which graph goes in; the parity of
 each format against PyTorch is checked with `compare`. torch is imported by the
-functions that use it: reading ONNX metadata (a scoring stage) stays light."""
+functions that use it, and ONNX metadata is read and written at the protobuf wire level
+(toolkit.onnx_proto), without the onnx package: a scoring stage stays light."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequ
 import numpy as np
 
 from toolkit.errors import UserError
+from toolkit.onnx_proto import read_metadata_props, set_metadata_prop
 
 if TYPE_CHECKING:
     import torch
@@ -40,15 +42,11 @@ def export_torchscript(module: torch.nn.Module, path: str, metadata: dict,
 def export_onnx(module: torch.nn.Module, example: Tuple[torch.Tensor, ...], path: str,
                 input_names: Sequence[str], output_names: Sequence[str],
                 dynamic_axes: Dict[str, Dict[int, str]], metadata: dict, opset: int = 17) -> None:
-    import onnx
     import torch
     torch.onnx.export(module.eval(), example, path, dynamo=False, opset_version=opset,
                       input_names=list(input_names), output_names=list(output_names),
                       dynamic_axes=dynamic_axes)
-    proto = onnx.load(path)
-    entry = proto.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, json.dumps(metadata)
-    onnx.save(proto, path)
+    set_metadata_prop(path, METADATA_KEY, json.dumps(metadata))
 
 
 def export_safetensors(module: torch.nn.Module, path: str, metadata: dict,
@@ -69,12 +67,10 @@ def export_safetensors(module: torch.nn.Module, path: str, metadata: dict,
 def read_metadata(path: str) -> dict:
     """Metadata of any exported format."""
     if path.endswith(".onnx"):
-        import onnx
-        proto = onnx.load(path, load_external_data=False)
-        for entry in proto.metadata_props:
-            if entry.key == METADATA_KEY:
-                return json.loads(entry.value)
-        raise ValueError(f"{path}: no {METADATA_KEY} in ONNX metadata")
+        props = read_metadata_props(path)
+        if METADATA_KEY not in props:
+            raise ValueError(f"{path}: no {METADATA_KEY} in ONNX metadata")
+        return json.loads(props[METADATA_KEY])
     if path.endswith((".zip", ".jit", ".ts")):
         import torch
         extra = {"metadata.json": ""}
@@ -90,18 +86,13 @@ def update_metadata(export_dir: str, changes: dict,
                     names: Iterable[str] = ("model.onnx", "model.zip", SIDE_CONFIG)) -> List[str]:
     """Merges `changes` into the metadata of every exported file present in `export_dir`
     (e.g. the threshold chosen by scoring); returns the files updated."""
-    import onnx
     done = []
     for name in names:
         path = os.path.join(export_dir, name)
         if not os.path.exists(path):
             continue
         if name.endswith(".onnx"):
-            proto = onnx.load(path)
-            for entry in proto.metadata_props:
-                if entry.key == METADATA_KEY:
-                    entry.value = json.dumps(dict(json.loads(entry.value), **changes))
-            onnx.save(proto, path)
+            set_metadata_prop(path, METADATA_KEY, json.dumps(dict(read_metadata(path), **changes)))
         elif name.endswith(".zip"):
             import torch
             extra = {"metadata.json": ""}
