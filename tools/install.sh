@@ -146,11 +146,12 @@ upgrade_old_pip "$venv/bin/python"
 # Pin torch first: torch==2.13.0 is a local CPU wheel here; an open range would fetch CUDA.
 "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 "$venv/bin/python" -m pip install -q -e "$root[$all]"
-# ViSQOL's numba kernels compile on first use (about a minute) into numba's cache beside
-# the package: once here, not in the first evaluation or test.
-if [ $codec = 1 ] && ! (cd / && "$venv/bin/python" -c "from toolkit.tasks.codec.metrics import warm_up_visqol
-warm_up_visqol()" >/dev/null 2>"$venv/.visqol-warm-up.log"); then
-  echo "[install] warning: ViSQOL's warm-up failed (see $venv/.visqol-warm-up.log)" >&2
+# The numba kernels of ViSQOL (about a minute) and of librosa, which DNSMOS uses (16 CPU-s
+# in each process importing it first), compile on first use into numba's cache beside
+# their packages: once here, not in the first evaluation or in each of a test run's workers.
+if [ $codec = 1 ] && ! (cd / && "$venv/bin/python" -c "from toolkit.tasks.codec.metrics import warm_up_numba_metrics
+warm_up_numba_metrics()" >/dev/null 2>"$venv/.metrics-warm-up.log"); then
+  echo "[install] warning: the codec metrics' warm-up failed (see $venv/.metrics-warm-up.log)" >&2
 fi
 # The venv's own path on the second line: a copy of it elsewhere is then known.
 printf '%s %s\n%s\n' "$sum" "$all" "$(cd "$venv" && pwd -P)" > "$stamp"

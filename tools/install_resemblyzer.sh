@@ -37,6 +37,10 @@ echo "[install] resemblyzer==$want (--no-deps), webrtcvad-wheels, librosa into $
 [ "$(venv_version torch)" = "$torch_before" ] \
   || die "installing resemblyzer changed torch $torch_before -> $(venv_version torch)"
 [ -z "$(venv_version torchaudio)" ] || die "torchaudio came along; it does not import here"
-"$venv/bin/python" -c 'import webrtcvad, resemblyzer; resemblyzer.VoiceEncoder("cpu")' \
+# The mel spectrogram also compiles librosa's numba kernels into numba's cache, once here
+# rather than (16 CPU-s) in every process that first uses them.
+"$venv/bin/python" -c 'import numpy, webrtcvad, resemblyzer
+resemblyzer.VoiceEncoder("cpu")
+resemblyzer.audio.wav_to_mel_spectrogram(numpy.ones(16000, numpy.float32) * 0.1)' \
   >/dev/null || die "resemblyzer is installed but does not load"
 echo "[install] resemblyzer==$want installed" >&2

@@ -345,6 +345,14 @@ def test_dnsmos_clean_vowel_above_noisy():
     assert at_24k["ovrl"] == pytest.approx(scores["ovrl"], abs=0.05), (at_24k, scores)
 
 
+def test_the_install_warm_up_runs_both_numba_metrics():
+    """tools/install.sh compiles ViSQOL's and librosa's numba kernels once through this:
+    a vowel scored against itself by ViSQOL (near the top of its scale) and by DNSMOS."""
+    from toolkit.tasks.codec.metrics import warm_up_numba_metrics
+    visqol_mos, dnsmos_ovrl = warm_up_numba_metrics()
+    assert 4.0 < visqol_mos <= 5.0 and 1.0 <= dnsmos_ovrl <= 5.0, (visqol_mos, dnsmos_ovrl)
+
+
 def test_dnsmos_refuses_silence(monkeypatch):
     from toolkit.tasks.codec import dnsmos
     from toolkit.tasks.codec.packages import MissingPackageError

@@ -200,14 +200,17 @@ def visqol(reference, decoded, sample_rate: int) -> float:
         raise MetricError(f"ViSQOL failed: {err} ({len(ref) / 16000:.2f} s)") from err
 
 
-def warm_up_visqol() -> float:
-    """Scores one second of a synthetic vowel against itself, so that ViSQOL's numba
-    kernels compile and land in numba's on-disk cache (tools/install.sh runs this once):
-    the first evaluation then does not spend a minute compiling. Returns the score."""
+def warm_up_numba_metrics() -> Tuple[float, float]:
+    """Scores one second of a synthetic vowel with ViSQOL (against itself) and DNSMOS, so
+    that the numba kernels both run on, ViSQOL's and librosa's (DNSMOS' mel spectrogram),
+    compile once into numba's on-disk cache (tools/install.sh runs this): uncached,
+    ViSQOL's take about a minute and librosa's 16 CPU-s in every process that imports it
+    before the cache exists. Returns (ViSQOL MOS-LQO, DNSMOS OVRL)."""
+    from toolkit.tasks.codec.dnsmos import dnsmos_scores
     t = np.arange(16000) / 16000.0
     vowel = sum(np.sin(2 * np.pi * k * 140.0 * t) / k for k in range(1, 12))
     vowel *= 0.2 * (0.6 + 0.4 * np.sin(2 * np.pi * 4.0 * t))
-    return visqol(vowel, vowel, 16000)
+    return visqol(vowel, vowel, 16000), dnsmos_scores(vowel, 16000)["ovrl"]
 
 
 # The four DNSMOS columns come from one model run: the last decoded signal's scores are
