@@ -146,6 +146,11 @@ upgrade_old_pip "$venv/bin/python"
 # Pin torch first: torch==2.13.0 is a local CPU wheel here; an open range would fetch CUDA.
 "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 "$venv/bin/python" -m pip install -q -e "$root[$all]"
+# pip byte-compiles what it installs, not an editable checkout; where PYTHONDONTWRITEBYTECODE
+# is set (containers, CI) no import writes the cache either, and every process of a recipe
+# or a test run would compile the toolkit's modules again.
+"$venv/bin/python" -m compileall -q "$root/toolkit" >/dev/null \
+  || echo "[install] warning: byte-compiling $root/toolkit failed" >&2
 # The numba kernels of ViSQOL (about a minute) and of librosa, which DNSMOS uses (16 CPU-s
 # in each process importing it first), compile on first use into numba's cache beside
 # their packages: once here, not in the first evaluation or in each of a test run's workers.

@@ -7,6 +7,7 @@ tools/install.sh's pip step with the package index unreachable."""
 import base64
 import dataclasses
 import hashlib
+import importlib.util
 import http.server
 import io
 import json
@@ -636,7 +637,9 @@ def installed_checkout(tmp_path_factory):
     index = AssetServer({"/simple/torch/": f'<html><body><a href="/files/{name}">{name}</a>'
                                            '</body></html>'.encode(), f"/files/{name}": torch})
     try:
-        env = _pip_env(f"{index.url}/simple/", TORCH_VERSION="0.0.1", PYTHON=sys.executable)
+        # As in a container or CI: no import writes a byte-code cache.
+        env = _pip_env(f"{index.url}/simple/", TORCH_VERSION="0.0.1", PYTHON=sys.executable,
+                       PYTHONDONTWRITEBYTECODE="1")
         env.pop("PYTHONPATH", None)          # the venvs' own imports are under test
         a = tmp_path_factory.mktemp("installed") / "a"
         _fake_checkout(a)
@@ -644,6 +647,10 @@ def installed_checkout(tmp_path_factory):
         first = subprocess.run(["bash", str(a / "tools" / "install.sh")], env=env,
                                capture_output=True, text=True, timeout=300)
         assert first.returncode == 0, first.stderr[-3000:]
+        # The editable checkout was byte-compiled (pip compiles only what it copies).
+        sources = sorted(a.glob("toolkit/**/*.py"))
+        assert len(sources) == 2 and all(
+            os.path.exists(importlib.util.cache_from_source(str(p))) for p in sources)
         assert _imported_toolkit(a) == str(a / "toolkit")
         yield SimpleNamespace(checkout=a, env=env, index=index)
     finally:
